@@ -1,0 +1,3 @@
+from ggufdspark.cli import main
+
+main()

@@ -1,0 +1,93 @@
+"""The ``ggufdspark`` command: a click group that only dispatches.
+
+Each verb lives in ``ggufdspark/cli/<verb>.py`` as a click command named ``command`` that calls one
+library function. Verbs are imported lazily so ``ggufdspark --help`` stays fast and a verb's heavy
+imports cost nothing to the others. Library errors (``ggufdspark.errors``) become one line on
+stderr and a non-zero exit here, in one place; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import click
+
+from ggufdspark import __version__
+from ggufdspark.errors import GgufdsparkError
+
+# verb -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "build-engine": ("ggufdspark.cli.build_engine", "Fetch and build the pinned llama.cpp engine (cached)."),
+    "doctor": ("ggufdspark.cli.doctor", "Report the engine, its DSpark support, devices and bindings."),
+    "convert": ("ggufdspark.cli.convert", "Convert a safetensors DSpark drafter to a GGUF draft."),
+    "convert-target": ("ggufdspark.cli.convert_target", "Convert an LFM2 / LFM2-VL target to GGUF."),
+    "inspect": ("ggufdspark.cli.inspect", "Describe a GGUF file from its header."),
+    "check": ("ggufdspark.cli.check", "Check that a target and a DSpark draft belong together."),
+    "serve": ("ggufdspark.cli.serve", "Run llama-server with the DSpark draft, tuned to the hardware."),
+    "timings": ("ggufdspark.cli.timings", "Parse speculative-decoding timings from responses, logs or metrics."),
+    "bench": ("ggufdspark.cli.bench", "Measure the speedup and run the lossless gate."),
+    "tune": ("ggufdspark.cli.tune", "Find the best draft length for this machine and write a profile."),
+    "publish": ("ggufdspark.cli.publish", "Publish a GGUF pair to the Hugging Face Hub."),
+    "generate": ("ggufdspark.cli.generate", "Generate small or full-size synthetic test checkpoints."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, help_ = COMMANDS[name]
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module:
+                return _missing(name, help_)
+            raise
+        return mod.command
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except GgufdsparkError as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"ggufdspark: error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("ggufdspark: interrupted", err=True)
+            sys.exit(130)
+
+
+def _missing(name: str, help_: str) -> click.Command:
+    @click.command(name=name, help=help_ + " (not available in this version)")
+    def cmd():
+        raise click.UsageError(f"'{name}' is not available in this version of ggufdspark")
+
+    return cmd
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ggufdspark")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
+@click.pass_context
+def cli(ctx, debug: bool, quiet: bool):
+    """ggufdspark: DSpark speculative-decoding drafters for llama.cpp."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+
+
+def main():
+    cli(prog_name="ggufdspark")

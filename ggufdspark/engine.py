@@ -1,0 +1,366 @@
+"""The pinned llama.cpp engine: fetch, verify, build, cache, find, probe.
+
+The engine is the llama.cpp tree vendored in the ``llama-cpp-python==0.3.36`` source
+distribution (llama.cpp commit 0c1e570), fetched from the package index by pinned version and
+checked against its sha256. Builds land in ``<cache>/engine/<key>/build`` where the key names
+the commit, the backend and a digest of any extra CMake flags and patches, so a finished build
+is found again by a fresh clone and never rebuilt.
+
+Lookup order for an engine (``find_engine``): an explicit path, ``$GGUFDSPARK_SERVER``, the
+cached build, then ``llama-server`` on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ggufdspark.errors import EngineBuildError, EngineError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+
+# Facts about the pinned engine (see ../shared/DESIGN.md).
+PIN_PACKAGE = "llama-cpp-python"
+PIN_VERSION = "0.3.36"
+PIN_SDIST = "llama_cpp_python-0.3.36.tar.gz"
+PIN_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+PIN_COMMIT = "0c1e570"
+
+ENV_SERVER = "GGUFDSPARK_SERVER"
+ENV_CACHE = "GGUFDSPARK_CACHE"
+
+BACKEND_FLAGS: dict[str, list[str]] = {
+    "cpu": [],
+    "cuda": ["-DGGML_CUDA=ON"],
+    "metal": ["-DGGML_METAL=ON"],
+}
+
+BASE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    f"-DLLAMA_BUILD_COMMIT={PIN_COMMIT}",
+]
+
+SERVER_TARGETS = ["llama-server"]
+
+
+def cache_dir() -> Path:
+    """The toolkit's cache root: ``$GGUFDSPARK_CACHE`` or ``~/.cache/ggufdspark``."""
+    env = os.environ.get(ENV_CACHE)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ggufdspark"
+
+
+def patches_dir() -> Path:
+    """The patch series applied to the pinned tree at build time (may be empty)."""
+    return Path(__file__).parent / "data" / "patches"
+
+
+def patch_files() -> list[Path]:
+    d = patches_dir()
+    return sorted(d.glob("*.patch")) if d.is_dir() else []
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- source
+
+
+def source_root(cache: Path | None = None) -> Path:
+    """Where the extracted sdist lives (the llama.cpp tree is ``vendor/llama.cpp`` below it)."""
+    return (cache or cache_dir()) / "src" / PIN_SDIST.removesuffix(".tar.gz")
+
+
+def llama_cpp_tree(cache: Path | None = None) -> Path:
+    return source_root(cache) / "vendor" / "llama.cpp"
+
+
+def sdist_path(cache: Path | None = None) -> Path:
+    return (cache or cache_dir()) / "src" / PIN_SDIST
+
+
+def fetch_source(cache: Path | None = None) -> Path:
+    """Download (if needed), verify and extract the pinned sdist. Returns the llama.cpp tree.
+
+    Raises:
+        EngineBuildError: the download failed or the archive's sha256 is not the pinned one.
+    """
+    cache = cache or cache_dir()
+    tree = llama_cpp_tree(cache)
+    tarball = sdist_path(cache)
+    if tree.is_dir() and (tree / "CMakeLists.txt").is_file() and tarball.is_file():
+        return tree
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    if not tarball.is_file():
+        log.info("downloading %s==%s (source distribution, 76 MB)", PIN_PACKAGE, PIN_VERSION)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               f"{PIN_PACKAGE}=={PIN_VERSION}", "-d", str(tarball.parent)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not tarball.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise EngineBuildError(f"could not download {PIN_PACKAGE}=={PIN_VERSION}: {tail[0]}")
+    digest = _sha256(tarball)
+    if digest != PIN_SHA256:
+        bad = tarball.with_suffix(".bad")
+        tarball.replace(bad)
+        raise EngineBuildError(
+            f"{tarball}: sha256 {digest} is not the pinned {PIN_SHA256} (moved aside to {bad})")
+    log.info("extracting %s", tarball.name)
+    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
+        with tarfile.open(tarball) as tf:
+            tf.extractall(tmp, filter="data")
+        extracted = Path(tmp) / source_root(cache).name
+        if source_root(cache).exists():
+            shutil.rmtree(source_root(cache))
+        extracted.replace(source_root(cache))
+    return tree
+
+
+# --------------------------------------------------------------------------- build
+
+
+@dataclass
+class BuildSpec:
+    """What to build: backend plus any extra CMake flags."""
+
+    backend: str = "cpu"
+    extra_flags: list[str] = field(default_factory=list)
+    patches: bool = True
+
+    def flags(self) -> list[str]:
+        if self.backend not in BACKEND_FLAGS:
+            raise EngineError(f"unknown backend {self.backend!r}; expected one of {sorted(BACKEND_FLAGS)}")
+        return BASE_FLAGS + BACKEND_FLAGS[self.backend] + list(self.extra_flags)
+
+    def key(self) -> str:
+        """Cache key: commit, backend, and a digest of extra flags and patches when present."""
+        extras = list(self.extra_flags)
+        if self.patches:
+            extras += [f"patch:{p.name}:{_sha256(p)}" for p in patch_files()]
+        key = f"{PIN_COMMIT}-{self.backend}"
+        if extras:
+            key += "-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:10]
+        return key
+
+
+def build_dir(spec: BuildSpec, cache: Path | None = None) -> Path:
+    return (cache or cache_dir()) / "engine" / spec.key()
+
+
+def built_server(spec: BuildSpec, cache: Path | None = None) -> Path | None:
+    """The cached ``llama-server`` for ``spec`` if its build finished, else None."""
+    d = build_dir(spec, cache)
+    exe = d / "build" / "bin" / "llama-server"
+    if (d / "build.json").is_file() and exe.is_file():
+        return exe
+    return None
+
+
+def _apply_patches(tree: Path, work: Path) -> Path:
+    """Copy the tree and apply the patch series; returns the patched tree (or ``tree``)."""
+    patches = patch_files()
+    if not patches:
+        return tree
+    patched = work / "src"
+    if patched.exists():
+        shutil.rmtree(patched)
+    shutil.copytree(tree, patched, symlinks=True)
+    for p in patches:
+        proc = subprocess.run(["patch", "-p1", "--forward", "-i", str(p)], cwd=patched,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise EngineBuildError(f"patch {p.name} does not apply to the pinned tree: "
+                                   f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
+    return patched
+
+
+def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jobs: int | None = None,
+                 force: bool = False, progress: Progress | None = None) -> Path:
+    """Build ``llama-server`` and the shared libraries for ``spec``, reusing a finished build.
+
+    Returns:
+        Path of the built ``llama-server``.
+
+    Raises:
+        EngineBuildError: fetching, configuring or compiling failed; the message names the log.
+    """
+    spec = spec or BuildSpec()
+    cache = cache or cache_dir()
+    if not force and (exe := built_server(spec, cache)):
+        log.info("engine already built: %s", exe)
+        return exe
+    for tool in ("cmake", "c++"):
+        if not shutil.which(tool):
+            raise EngineBuildError(f"'{tool}' not found on PATH: install CMake and a C/C++ compiler")
+    tree = fetch_source(cache)
+    d = build_dir(spec, cache)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "build.json").unlink(missing_ok=True)
+    src = _apply_patches(tree, d)
+    logfile = d / "build.log"
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    jobs = jobs or os.cpu_count() or 2
+    configure = ["cmake", "-S", str(src), "-B", str(d / "build"), *gen, *spec.flags()]
+    compile_ = ["cmake", "--build", str(d / "build"), "--target", *SERVER_TARGETS, "-j", str(jobs)]
+    t0 = time.monotonic()
+    with open(logfile, "w") as logf:
+        for step, cmd in (("configure", configure), ("compile", compile_)):
+            logf.write("$ " + " ".join(cmd) + "\n")
+            logf.flush()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                logf.write(line)
+                m = re.match(r"\[(\d+)/(\d+)\]", line) or re.match(r"\[\s*(\d+)%\]", line)
+                if progress and m:
+                    if m.lastindex == 2:
+                        progress(int(m.group(1)), int(m.group(2)), "compile")
+                    else:
+                        progress(int(m.group(1)), 100, "compile")
+            rc = proc.wait()
+            if rc != 0:
+                raise EngineBuildError(f"engine {step} failed (exit {rc}): {_first_error(logfile)}; "
+                                       f"full log: {logfile}")
+    exe = d / "build" / "bin" / "llama-server"
+    if not exe.is_file():
+        raise EngineBuildError(f"build finished but {exe} is missing; full log: {logfile}")
+    record = {"commit": PIN_COMMIT, "version": PIN_VERSION, "backend": spec.backend,
+              "flags": spec.flags(), "patches": [p.name for p in patch_files()] if spec.patches else [],
+              "seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (d / "build.json").write_text(json.dumps(record, indent=2))
+    return exe
+
+
+def _first_error(logfile: Path) -> str:
+    lines = logfile.read_text(errors="replace").splitlines()
+    for line in lines:
+        if re.search(r"\berror\b|CMake Error|fatal", line, re.IGNORECASE):
+            return line.strip()[:300]
+    return (lines[-1].strip() if lines else "no output")[:300]
+
+
+# --------------------------------------------------------------------------- find + probe
+
+
+@dataclass
+class EngineInfo:
+    """What we learned about one ``llama-server`` executable."""
+
+    path: str
+    source: str  # "explicit", "env", "cache", "path"
+    version: str | None = None
+    commit: str | None = None
+    dspark: bool = False
+    spec_types: list[str] = field(default_factory=list)
+    lib_dir: str | None = None
+    backend: str | None = None  # from the cache record when known
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cached_candidates(cache: Path) -> list[Path]:
+    """Finished builds of the pinned commit, GPU backends first (a user who built one wants it)."""
+    order = {"cuda": 0, "metal": 1, "cpu": 2}
+    found = []
+    for backend in order:
+        exe = built_server(BuildSpec(backend=backend), cache)
+        if exe:
+            found.append(exe)
+    root = cache / "engine"
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            exe = d / "build" / "bin" / "llama-server"
+            if (d / "build.json").is_file() and exe.is_file() and exe not in found:
+                found.append(exe)
+    return found
+
+
+def find_engine(server: str | os.PathLike | None = None, *, cache: Path | None = None) -> EngineInfo:
+    """Locate and probe an engine. See the module docstring for the lookup order.
+
+    Raises:
+        EngineError: nothing found, or the path given does not exist / is not executable.
+    """
+    cache = cache or cache_dir()
+    if server:
+        return probe_engine(Path(server), "explicit")
+    if env := os.environ.get(ENV_SERVER):
+        return probe_engine(Path(env), "env")
+    cands = _cached_candidates(cache)
+    if cands:
+        return probe_engine(cands[0], "cache")
+    if which := shutil.which("llama-server"):
+        return probe_engine(Path(which), "path")
+    raise EngineError("no llama-server found: run 'ggufdspark build-engine' (or pass --server PATH, "
+                      f"or set {ENV_SERVER})")
+
+
+def probe_engine(path: Path, source: str) -> EngineInfo:
+    """Read ``--version`` and ``--help`` of ``path``."""
+    if not path.exists():
+        raise EngineError(f"{path}: llama-server not found (source: {source})")
+    if not os.access(path, os.X_OK) or path.is_dir():
+        raise EngineError(f"{path}: not an executable file (source: {source})")
+    info = EngineInfo(path=str(path), source=source)
+    try:
+        ver = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
+        hlp = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"{path}: cannot run it: {e}") from None
+    m = re.search(r"version:\s*(\S+)\s*\((\w+)\)", ver.stdout + ver.stderr)
+    if m:
+        info.version, info.commit = m.group(1), m.group(2)
+    text = hlp.stdout + hlp.stderr
+    m = re.search(r"--spec-type\s+\[?([^\n]+)", text)
+    if m:
+        info.spec_types = re.findall(r"[a-z][a-z0-9-]+", m.group(1).split("]")[0].split("  ")[0])
+    info.dspark = "draft-dspark" in text
+    info.lib_dir = str(path.parent)
+    record = path.parent.parent.parent / "build.json"
+    if record.is_file():
+        try:
+            info.backend = json.loads(record.read_text()).get("backend")
+        except json.JSONDecodeError:
+            pass
+    return info
+
+
+def require_dspark(info: EngineInfo) -> EngineInfo:
+    """Refuse an engine that cannot run DSpark drafts.
+
+    Raises:
+        EngineError: ``--spec-type draft-dspark`` is not in the engine's help.
+    """
+    if not info.dspark:
+        raise EngineError(
+            f"{info.path}: this llama-server (version {info.version or '?'}, commit {info.commit or '?'}) "
+            f"has no '--spec-type draft-dspark'; build the pinned engine with 'ggufdspark build-engine' "
+            f"or point --server/{ENV_SERVER} at a build of llama.cpp {PIN_COMMIT} or newer")
+    return info

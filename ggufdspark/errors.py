@@ -1,0 +1,73 @@
+"""Domain exceptions.
+
+The library raises these; the CLI (``ggufdspark.cli``) turns every one of them into a single
+line on stderr and a non-zero exit code. Each also subclasses the built-in it resembles, so
+scripts can catch ``FileNotFoundError`` or ``ValueError`` without importing this module.
+Messages name the file and the value found (and expected, where there is one).
+"""
+
+from __future__ import annotations
+
+
+class GgufdsparkError(Exception):
+    """Base class of every error a user can cause. ``exit_code`` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class InputNotFoundError(GgufdsparkError, FileNotFoundError):
+    """A path given by the user does not exist or cannot be read."""
+
+    exit_code = 2
+
+
+class OutputExistsError(GgufdsparkError, FileExistsError):
+    """An output file exists and ``--force`` was not given."""
+
+    exit_code = 2
+
+
+class CorruptFileError(GgufdsparkError, ValueError):
+    """A file is not what it claims to be (truncated, bad header, wrong magic...)."""
+
+
+class UnsupportedModelError(GgufdsparkError, ValueError):
+    """A checkpoint or GGUF is readable but not of a kind this toolkit handles."""
+
+
+class PairMismatchError(GgufdsparkError, ValueError):
+    """A draft and a target do not belong together."""
+
+
+class EngineError(GgufdsparkError, RuntimeError):
+    """llama-server is missing, unusable, failed to build, or failed to start."""
+
+
+class EngineBuildError(EngineError):
+    """Building the pinned engine failed."""
+
+
+class ServerStartError(EngineError):
+    """llama-server exited or never became healthy."""
+
+
+class PortInUseError(EngineError, OSError):
+    """The requested port is already bound."""
+
+
+class TimingsParseError(GgufdsparkError, ValueError):
+    """Input to the timings parser could not be read."""
+
+
+class BenchError(GgufdsparkError, RuntimeError):
+    """A benchmark could not run (bad prompt file, server failure...)."""
+
+
+class LosslessGateError(GgufdsparkError, AssertionError):
+    """Greedy output with the draft differed from output without it (a defect, not a near-tie)."""
+
+    exit_code = 3
+
+
+class PublishError(GgufdsparkError, RuntimeError):
+    """Publishing to the Hub failed or was refused."""

@@ -1,0 +1,220 @@
+"""Read GGUF headers (metadata and tensor directory) without loading tensor data.
+
+The file is memory-mapped and only the header pages are touched, so reading a multi-GB model's
+metadata costs milliseconds and almost no memory. Tensor bytes are available on demand as
+read-only numpy views (``GGUFFile.tensor_bytes``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ggufdspark.errors import CorruptFileError, InputNotFoundError
+from ggufdspark.gguffile.constants import (DEFAULT_ALIGNMENT, GGUF_MAGIC, SCALAR_FORMAT, TYPE_SIZES,
+                                           Key, TensorType, ValueType)
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # numpy order (outermost first), i.e. GGUF ne reversed
+    type: int
+    offset: int  # absolute offset in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        try:
+            return TensorType(self.type).name
+        except ValueError:
+            return f"type{self.type}"
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class GGUFFile:
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    value_types: dict[str, tuple[int, int | None]]  # key -> (type, array item type)
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    data_offset: int = 0
+    file_size: int = 0
+
+    @property
+    def arch(self) -> str | None:
+        return self.metadata.get(Key.ARCH)
+
+    def get(self, template: str, default: Any = None) -> Any:
+        """Metadata value; ``{arch}`` in the key is filled with this file's architecture."""
+        return self.metadata.get(template.format(arch=self.arch), default)
+
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        """The raw bytes of one tensor as a read-only uint8 view (memory-mapped)."""
+        t = self.tensors[name]
+        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(t.nbytes,))
+
+    def tensor_array(self, name: str) -> np.ndarray:
+        """Unquantized tensors (F32/F16/BF16-as-uint16/I*) as typed numpy arrays in numpy shape."""
+        t = self.tensors[name]
+        dtype = {TensorType.F32: np.float32, TensorType.F16: np.float16, TensorType.BF16: np.uint16,
+                 TensorType.I8: np.int8, TensorType.I16: np.int16, TensorType.I32: np.int32,
+                 TensorType.I64: np.int64, TensorType.F64: np.float64}.get(TensorType(t.type))
+        if dtype is None:
+            raise ValueError(f"{self.path}: tensor {name} is {t.type_name}, not a plain array type")
+        return self.tensor_bytes(name).view(dtype).reshape(t.shape)
+
+
+class _Cursor:
+    def __init__(self, buf: memoryview, path: Path):
+        self.buf = buf
+        self.pos = 0
+        self.path = path
+
+    def need(self, n: int, what: str) -> None:
+        if self.pos + n > len(self.buf):
+            raise CorruptFileError(
+                f"{self.path}: truncated GGUF header: {what} at byte {self.pos} needs {n} bytes, "
+                f"file has {len(self.buf)}")
+
+    def unpack(self, fmt: str, what: str):
+        size = struct.calcsize(fmt)
+        self.need(size, what)
+        v = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return v[0] if len(v) == 1 else v
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", what)
+        if n > 1 << 30:
+            raise CorruptFileError(f"{self.path}: {what} at byte {self.pos - 8} claims a {n}-byte string")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("utf-8", errors="surrogateescape")
+
+
+def _read_value(cur: _Cursor, vtype: int, key: str) -> tuple[Any, int | None]:
+    try:
+        vt = ValueType(vtype)
+    except ValueError:
+        raise CorruptFileError(f"{cur.path}: key {key!r} has unknown value type {vtype}") from None
+    if vt == ValueType.STRING:
+        return cur.string(f"value of {key!r}"), None
+    if vt == ValueType.ARRAY:
+        itype = cur.unpack("<I", f"array type of {key!r}")
+        count = cur.unpack("<Q", f"array length of {key!r}")
+        try:
+            it = ValueType(itype)
+        except ValueError:
+            raise CorruptFileError(f"{cur.path}: array {key!r} has unknown item type {itype}") from None
+        if it == ValueType.STRING:
+            return [cur.string(f"item of {key!r}") for _ in range(count)], itype
+        if it == ValueType.ARRAY:
+            return [_read_value(cur, ValueType.ARRAY, key)[0] for _ in range(count)], itype
+        fmt = SCALAR_FORMAT[it]
+        size = struct.calcsize(fmt)
+        cur.need(size * count, f"array {key!r}")
+        arr = np.frombuffer(cur.buf, dtype=np.dtype(fmt), count=count, offset=cur.pos)
+        cur.pos += size * count
+        return arr.tolist(), itype
+    return cur.unpack(SCALAR_FORMAT[vt], f"value of {key!r}"), None
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Parse a GGUF file's header.
+
+    Raises:
+        InputNotFoundError: the path does not exist or is not a readable file.
+        CorruptFileError: not a GGUF file, or its header is truncated or inconsistent.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputNotFoundError(f"{path}: no such file")
+    if not path.is_file():
+        raise InputNotFoundError(f"{path}: not a regular file")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise InputNotFoundError(f"{path}: cannot open: {e.strerror}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 24:
+            raise CorruptFileError(f"{path}: not a GGUF file ({size} bytes, too short for a header)")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _parse(path, memoryview(mm), size)
+    finally:
+        try:
+            mm.close()
+        except BufferError:
+            pass
+
+
+def _parse(path: Path, buf: memoryview, size: int) -> GGUFFile:
+    cur = _Cursor(buf, path)
+    magic = bytes(buf[:4])
+    if magic != GGUF_MAGIC:
+        raise CorruptFileError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+    cur.pos = 4
+    version = cur.unpack("<I", "version")
+    if version not in (2, 3):
+        raise CorruptFileError(f"{path}: unsupported GGUF version {version} (expected 3)")
+    n_tensors = cur.unpack("<Q", "tensor count")
+    n_kv = cur.unpack("<Q", "metadata count")
+    if n_tensors > 1_000_000 or n_kv > 1_000_000:
+        raise CorruptFileError(f"{path}: implausible header ({n_tensors} tensors, {n_kv} keys)")
+    meta: dict[str, Any] = {}
+    vtypes: dict[str, tuple[int, int | None]] = {}
+    for _ in range(n_kv):
+        key = cur.string("metadata key")
+        vtype = cur.unpack("<I", f"value type of {key!r}")
+        value, itype = _read_value(cur, vtype, key)
+        meta[key] = value
+        vtypes[key] = (vtype, itype)
+    raw_tensors = []
+    for _ in range(n_tensors):
+        name = cur.string("tensor name")
+        n_dims = cur.unpack("<I", f"dims of {name}")
+        if n_dims > 8:
+            raise CorruptFileError(f"{path}: tensor {name} claims {n_dims} dimensions")
+        ne = [cur.unpack("<Q", f"shape of {name}") for _ in range(n_dims)]
+        ttype = cur.unpack("<I", f"type of {name}")
+        off = cur.unpack("<Q", f"offset of {name}")
+        raw_tensors.append((name, ne, ttype, off))
+    align = int(meta.get(Key.ALIGNMENT, DEFAULT_ALIGNMENT))
+    data_offset = (cur.pos + align - 1) // align * align
+    tensors: dict[str, TensorInfo] = {}
+    for name, ne, ttype, off in raw_tensors:
+        try:
+            block, tsize = TYPE_SIZES[TensorType(ttype)]
+        except (ValueError, KeyError):
+            raise CorruptFileError(f"{path}: tensor {name} has unknown ggml type {ttype}") from None
+        n = 1
+        for d in ne:
+            n *= d
+        nbytes = n // block * tsize
+        start = data_offset + off
+        if start + nbytes > size:
+            raise CorruptFileError(
+                f"{path}: tensor {name} data ends at byte {start + nbytes}, past the end of the file "
+                f"({size} bytes): truncated?")
+        tensors[name] = TensorInfo(name, tuple(reversed(ne)), ttype, start, nbytes)
+    return GGUFFile(path=path, version=version, metadata=meta, value_types=vtypes, tensors=tensors,
+                    data_offset=data_offset, file_size=size)
