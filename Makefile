@@ -31,7 +31,7 @@ engine: venv
 # ctypes bindings from the same sdist, compiled nothing: they load the engine's own libllama.
 $(VENV)/.bindings: $(VENV)/.installed
 	$(GGUFDSPARK) build-engine --print-path >/dev/null
-	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PY) -m pip install -q --no-deps "$(SDIST)"
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PY) -m pip install -q "$(SDIST)"
 	@touch $@
 
 bindings: $(VENV)/.bindings

@@ -334,7 +334,7 @@ def probe_engine(path: Path, source: str) -> EngineInfo:
         hlp = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise EngineError(f"{path}: cannot run it: {e}") from None
-    m = re.search(r"version:\s*(\S+)\s*\((\w+)\)", ver.stdout + ver.stderr)
+    m = re.search(r"version:\s*(\S+)\s*\((?:build\s+\S+,\s*commit\s+)?(\w+)\)", ver.stdout + ver.stderr)
     if m:
         info.version, info.commit = m.group(1), m.group(2)
     text = hlp.stdout + hlp.stderr

@@ -1,0 +1,196 @@
+"""Convert an LFM2 target (``Lfm2ForCausalLM``, or the language tower of an
+``Lfm2VlForConditionalGeneration``) from safetensors to a GGUF of arch ``lfm2``.
+
+Key and tensor names follow llama.cpp 0c1e570 (``conversion/lfm2.py``, ``src/llama-arch.cpp``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Callable
+
+from ggufdspark.convert import tokenizer as tok
+from ggufdspark.convert.common import (OUTTYPE_LABEL, TEXT_TARGET_ARCHS, VL_TARGET_ARCHS, load_config,
+                                       outtype_tensor, resolve_checkpoint, text_config)
+from ggufdspark.convert.drafter import ConvertResult
+from ggufdspark.convert.safetensors import STensor, open_checkpoint
+from ggufdspark.convert.stream import TensorPlan, write_plans
+from ggufdspark.errors import UnsupportedModelError
+from ggufdspark.gguffile.constants import (ARCH_LFM2, FILE_TYPE, QUANTIZATION_VERSION, Key, TensorType,
+                                           ValueType)
+from ggufdspark.gguffile.writer import GGUFWriter
+
+log = logging.getLogger(__name__)
+
+# language-tower prefixes seen in LFM2-VL checkpoints (published and transformers 5 layouts)
+TOWER_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
+VISION_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
+                   "multi_modal_projector.")
+
+LAYER_MAP = {
+    "operator_norm.weight": "attn_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "conv.conv.weight": "shortconv.conv.weight",
+    "conv.in_proj.weight": "shortconv.in_proj.weight",
+    "conv.out_proj.weight": "shortconv.out_proj.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.out_proj.weight": "attn_output.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+    "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+}
+GLOBAL_MAP = {
+    "embed_tokens.weight": "token_embd.weight",
+    "embedding_norm.weight": "token_embd_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def feed_forward_length(cfg: dict) -> int:
+    """LFM2's effective FFN width (``block_auto_adjust_ff_dim`` shrinks it to 2/3, rounded up)."""
+    ff = int(cfg.get("block_ff_dim", cfg.get("intermediate_size")))
+    if cfg.get("block_auto_adjust_ff_dim"):
+        ff = int(2 * ff / 3)
+        if (mult := cfg.get("block_ffn_dim_multiplier")) is not None:
+            ff = int(mult * ff)
+        m = int(cfg.get("block_multiple_of", 256))
+        ff = m * ((ff + m - 1) // m)
+    return ff
+
+
+def _tower_name(name: str) -> str | None:
+    """Map a checkpoint name to the language model's own ``model.*`` / ``lm_head`` name, or None."""
+    if name.startswith(VISION_PREFIXES):
+        return None
+    for p in TOWER_PREFIXES:
+        if name.startswith(p):
+            rest = name[len(p):]
+            return rest if rest.startswith("lm_head") else "model." + rest.removeprefix("model.")
+    return name
+
+
+def _gguf_name(name: str) -> str | None:
+    if name == "lm_head.weight":
+        return GLOBAL_MAP[name]
+    name = name.removeprefix("model.")
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
+    if m:
+        g = LAYER_MAP.get(m.group(2))
+        return f"blk.{m.group(1)}.{g}" if g else None
+    return GLOBAL_MAP.get(name)
+
+
+def plan_target(directory: Path, cfg: dict, ttype: TensorType) -> list[TensorPlan]:
+    tensors = open_checkpoint(directory)
+    tied = cfg.get("tie_word_embeddings", cfg.get("tie_embedding", True))
+    plans = []
+    unknown = []
+    for raw_name in sorted(tensors):
+        t: STensor = tensors[raw_name]
+        name = _tower_name(raw_name)
+        if name is None:
+            continue
+        gname = _gguf_name(name)
+        if gname is None:
+            unknown.append(raw_name)
+            continue
+        if gname == "output.weight" and tied:
+            continue
+        shape = t.shape
+        out_t = ttype
+        if gname.endswith("shortconv.conv.weight"):
+            shape = (shape[0], shape[-1])  # (d, 1, L) -> (d, L): the conv op wants 2-D, kept F32
+            out_t = TensorType.F32
+        elif len(shape) <= 1:
+            out_t = TensorType.F32
+        elif ttype == TensorType.Q8_0 and shape[-1] % 32:
+            out_t = TensorType.F16
+        if t.dtype not in ("BF16", "F16", "F32"):
+            raise UnsupportedModelError(f"{t.file}: tensor {raw_name} is {t.dtype}; expected BF16, F16 or F32")
+        plans.append(TensorPlan(gname, t, shape, out_t))
+    if unknown:
+        raise UnsupportedModelError(f"{directory}: unexpected tensor {unknown[0]} for an LFM2 model "
+                                    f"({len(unknown)} unknown)")
+    names = {p.gguf_name for p in plans}
+    need = ["token_embd.weight", "token_embd_norm.weight"] + [
+        f"blk.{i}.{g}" for i, kind in enumerate(cfg["layer_types"]) for g in (
+            ("attn_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+            + (("shortconv.conv.weight", "shortconv.in_proj.weight", "shortconv.out_proj.weight")
+               if kind == "conv" else ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                                       "attn_q_norm.weight", "attn_k_norm.weight")))]
+    missing = [n for n in need if n not in names]
+    if missing:
+        raise UnsupportedModelError(f"{directory}: tensor for {missing[0]} is missing ({len(missing)} missing)")
+    return plans
+
+
+def convert_target(target: str | Path, *, output: str | Path | None = None, outtype: str = "f16",
+                   force: bool = False,
+                   progress: Callable[[int, int, str], None] | None = None) -> ConvertResult:
+    """Convert an LFM2 / LFM2-VL checkpoint's language model to GGUF (arch ``lfm2``).
+
+    Returns:
+        ConvertResult; for an LFM2-VL checkpoint its ``notes`` say the mmproj is separate.
+
+    Raises:
+        InputNotFoundError, CorruptFileError, UnsupportedModelError, OutputExistsError.
+    """
+    t0 = time.monotonic()
+    ttype = outtype_tensor(outtype)
+    directory = resolve_checkpoint(target)
+    full = load_config(directory)
+    archs = full.get("architectures") or []
+    if not any(a in TEXT_TARGET_ARCHS | VL_TARGET_ARCHS for a in archs):
+        raise UnsupportedModelError(f"{directory / 'config.json'}: architecture "
+                                    f"{archs[0] if archs else full.get('model_type')!r} is not an LFM2 target "
+                                    f"(expected Lfm2ForCausalLM or Lfm2VlForConditionalGeneration)")
+    if "Lfm2MoeForCausalLM" in archs:
+        raise UnsupportedModelError(f"{directory}: LFM2-MoE targets are not supported yet")
+    is_vl = any(a in VL_TARGET_ARCHS for a in archs)
+    cfg = text_config(full)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "layer_types"):
+        if key not in cfg:
+            raise UnsupportedModelError(f"{directory / 'config.json'}: LFM2 config has no {key}")
+    plans = plan_target(directory, cfg, ttype)
+    name = directory.name
+    out = Path(output) if output else Path.cwd() / f"{name}-{OUTTYPE_LABEL[outtype]}.gguf"
+    if out.is_dir():
+        out = out / f"{name}-{OUTTYPE_LABEL[outtype]}.gguf"
+
+    arch = ARCH_LFM2
+    k = lambda template: Key.of(template, arch)  # noqa: E731
+    rope = cfg.get("rope_parameters") or {}
+    n_kv = int(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    w = GGUFWriter(out)
+    w.add_string(Key.ARCH, arch)
+    w.add_string(Key.TYPE, "model")
+    w.add_string(Key.NAME, name)
+    w.add_uint32(k(Key.BLOCK_COUNT), cfg["num_hidden_layers"])
+    w.add_uint32(k(Key.CONTEXT_LENGTH), cfg.get("max_position_embeddings", 128000))
+    w.add_uint32(k(Key.EMBEDDING_LENGTH), cfg["hidden_size"])
+    w.add_uint32(k(Key.FEED_FORWARD_LENGTH), feed_forward_length(cfg))
+    w.add_uint32(k(Key.HEAD_COUNT), cfg["num_attention_heads"])
+    # llama.cpp reads a per-layer KV head count: 0 marks the short-convolution layers
+    w.add_array(k(Key.HEAD_COUNT_KV), [n_kv if lt != "conv" else 0 for lt in cfg["layer_types"]], ValueType.INT32)
+    w.add_float32(k(Key.ROPE_FREQ_BASE), cfg.get("rope_theta", rope.get("rope_theta", 1000000.0)))
+    w.add_float32(k(Key.RMS_EPS), cfg.get("norm_eps", 1e-5))
+    w.add_uint32(Key.FILE_TYPE, FILE_TYPE[outtype])
+    w.add_uint32(k(Key.VOCAB_SIZE), cfg["vocab_size"])
+    w.add_uint32(k(Key.SHORTCONV_L_CACHE), cfg.get("conv_L_cache", 3))
+    w.add_uint32(Key.QUANT_VERSION, QUANTIZATION_VERSION)
+    for kv in tok.from_hub_dir(directory, cfg["vocab_size"]):
+        w.add(kv.key, kv.value, kv.vtype, kv.item_type)
+    sha = write_plans(w, plans, force=force, progress=progress)
+    notes = []
+    if is_vl:
+        notes.append("LFM2-VL checkpoint: wrote the language tower only; convert the vision part "
+                     "with 'ggufdspark convert-target --mmproj' once available")
+    return ConvertResult(out, sha, len(plans), out.stat().st_size, time.monotonic() - t0,
+                         OUTTYPE_LABEL[outtype], notes)

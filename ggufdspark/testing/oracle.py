@@ -1,0 +1,47 @@
+"""Run llama.cpp's own reference converter (pinned tree) as the oracle for our converter.
+
+The reference converter recognises a BPE pre-tokenizer by hashing a sample tokenization, so a
+tokenizer generated here is unknown to it. The oracle is told the pre-tokenizer name ("lfm2", what
+the real LFM2 tokenizer maps to) by replacing that one lookup; nothing else is changed. It runs in
+a child process, with the pinned tree's own ``gguf-py`` first on ``sys.path``.
+
+Usage (module): ``python -m ggufdspark.testing.oracle TREE PRE -- convert_hf_to_gguf args...``
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ggufdspark import engine
+
+
+def run_reference(args: list[str], *, pre: str = "lfm2", tree: Path | None = None,
+                  timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run ``convert_hf_to_gguf.py args`` from the pinned tree with the pre-tokenizer forced."""
+    tree = tree or engine.llama_cpp_tree()
+    if not (tree / "convert_hf_to_gguf.py").is_file():
+        raise FileNotFoundError(f"{tree}: pinned llama.cpp tree not found; run 'ggufdspark build-engine'")
+    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
+    cmd = [sys.executable, "-m", "ggufdspark.testing.oracle", str(tree), pre, "--", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _main(argv: list[str]) -> None:
+    tree, pre, sep, *rest = argv
+    assert sep == "--"
+    sys.path.insert(0, str(Path(tree) / "gguf-py"))
+    sys.path.insert(0, tree)
+    import conversion.base as base  # noqa: E402  (from the pinned tree)
+
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+    import convert_hf_to_gguf  # noqa: E402
+
+    sys.argv = ["convert_hf_to_gguf.py", *rest]
+    convert_hf_to_gguf.main()
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,377 @@
+"""Generate synthetic checkpoints: LFM2 targets and DSpark drafters, small or full-size.
+
+No model can be downloaded where this project is built and tested, so tests and benchmarks make
+their own, shaped like the published ones:
+
+* a target in Hub layout (``config.json`` of ``Lfm2ForCausalLM``, ``model.safetensors``, a real
+  byte-level BPE ``tokenizer.json`` trained here with the LFM2 pre-tokenizer, a ChatML chat template
+  in ``tokenizer_config.json``);
+* a drafter with the published config layout (``Lfm2DSparkDraftModel``, ``model_type: qwen3``,
+  ``dflash_config``, Markov and confidence heads, interleaved RoPE) and tensor names without a
+  ``model.`` prefix.
+
+Weights are random (numpy, seeded) and written by streaming, so the full-size drafter (279.5M
+parameters) and target (about 2.4B) never sit in memory whole. The small drafter's Markov head is
+built so that it tends to predict "repeat the previous token", which random targets often do; that
+makes some drafted tokens get accepted, so acceptance figures are not all zero.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ggufdspark.convert.safetensors import write_safetensors
+
+SPECIAL_TOKENS = [
+    "<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|fim_pre|>", "<|fim_mid|>", "<|fim_suf|>",
+    "<|im_start|>", "<|im_end|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
+    "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>", "<|image_start|>",
+    "<|image_end|>", "<image>",
+] + [f"<|reserved_{i}|>" for i in range(8)]
+BOS, EOS, PAD = "<|startoftext|>", "<|im_end|>", "<|pad|>"
+MASK_TOKEN = "<|reserved_0|>"
+
+# LFM2's pre-tokenizer (llama.cpp maps the real tokenizer to "lfm2", which uses this regex).
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{- '<image>' -}}"
+    "{%- elif item['type'] == 'text' -%}{{- item['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+
+_WORDS = ("the a model draft target token speed decode verify accept block layer head fast slow "
+          "image chart table text answer question reason because therefore number value small large "
+          "llama server metal cuda gpu cpu memory cache weight bias norm attention convolution "
+          "markov confidence sample greedy output input prompt reply summary caption photo scene "
+          "red green blue cat dog house tree river mountain city road car train plane ship bird "
+          "one two three four five six seven eight nine ten hundred thousand percent year month day "
+          "is are was were be been has have had do does did can could will would should may might "
+          "and or but if then else when while for with without from into over under between").split()
+
+
+def training_corpus(n_sentences: int = 4000, seed: int = 0) -> list[str]:
+    """Deterministic pseudo-English text (plus digits, punctuation, code and CJK) for BPE training."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n_sentences):
+        words = rng.choice(_WORDS, size=int(rng.integers(4, 16)))
+        s = " ".join(words).capitalize()
+        s += rng.choice([".", "?", "!", ",", ":", ";"])
+        if i % 7 == 0:
+            s += f" {int(rng.integers(0, 100000))} {rng.random():.3f}"
+        if i % 11 == 0:
+            s += "\n  def f(x):\n    return x * 2\n"
+        if i % 13 == 0:
+            s += " 我想在苹果工作 нещо на Български 🚀"
+        out.append(s)
+    return out
+
+
+def make_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
+    """Train and save an LFM2-style byte-level BPE tokenizer. Returns special token ids."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(training_corpus(), trainer=trainer)
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, ids[BOS])])
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "model_max_length": 128000,
+        "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+        "legacy": False, "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2))
+    return ids
+
+
+# --------------------------------------------------------------------------- specs
+
+
+@dataclass
+class TargetSpec:
+    vocab_size: int = 1024
+    hidden_size: int = 64
+    intermediate_size: int = 256
+    num_hidden_layers: int = 6
+    attention_layers: tuple[int, ...] = (2, 4)
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    conv_L_cache: int = 3
+    max_position_embeddings: int = 128000
+    rope_theta: float = 1000000.0
+    norm_eps: float = 1e-5
+
+    def layer_types(self) -> list[str]:
+        return ["full_attention" if i in self.attention_layers else "conv" for i in range(self.num_hidden_layers)]
+
+
+@dataclass
+class DrafterSpec:
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    target_layer_ids: tuple[int, ...] = (1, 3, 4)
+    block_size: int = 6
+    markov_rank: int = 16
+    confidence_head: bool = True
+    rope_is_neox_style: bool = False
+    markov_head_type: str = "vanilla"
+    rope_theta: float = 1000000.0
+    rms_norm_eps: float = 1e-6
+    repeat_bias: bool = True  # Markov head favours repeating the previous token
+
+
+SMALL_TARGET = TargetSpec()
+SMALL_DRAFTER = DrafterSpec()
+# The published shapes (../shared/DESIGN.md): LFM2.5-VL-3B's tower and its 279.5M drafter.
+FULL_TARGET = TargetSpec(vocab_size=128000, hidden_size=2048, intermediate_size=9216, num_hidden_layers=30,
+                         attention_layers=(2, 5, 8, 11, 14, 17, 20, 23, 26, 29), num_attention_heads=32,
+                         num_key_value_heads=8)
+FULL_DRAFTER = DrafterSpec(num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                           intermediate_size=6144, target_layer_ids=(2, 9, 17, 21, 27), block_size=9,
+                           markov_rank=256, repeat_bias=False)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+class _Weights:
+    """Seeded random tensors in a given safetensors dtype, produced in bounded chunks."""
+
+    CHUNK = 1 << 22  # elements
+
+    def __init__(self, dtype: str, seed: int):
+        self.dtype = dtype
+        self.rng = np.random.default_rng(seed)
+
+    def _encode(self, x: np.ndarray) -> bytes:
+        if self.dtype == "F32":
+            return x.astype("<f4").tobytes()
+        if self.dtype == "F16":
+            return x.astype("<f2").tobytes()
+        # BF16, round to nearest even
+        u = x.astype("<f4").view("<u4")
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        return u.astype("<u2").tobytes()
+
+    def normal(self, shape: tuple[int, ...], std: float) -> Iterator[bytes]:
+        n = int(np.prod(shape))
+        for i in range(0, n, self.CHUNK):
+            m = min(self.CHUNK, n - i)
+            yield self._encode(self.rng.standard_normal(m, dtype=np.float32) * np.float32(std))
+
+    def around_one(self, shape: tuple[int, ...], spread: float = 0.1) -> bytes:
+        n = int(np.prod(shape))
+        return self._encode(1.0 + self.rng.standard_normal(n, dtype=np.float32) * np.float32(spread))
+
+    def fixed(self, x: np.ndarray) -> bytes:
+        return self._encode(x.astype(np.float32).reshape(-1))
+
+
+def _shard(items: list, n_shards: int) -> list[list]:
+    if n_shards <= 1:
+        return [items]
+    sizes = [int(np.prod(s)) for _, _, s, _ in items]
+    total = sum(sizes)
+    shards: list[list] = [[] for _ in range(n_shards)]
+    acc = 0
+    for item, size in zip(items, sizes):
+        shards[min(n_shards - 1, acc * n_shards // max(total, 1))].append(item)
+        acc += size
+    return [s for s in shards if s]
+
+
+def _write_weights(out: Path, items: list, n_shards: int) -> None:
+    """items: (name, dtype, shape, data-or-chunks). Writes model.safetensors or a sharded index."""
+    groups = _shard(items, n_shards)
+    if len(groups) == 1:
+        write_safetensors(out / "model.safetensors", groups[0])
+        return
+    weight_map = {}
+    total = 0
+    for i, group in enumerate(groups):
+        fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        write_safetensors(out / fname, group)
+        for name, dtype, shape, _ in group:
+            weight_map[name] = fname
+            total += int(np.prod(shape)) * {"F32": 4, "F16": 2, "BF16": 2}[dtype]
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF16", seed: int = 1,
+                tokenizer_from: Path | None = None) -> Path:
+    """Write an ``Lfm2ForCausalLM`` checkpoint (config, weights, tokenizer) to ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer_from:
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(Path(tokenizer_from) / f, out / f)
+        ids = {t: i for t, i in _added_ids(out / "tokenizer.json").items()}
+    else:
+        ids = make_tokenizer(out, min(spec.vocab_size, 1024))
+    h, kv, nh = spec.hidden_size, spec.num_key_value_heads, spec.num_attention_heads
+    hd = h // nh
+    config = {
+        "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "vocab_size": spec.vocab_size,
+        "hidden_size": h, "intermediate_size": spec.intermediate_size, "block_ff_dim": spec.intermediate_size,
+        "block_auto_adjust_ff_dim": False, "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256,
+        "block_dim": h, "num_hidden_layers": spec.num_hidden_layers, "num_attention_heads": nh,
+        "num_key_value_heads": kv, "layer_types": spec.layer_types(), "conv_L_cache": spec.conv_L_cache,
+        "conv_bias": False, "max_position_embeddings": spec.max_position_embeddings, "norm_eps": spec.norm_eps,
+        "rope_theta": spec.rope_theta, "tie_word_embeddings": True, "tie_embedding": True,
+        "bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD],
+        "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype], "use_cache": True,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD]}, indent=2))
+    w = _Weights(dtype, seed)
+    items = [("model.embed_tokens.weight", dtype, (spec.vocab_size, h), w.normal((spec.vocab_size, h), 1.0))]
+    for i, kind in enumerate(spec.layer_types()):
+        p = f"model.layers.{i}."
+        if kind == "conv":
+            items += [(p + "conv.conv.weight", dtype, (h, 1, spec.conv_L_cache), w.normal((h, 1, spec.conv_L_cache), 0.3)),
+                      (p + "conv.in_proj.weight", dtype, (3 * h, h), w.normal((3 * h, h), 0.5 / np.sqrt(h))),
+                      (p + "conv.out_proj.weight", dtype, (h, h), w.normal((h, h), 0.5 / np.sqrt(h)))]
+        else:
+            items += [(p + "self_attn.q_proj.weight", dtype, (h, h), w.normal((h, h), 1 / np.sqrt(h))),
+                      (p + "self_attn.k_proj.weight", dtype, (kv * hd, h), w.normal((kv * hd, h), 1 / np.sqrt(h))),
+                      (p + "self_attn.v_proj.weight", dtype, (kv * hd, h), w.normal((kv * hd, h), 1 / np.sqrt(h))),
+                      (p + "self_attn.out_proj.weight", dtype, (h, h), w.normal((h, h), 0.5 / np.sqrt(h))),
+                      (p + "self_attn.q_layernorm.weight", dtype, (hd,), w.around_one((hd,))),
+                      (p + "self_attn.k_layernorm.weight", dtype, (hd,), w.around_one((hd,)))]
+        ff = spec.intermediate_size
+        items += [(p + "feed_forward.w1.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
+                  (p + "feed_forward.w3.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
+                  (p + "feed_forward.w2.weight", dtype, (h, ff), w.normal((h, ff), 0.5 / np.sqrt(ff))),
+                  (p + "operator_norm.weight", dtype, (h,), w.around_one((h,))),
+                  (p + "ffn_norm.weight", dtype, (h,), w.around_one((h,)))]
+    items.append(("model.embedding_norm.weight", dtype, (h,), w.around_one((h,))))
+    _write_weights(out, items, 1)
+    return out
+
+
+def _added_ids(tokenizer_json: Path) -> dict[str, int]:
+    data = json.loads(tokenizer_json.read_text())
+    return {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+
+
+def drafter_config(target_config: dict, spec: DrafterSpec, mask_token_id: int) -> dict:
+    """The drafter's config.json, in the published LFM2 DSpark layout."""
+    h = target_config["hidden_size"]
+    return {
+        "architectures": ["Lfm2DSparkDraftModel"], "model_type": "qwen3",
+        "hidden_size": h, "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers, "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads, "head_dim": spec.head_dim,
+        "hidden_act": "silu", "attention_bias": False, "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta, "max_position_embeddings": target_config["max_position_embeddings"],
+        "vocab_size": target_config["vocab_size"], "tie_word_embeddings": False,
+        "layer_types": ["full_attention"] * spec.num_hidden_layers,
+        "block_size": spec.block_size,
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(spec.target_layer_ids),
+                          "num_target_layers": target_config["num_hidden_layers"]},
+        "markov_rank": spec.markov_rank, "markov_head_type": spec.markov_head_type,
+        "enable_confidence_head": spec.confidence_head, "rope_is_neox_style": spec.rope_is_neox_style,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def make_drafter(out: Path, target_dir: Path, spec: DrafterSpec = SMALL_DRAFTER, *, dtype: str = "BF16",
+                 seed: int = 2, shards: int = 1, prefix: str = "") -> Path:
+    """Write a DSpark drafter checkpoint for the target in ``target_dir``.
+
+    ``prefix`` ("" or "model.") and ``shards`` reproduce the input variants seen in the wild.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    tcfg = tcfg.get("text_config", tcfg) if "hidden_size" not in tcfg else tcfg
+    ids = _added_ids(Path(target_dir) / "tokenizer.json")
+    mask_id = ids.get(MASK_TOKEN, tcfg["vocab_size"] - 1)
+    cfg = drafter_config(tcfg, spec, mask_id)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    h, nh, kv, hd = cfg["hidden_size"], spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+    ff, vocab, r = spec.intermediate_size, cfg["vocab_size"], spec.markov_rank
+    w = _Weights(dtype, seed)
+    items = []
+    for i in range(spec.num_hidden_layers):
+        p = f"{prefix}layers.{i}."
+        items += [(p + "self_attn.q_proj.weight", dtype, (nh * hd, h), w.normal((nh * hd, h), 1 / np.sqrt(h))),
+                  (p + "self_attn.k_proj.weight", dtype, (kv * hd, h), w.normal((kv * hd, h), 1 / np.sqrt(h))),
+                  (p + "self_attn.v_proj.weight", dtype, (kv * hd, h), w.normal((kv * hd, h), 1 / np.sqrt(h))),
+                  (p + "self_attn.o_proj.weight", dtype, (h, nh * hd), w.normal((h, nh * hd), 0.5 / np.sqrt(h))),
+                  (p + "self_attn.q_norm.weight", dtype, (hd,), w.around_one((hd,))),
+                  (p + "self_attn.k_norm.weight", dtype, (hd,), w.around_one((hd,))),
+                  (p + "input_layernorm.weight", dtype, (h,), w.around_one((h,))),
+                  (p + "post_attention_layernorm.weight", dtype, (h,), w.around_one((h,))),
+                  (p + "mlp.gate_proj.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
+                  (p + "mlp.up_proj.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
+                  (p + "mlp.down_proj.weight", dtype, (h, ff), w.normal((h, ff), 0.5 / np.sqrt(ff)))]
+    n_taps = len(spec.target_layer_ids)
+    items += [(prefix + "fc.weight", dtype, (h, n_taps * h), w.normal((h, n_taps * h), 1 / np.sqrt(n_taps * h))),
+              (prefix + "hidden_norm.weight", dtype, (h,), w.around_one((h,))),
+              (prefix + "norm.weight", dtype, (h,), w.around_one((h,)))]
+    if spec.repeat_bias:
+        # unit rows scaled so that w2 . w1[prev] peaks at v == prev: "repeat the last token"
+        rng = np.random.default_rng(seed + 100)
+        m = rng.standard_normal((vocab, r)).astype(np.float32)
+        m *= np.float32(np.sqrt(24.0)) / np.linalg.norm(m, axis=1, keepdims=True)
+        items += [(prefix + "markov_head.markov_w1.weight", dtype, (vocab, r), w.fixed(m)),
+                  (prefix + "markov_head.markov_w2.weight", dtype, (vocab, r), w.fixed(m))]
+    else:
+        items += [(prefix + "markov_head.markov_w1.weight", dtype, (vocab, r), w.normal((vocab, r), 0.05)),
+                  (prefix + "markov_head.markov_w2.weight", dtype, (vocab, r), w.normal((vocab, r), 0.05))]
+    if spec.confidence_head:
+        bias = np.array([4.0], dtype=np.float32)  # confident: keep drafting the whole block
+        items += [(prefix + "confidence_head.proj.weight", dtype, (1, h + r), w.normal((1, h + r), 0.01)),
+                  (prefix + "confidence_head.proj.bias", dtype, (1,), w.fixed(bias))]
+    _write_weights(out, items, shards)
+    return out
+
+
+def make_pair(root: Path, *, target: TargetSpec = SMALL_TARGET, drafter: DrafterSpec = SMALL_DRAFTER,
+              dtype: str = "BF16") -> tuple[Path, Path]:
+    """A target and its drafter under ``root/target`` and ``root/drafter``; returns both dirs."""
+    t = make_target(Path(root) / "target", target, dtype=dtype)
+    d = make_drafter(Path(root) / "drafter", t, drafter, dtype=dtype)
+    return t, d
+
+
+def spec_dict(spec) -> dict:
+    return asdict(spec)
+
+
+__all__ = ["TargetSpec", "DrafterSpec", "SMALL_TARGET", "SMALL_DRAFTER", "FULL_TARGET", "FULL_DRAFTER",
+           "make_tokenizer", "make_target", "make_drafter", "make_pair", "drafter_config", "replace", "field"]
