@@ -1,0 +1,137 @@
+"""``check``: every reason a target / DSpark draft pair (and an optional mmproj) can fail, each
+reported pass/fail with the values seen, before anyone waits for an engine to start."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggufdspark.errors import PairMismatchError
+from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
+from ggufdspark.gguffile.reader import GGUFFile, read_gguf
+from ggufdspark.inspect import DSPARK_TENSORS, classify, vocab_size
+
+MAX_BLOCK_SIZE = 64
+IMAGE_TOKENS = ("<image>", "<|image|>", "<|image_pad|>")
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class PairReport:
+    target: str
+    draft: str | None
+    mmproj: str | None
+    checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def failures(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.ok]
+
+    def raise_for_failures(self) -> None:
+        """Raise PairMismatchError naming the first failed check."""
+        bad = self.failures()
+        if bad:
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise PairMismatchError(f"{self.draft or self.mmproj} does not belong with {self.target}: "
+                                    f"{bad[0].name}: {bad[0].detail}{more}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "draft": self.draft, "mmproj": self.mmproj, "ok": self.ok,
+                "checks": [asdict(c) for c in self.checks]}
+
+
+def _tokenizer_difference(t: GGUFFile, d: GGUFFile) -> str | None:
+    for key in TOKENIZER_IDENTITY_KEYS:
+        a, b = t.metadata.get(key), d.metadata.get(key)
+        if a == b:
+            continue
+        short = key.removeprefix("tokenizer.ggml.")
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                return f"{short}: target has {len(a)}, draft has {len(b)}"
+            i = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+            return f"{short}[{i}]: target {a[i]!r}, draft {b[i]!r}"
+        return f"{short}: target {a!r}, draft {b!r}"
+    return None
+
+
+def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
+    out: list[CheckResult] = []
+    kind = classify(d)
+    out.append(CheckResult("draft is a DSpark draft", kind == "dspark-draft",
+                           f"arch {d.arch!r}, kind {kind}" + ("" if kind == "dspark-draft" else
+                           f" (needs arch 'dflash' with {' and '.join(DSPARK_TENSORS)})")))
+    tkind = classify(t)
+    out.append(CheckResult("target is a text target", tkind == "target",
+                           f"arch {t.arch!r}, kind {tkind}"))
+    diff = _tokenizer_difference(t, d)
+    n_tok = len(t.metadata.get(Key.TOK_TOKENS) or [])
+    out.append(CheckResult("tokenizers identical", diff is None,
+                           diff or f"{n_tok} tokens, pre {t.metadata.get(Key.TOK_PRE)!r}, same merges and special ids"))
+    th, dh = t.get(Key.EMBEDDING_LENGTH), d.get(Key.EMBEDDING_LENGTH)
+    out.append(CheckResult("hidden size", th is not None and th == dh, f"target {th}, draft {dh}"))
+    tv, dv = vocab_size(t), vocab_size(d)
+    if "markov_w1.weight" in d.tensors:
+        mv = d.tensors["markov_w1.weight"].shape[0]
+        dv = dv if dv == mv else f"{dv} (tokenizer) / {mv} (markov head)"
+    out.append(CheckResult("vocabulary size", tv is not None and tv == dv, f"target {tv}, draft {dv}"))
+    n_layers = t.get(Key.BLOCK_COUNT)
+    taps = d.get(Key.TARGET_LAYERS) or []
+    # the engine's convention: tap value i reads the hidden state after layer i - 1 (1..n_layers)
+    bad = [x for x in taps if not (n_layers and 1 <= x <= n_layers)]
+    out.append(CheckResult("tapped target layers exist", bool(taps) and not bad,
+                           f"draft taps layers {[x - 1 for x in taps]} of a {n_layers}-layer target"
+                           + (f"; missing: {[x - 1 for x in bad]}" if bad else "") if taps else "draft names no target layers"))
+    if "fc.weight" in d.tensors and th and taps:
+        width = d.tensors["fc.weight"].shape[1]
+        out.append(CheckResult("fc input width", width == len(taps) * th,
+                               f"fc takes {width}, {len(taps)} taps x hidden {th} = {len(taps) * th}"))
+    bs = d.get(Key.BLOCK_SIZE)
+    out.append(CheckResult("block size sane", isinstance(bs, int) and 2 <= bs <= MAX_BLOCK_SIZE,
+                           f"block_size {bs} (expected 2..{MAX_BLOCK_SIZE})"))
+    mask = d.metadata.get(Key.TOK_MASK)
+    if mask is not None:
+        out.append(CheckResult("mask token in vocabulary", tv is not None and 0 <= mask < tv,
+                               f"mask_token_id {mask}, vocabulary {tv}"))
+    return out
+
+
+def check_mmproj(t: GGUFFile, m: GGUFFile) -> list[CheckResult]:
+    out = [CheckResult("mmproj is a vision projector", classify(m) == "mmproj" and
+                       bool(m.metadata.get("clip.has_vision_encoder")),
+                       f"arch {m.arch!r}, projector {m.metadata.get('clip.projector_type')!r}")]
+    width = m.metadata.get("clip.vision.projection_dim")
+    th = t.get(Key.EMBEDDING_LENGTH)
+    out.append(CheckResult("projector output width", width is not None and width == th,
+                           f"mmproj projects to {width}, target hidden size {th}"))
+    tokens = t.metadata.get(Key.TOK_TOKENS) or []
+    found = [tok for tok in IMAGE_TOKENS if tok in tokens]
+    out.append(CheckResult("image token in target tokenizer", bool(found),
+                           f"found {found[0]!r}" if found else f"none of {list(IMAGE_TOKENS)} in the vocabulary"))
+    return out
+
+
+def check_pair(target: str | Path, draft: str | Path | None = None, mmproj: str | Path | None = None) -> PairReport:
+    """Check a target GGUF against a draft GGUF and/or an mmproj GGUF (headers only).
+
+    Raises:
+        InputNotFoundError / CorruptFileError for unreadable files; a mismatch is not raised but
+        reported (see ``PairReport.raise_for_failures``).
+    """
+    t = read_gguf(target)
+    report = PairReport(str(target), str(draft) if draft else None, str(mmproj) if mmproj else None)
+    if draft is not None:
+        report.checks += check_gguf_pair(t, read_gguf(draft))
+    if mmproj is not None:
+        report.checks += check_mmproj(t, read_gguf(mmproj))
+    return report

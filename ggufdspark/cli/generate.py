@@ -1,0 +1,37 @@
+"""``ggufdspark generate``: synthetic checkpoints for tests and benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ggufdspark.errors import OutputExistsError
+from ggufdspark.testing import synth
+
+
+@click.command(name="generate")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--size", type=click.Choice(["small", "full"]), default="small", show_default=True,
+              help="small: tiny test pair; full: the published shapes (2.4B target, 279.5M drafter).")
+@click.option("--only", type=click.Choice(["both", "target", "drafter"]), default="both", show_default=True)
+@click.option("--dtype", type=click.Choice(["BF16", "F16", "F32"]), default="BF16", show_default=True)
+@click.option("--force", is_flag=True, help="Write into a non-empty directory.")
+def command(out, size, only, dtype, force):
+    """Generate a random LFM2 target and/or its DSpark drafter (Hub layout) under OUT."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise OutputExistsError(f"{out}: directory is not empty (use --force)")
+    tspec = synth.FULL_TARGET if size == "full" else synth.SMALL_TARGET
+    dspec = synth.FULL_DRAFTER if size == "full" else synth.SMALL_DRAFTER
+    tdir = out / "target"
+    if only in ("both", "target"):
+        click.echo(f"generating target ({size}) in {tdir}", err=True)
+        synth.make_target(tdir, tspec, dtype=dtype)
+    elif not (tdir / "config.json").is_file():
+        click.echo(f"generating target tokenizer/config only is not supported; writing target ({size})", err=True)
+        synth.make_target(tdir, tspec, dtype=dtype)
+    if only in ("both", "drafter"):
+        click.echo(f"generating drafter ({size}) in {out / 'drafter'}", err=True)
+        synth.make_drafter(out / "drafter", tdir, dspec, dtype=dtype)
+    click.echo(out)

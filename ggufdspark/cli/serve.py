@@ -1,0 +1,61 @@
+"""``ggufdspark serve``: llama-server with the DSpark draft, checked and tuned to the hardware."""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from ggufdspark import serve as serve_lib
+
+
+@click.command(name="serve", context_settings={"ignore_unknown_options": False})
+@click.option("-m", "--model", type=click.Path(dir_okay=False), help="Target GGUF.")
+@click.option("-md", "--draft", type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
+@click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (image requests).")
+@click.option("--hf", help="Target from the Hub: REPO[:QUANT].")
+@click.option("--hfd", help="Draft from the Hub: REPO[:QUANT].")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8080, show_default=True, help="0 picks a free port.")
+@click.option("--api-key", envvar="GGUFDSPARK_API_KEY", help="Require this key (or $GGUFDSPARK_API_KEY).")
+@click.option("--draft-n-max", type=click.IntRange(1, 64), help="Override the draft length.")
+@click.option("--no-draft", is_flag=True, help="Serve the target alone.")
+@click.option("--force", is_flag=True, help="Serve even if 'check' fails (loudly).")
+@click.option("--server", type=click.Path(), help="llama-server to use.")
+@click.option("-c", "--ctx-size", type=int, default=4096, show_default=True)
+@click.option("-np", "--parallel", type=int, default=1, show_default=True)
+@click.option("--log", "log_file", type=click.Path(dir_okay=False), help="llama-server log file.")
+@click.option("--start-timeout", type=float, default=300, show_default=True)
+@click.option("--max-restarts", type=int, default=5, show_default=True)
+@click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
+@click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, no_draft, force, server,
+            ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, extra):
+    """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged."""
+    p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
+                       draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
+                       ctx_size=ctx_size, parallel=parallel, extra_args=list(extra), use_profile=not no_profile)
+    for w in p.warnings:
+        click.secho(f"WARNING: {w}", fg="yellow", err=True)
+    d = p.decision
+    click.echo(f"backend: {d.backend}; draft: "
+               + (f"on, n_max {d.draft_n_max}" if d.draft_enabled else "off")
+               + f"; offload: {'yes' if d.offload else 'no'}", err=True)
+    for r in d.reasons:
+        click.echo(f"  because {r}", err=True)
+    if dry_run:
+        click.echo(shlex.join(p.settings.redacted()))
+        return
+    log_path = Path(log_file) if log_file else Path(tempfile.gettempdir()) / f"ggufdspark-serve-{int(time.time())}.log"
+    if p.settings.port == 0:
+        from ggufdspark.runners.server import free_port
+
+        p.settings.port = free_port("127.0.0.1" if p.settings.host in ("0.0.0.0", "::") else p.settings.host)
+    click.echo(shlex.join(p.settings.redacted()), err=True)
+    click.echo(f"log: {log_path}", err=True)
+    serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
+                        on_event=lambda msg: click.echo(msg, err=True))

@@ -1,0 +1,82 @@
+"""Per-hardware defaults for serving a DSpark pair, as a table with where each number comes from,
+and the decision function ``serve`` and ``bench`` use."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+
+from ggufdspark.bindings import DeviceReport, probe_devices
+from ggufdspark.engine import EngineInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BackendDefaults:
+    draft_n_max: int
+    offload: bool  # -ngl 99 -ngld 99
+    flash_attn: str | None  # "-fa on" on GPUs
+    source: str  # why this number
+
+
+# The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
+DEFAULTS: dict[str, BackendDefaults] = {
+    # Liquid AI's recommended serving line for CUDA: the trained block size of the published drafter.
+    "cuda": BackendDefaults(9, True, "on", "CUDA: the drafter's trained block size (9), LiquidAI's serving line"),
+    # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
+    "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
+    # Measured here (benchmarks/cpu_draft_length.py, docs/benchmarks.md): on a 2-core x86 CPU the
+    # best draft length at the published acceptance profile was short; see the doc for the sweep.
+    "cpu": BackendDefaults(4, False, None, "CPU: measured sweep on 2 cores (docs/benchmarks.md)"),
+}
+OTHER_GPU = BackendDefaults(8, True, "on", "other GPU backend: Metal's value, untuned")
+
+
+@dataclass
+class Decision:
+    """What serve will run with, and why."""
+
+    backend: str
+    draft_enabled: bool
+    draft_n_max: int | None
+    offload: bool
+    flash_attn: str | None
+    reasons: list[str] = field(default_factory=list)
+    devices: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def detect(engine: EngineInfo) -> DeviceReport:
+    """Devices of this engine build (ctypes bindings first, ``--list-devices`` as fallback)."""
+    return probe_devices(engine.lib_dir, server=engine.path)
+
+
+def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: int | None = None,
+           no_draft: bool = False) -> Decision:
+    """Pick the serving settings: table default < tune profile < explicit ``draft_n_max``."""
+    backend = report.backend or "cpu"
+    base = DEFAULTS.get(backend, OTHER_GPU)
+    d = Decision(backend, True, base.draft_n_max, base.offload, base.flash_attn, [base.source],
+                 [asdict(x) for x in report.devices])
+    if report.errors:
+        d.reasons.append("device detection: " + "; ".join(report.errors))
+    if profile:
+        best = profile.get("recommendation") or {}
+        if best.get("draft_enabled") is False:
+            d.draft_enabled = False
+            d.reasons.append(f"tune profile {profile.get('path', '')}: drafting turned off "
+                             f"({best.get('why', 'it measured slower than no draft')})")
+        elif best.get("draft_n_max"):
+            d.draft_n_max = int(best["draft_n_max"])
+            d.reasons.append(f"tune profile {profile.get('path', '')}: draft length {d.draft_n_max} measured fastest")
+    if draft_n_max is not None:
+        d.draft_n_max = draft_n_max
+        d.draft_enabled = True
+        d.reasons.append(f"--draft-n-max {draft_n_max} given")
+    if no_draft:
+        d.draft_enabled = False
+        d.reasons.append("--no-draft given")
+    return d

@@ -1,0 +1,83 @@
+"""``inspect``: what a GGUF file is, from its header alone (fast on multi-GB files)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggufdspark.gguffile.constants import ARCH_CLIP, ARCH_DFLASH, Key
+from ggufdspark.gguffile.reader import GGUFFile, read_gguf
+
+DSPARK_TENSORS = ("markov_w1.weight", "markov_w2.weight")
+
+
+@dataclass
+class GGUFSummary:
+    path: str
+    file_size: int
+    arch: str | None
+    kind: str  # "dspark-draft", "dflash-draft", "target", "mmproj", "other"
+    name: str | None
+    n_tensors: int
+    tensor_types: dict[str, int]
+    file_type: int | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def classify(g: GGUFFile) -> str:
+    if g.arch == ARCH_DFLASH:
+        return "dspark-draft" if all(t in g.tensors for t in DSPARK_TENSORS) else "dflash-draft"
+    if g.arch == ARCH_CLIP:
+        return "mmproj"
+    if g.get(Key.EMBEDDING_LENGTH) is not None and Key.TOK_TOKENS in g.metadata:
+        return "target"
+    return "other"
+
+
+def vocab_size(g: GGUFFile) -> int | None:
+    if (v := g.get(Key.VOCAB_SIZE)) is not None:
+        return int(v)
+    if (toks := g.metadata.get(Key.TOK_TOKENS)) is not None:
+        return len(toks)
+    if "token_embd.weight" in g.tensors:
+        return g.tensors["token_embd.weight"].shape[0]
+    return None
+
+
+def summarize_gguf(g: GGUFFile) -> GGUFSummary:
+    kind = classify(g)
+    types = Counter(t.type_name for t in g.tensors.values())
+    d: dict[str, Any] = {}
+    if kind in ("dspark-draft", "dflash-draft"):
+        d.update(
+            block_size=g.get(Key.BLOCK_SIZE), target_layers=g.get(Key.TARGET_LAYERS),
+            target_layer_ids=[i - 1 for i in (g.get(Key.TARGET_LAYERS) or [])],
+            mask_token_id=g.metadata.get(Key.TOK_MASK), layers=g.get(Key.BLOCK_COUNT),
+            hidden_size=g.get(Key.EMBEDDING_LENGTH), vocab_size=vocab_size(g),
+            markov_head=all(t in g.tensors for t in DSPARK_TENSORS),
+            markov_rank=g.tensors["markov_w1.weight"].shape[1] if "markov_w1.weight" in g.tensors else None,
+            confidence_head=bool(g.get(Key.HAS_CONFIDENCE_HEAD)) and "conf_proj.weight" in g.tensors,
+            sample_from_anchor=g.get(Key.SAMPLE_FROM_ANCHOR), tokenizer_pre=g.metadata.get(Key.TOK_PRE))
+    elif kind == "target":
+        kv = g.get(Key.HEAD_COUNT_KV)
+        d.update(layers=g.get(Key.BLOCK_COUNT), hidden_size=g.get(Key.EMBEDDING_LENGTH),
+                 vocab_size=vocab_size(g), context_length=g.get(Key.CONTEXT_LENGTH),
+                 attention_layers=sum(1 for x in kv if x) if isinstance(kv, list) else None,
+                 tokenizer_pre=g.metadata.get(Key.TOK_PRE),
+                 chat_template=Key.CHAT_TEMPLATE in g.metadata)
+    elif kind == "mmproj":
+        d.update(projector_type=g.metadata.get("clip.projector_type"),
+                 projection_dim=g.metadata.get("clip.vision.projection_dim"),
+                 vision_layers=g.metadata.get("clip.vision.block_count"))
+    return GGUFSummary(str(g.path), g.file_size, g.arch, kind, g.metadata.get(Key.NAME), len(g.tensors),
+                       dict(sorted(types.items())), g.metadata.get(Key.FILE_TYPE), d)
+
+
+def inspect_gguf(path: str | Path) -> GGUFSummary:
+    """Summarize a GGUF file. Raises InputNotFoundError / CorruptFileError."""
+    return summarize_gguf(read_gguf(path))

@@ -1,0 +1,89 @@
+"""Tune profiles: measurements and a recommendation, keyed by hardware and by pair.
+
+A profile lives at ``<cache>/profiles/<hardware-key>/<pair-key>.json``. The hardware key names the
+backend, the first device's name and its memory; the pair key is built from the sha256 of the
+target and the draft (hashes are cached by path, size and mtime, so a multi-GB file is read once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+
+from ggufdspark.bindings import DeviceReport
+from ggufdspark.engine import cache_dir
+
+log = logging.getLogger(__name__)
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file, cached in ``<cache>/hashes.json`` by (path, size, mtime)."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    store = cache_dir() / "hashes.json"
+    try:
+        known = json.loads(store.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        known = {}
+    if key in known:
+        return known[key]
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    known[key] = h.hexdigest()
+    store.parent.mkdir(parents=True, exist_ok=True)
+    tmp = store.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known))
+    os.replace(tmp, store)
+    return known[key]
+
+
+def hardware_key(report: DeviceReport) -> str:
+    gpus = [d for d in report.devices if d.type in ("gpu", "igpu", "unknown")]
+    dev = gpus[0] if gpus else (report.devices[0] if report.devices else None)
+    name = dev.description or dev.name if dev else "unknown"
+    mem = f"{round(dev.memory_total / 2**30)}GiB" if dev and dev.memory_total else "0GiB"
+    raw = f"{report.backend or 'cpu'}-{name}-{mem}"
+    return re.sub(r"[^\w.-]+", "_", raw).strip("_")
+
+
+def pair_key(target: str | Path, draft: str | Path) -> str:
+    return f"{file_sha256(target)[:16]}-{file_sha256(draft)[:16]}"
+
+
+def profile_path(report: DeviceReport, target: str | Path, draft: str | Path) -> Path:
+    return cache_dir() / "profiles" / hardware_key(report) / f"{pair_key(target, draft)}.json"
+
+
+def load_profile(report: DeviceReport, target: str | Path, draft: str | Path) -> dict | None:
+    p = profile_path(report, target, draft)
+    if not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError:
+        log.warning("%s: unreadable tune profile, ignored", p)
+        return None
+    data["path"] = str(p)
+    return data
+
+
+def save_profile(report: DeviceReport, target: str | Path, draft: str | Path, data: dict) -> Path:
+    p = profile_path(report, target, draft)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    record = {"hardware": {"key": hardware_key(report), "backend": report.backend,
+                           "devices": [d.__dict__ for d in report.devices]},
+              "pair": {"target": str(target), "draft": str(draft), "target_sha256": file_sha256(target),
+                       "draft_sha256": file_sha256(draft)},
+              "written_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **data}
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, p)
+    return p

@@ -1,0 +1,373 @@
+"""Drive ``llama-server``: typed settings become flags, start waits for health while watching the
+child, stop is terminate / wait / kill, and a small HTTP client returns text plus parsed timings.
+
+    with ServerProcess(ServerSettings(server=exe, model=t, draft=d)) as srv:
+        out = srv.client().complete("Hello", n_predict=32)
+        print(out.text, out.timings.accept_length)
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import logging
+import mimetypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from ggufdspark import timings as tm
+from ggufdspark.errors import EngineError, PortInUseError, ServerStartError
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.errno in (errno.EADDRINUSE, errno.EACCES)
+    return False
+
+
+@dataclass
+class ServerSettings:
+    """Everything that becomes a llama-server flag. None means: leave the engine's default."""
+
+    server: str | Path
+    model: str | Path | None = None
+    draft: str | Path | None = None
+    mmproj: str | Path | None = None
+    hf_repo: str | None = None
+    hf_draft: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    api_key: str | None = None
+    spec_type: str | None = "draft-dspark"
+    draft_n_max: int | None = None
+    draft_n_min: int | None = 0
+    draft_p_min: float | None = None
+    n_gpu_layers: int | str | None = None
+    n_gpu_layers_draft: int | str | None = None
+    flash_attn: str | None = None
+    ctx_size: int | None = 4096
+    parallel: int | None = 1
+    threads: int | None = None
+    metrics: bool = True
+    synth_len: float | None = None
+    synth_rates: list[float] | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    def args(self) -> list[str]:
+        """The llama-server command line (the API key is included; see ``redacted``)."""
+        a: list[str] = [str(self.server)]
+        if self.model:
+            a += ["-m", str(self.model)]
+        if self.hf_repo:
+            a += ["-hf", self.hf_repo]
+        use_draft = bool(self.draft or self.hf_draft) and self.spec_type not in (None, "none")
+        if use_draft:
+            if self.draft:
+                a += ["-md", str(self.draft)]
+            if self.hf_draft:
+                a += ["-hfd", self.hf_draft]
+            a += ["--spec-type", str(self.spec_type)]
+            if self.draft_n_max is not None:
+                a += ["--spec-draft-n-max", str(self.draft_n_max)]
+            if self.draft_n_min is not None:
+                a += ["--spec-draft-n-min", str(self.draft_n_min)]
+            if self.draft_p_min is not None:
+                a += ["--spec-draft-p-min", str(self.draft_p_min)]
+            if self.n_gpu_layers_draft is not None:
+                a += ["-ngld", str(self.n_gpu_layers_draft)]
+            if self.synth_len is not None:
+                a += ["--spec-synth-len", str(self.synth_len)]
+            if self.synth_rates:
+                a += ["--spec-synth-rates", ",".join(f"{r:g}" for r in self.synth_rates)]
+        if self.mmproj:
+            a += ["--mmproj", str(self.mmproj)]
+        if self.n_gpu_layers is not None:
+            a += ["-ngl", str(self.n_gpu_layers)]
+        if self.flash_attn is not None:
+            a += ["-fa", self.flash_attn]
+        if self.ctx_size is not None:
+            a += ["-c", str(self.ctx_size)]
+        if self.parallel is not None:
+            a += ["-np", str(self.parallel)]
+        if self.threads is not None:
+            a += ["-t", str(self.threads)]
+        if self.metrics:
+            a += ["--metrics"]
+        if self.api_key:
+            a += ["--api-key", self.api_key]
+        a += ["--host", self.host, "--port", str(self.port)]
+        a += list(self.extra_args)
+        return a
+
+    def redacted(self) -> list[str]:
+        """``args()`` with the API key masked, for printing and logs."""
+        out = self.args()
+        for i, v in enumerate(out[:-1]):
+            if v == "--api-key":
+                out[i + 1] = "***"
+        return out
+
+
+# Log lines that explain a failed start, most specific first.
+_FAILURE_PATTERNS = [
+    (r"couldn't bind|address already in use|bind\(\) failed", "port already in use"),
+    (r"failed to create.*speculative|speculative.*fail|draft.*(mismatch|incompatible)", "the speculative (draft) context failed"),
+    (r"unknown model architecture: '([^']+)'", "unknown model architecture"),
+    (r"failed to load model|error loading model", "the model failed to load"),
+    (r"invalid argument|unknown argument|error: (.+)", "bad arguments"),
+]
+
+
+def explain_failure(log_text: str) -> str:
+    for pat, why in _FAILURE_PATTERNS:
+        m = re.search(pat, log_text, re.IGNORECASE)
+        if m:
+            line = next((ln for ln in log_text.splitlines() if re.search(pat, ln, re.IGNORECASE)), "")
+            return f"{why}: {line.strip()[:200]}"
+    return "see the log"
+
+
+class ServerProcess:
+    """One llama-server process. Use as a context manager; ``stop()`` is always safe to call."""
+
+    def __init__(self, settings: ServerSettings, *, log_path: str | Path | None = None,
+                 start_timeout: float = 300.0):
+        self.settings = settings
+        self.start_timeout = start_timeout
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
+            os.close(fd)
+            log_path = name
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        host = self.settings.host
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.settings.port}"
+
+    def start(self) -> "ServerProcess":
+        """Start and wait until ``/health`` says ready.
+
+        Raises:
+            PortInUseError: the port is taken.
+            ServerStartError: the engine exited during start (reason and last log lines included),
+                or was not healthy within ``start_timeout``.
+        """
+        s = self.settings
+        if s.port == 0:
+            s.port = free_port(s.host if s.host not in ("0.0.0.0", "::") else "127.0.0.1")
+        elif port_in_use(s.host, s.port):
+            raise PortInUseError(f"port {s.port} on {s.host} is already in use (use --port 0 to pick a free one)")
+        log.debug("starting: %s", " ".join(s.redacted()))
+        logf = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(s.args(), stdout=logf, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            raise EngineError(f"{s.server}: cannot start llama-server: {e.strerror}") from None
+        finally:
+            logf.close()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                text = self.log_text()
+                tail = "\n".join(text.splitlines()[-15:])
+                raise ServerStartError(
+                    f"llama-server exited with code {rc} during start ({explain_failure(text)}); "
+                    f"log: {self.log_path}\n--- last log lines ---\n{tail}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.1)
+        raise ServerStartError(f"llama-server was not healthy after {self.start_timeout:.0f}s; log: {self.log_path}")
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """Terminate, wait, then kill (the whole process group). Returns the exit code."""
+        p = self.proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                p.terminate()
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(5)
+        return p.returncode
+
+    def client(self, timeout: float = 600.0) -> "Client":
+        return Client(self.url, api_key=self.settings.api_key, timeout=timeout)
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass
+class Completion:
+    """A finished request: the text, token ids where the endpoint gives them, parsed timings."""
+
+    text: str
+    timings: tm.RequestTimings
+    tokens: list[int] | None = None
+    probs: list[dict] | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+class Client:
+    """A minimal llama-server HTTP client (stdlib only)."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 600.0):
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    def _request(self, path: str, body: dict | None = None, *, stream: bool = False):
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=headers,
+                                     method="POST" if body is not None else "GET")
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300]
+            raise EngineError(f"{self.url}{path}: HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            raise EngineError(f"{self.url}{path}: {getattr(e, 'reason', e)}") from None
+        return resp
+
+    def post_json(self, path: str, body: dict) -> dict:
+        with self._request(path, body) as r:
+            return json.loads(r.read())
+
+    def get_text(self, path: str) -> str:
+        with self._request(path) as r:
+            return r.read().decode()
+
+    def stream_lines(self, path: str, body: dict) -> Iterator[str]:
+        """Raw SSE lines of a streamed request."""
+        with self._request(path, {**body, "stream": True}) as r:
+            for raw in r:
+                yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+    def health(self) -> dict:
+        return json.loads(self.get_text("/health"))
+
+    def metrics(self) -> str:
+        return self.get_text("/metrics")
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        return self.post_json("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})["tokens"]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.post_json("/detokenize", {"tokens": tokens})["content"]
+
+    def apply_template(self, messages: list[dict]) -> str:
+        return self.post_json("/apply-template", {"messages": messages})["prompt"]
+
+    def complete(self, prompt: str | list[int], *, n_predict: int = 64, temperature: float = 0.0,
+                 n_probs: int = 0, speculative: dict | None = None, **extra: Any) -> Completion:
+        """``/completion``. ``speculative`` maps to per-request ``speculative.*`` keys (n_max...)."""
+        body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
+                                "cache_prompt": False, "return_tokens": True, **extra}
+        if temperature == 0:
+            body.setdefault("top_k", 1)
+        if n_probs:
+            body["n_probs"] = n_probs
+        for k, v in (speculative or {}).items():
+            body[f"speculative.{k}"] = v
+        out = self.post_json("/completion", body)
+        return Completion(text=out.get("content", ""), timings=tm.parse_response(out, where=f"{self.url}/completion"),
+                          tokens=out.get("tokens"), probs=out.get("completion_probabilities"), raw=out)
+
+    def chat(self, messages: list[dict], *, max_tokens: int = 64, temperature: float = 0.0,
+             **extra: Any) -> Completion:
+        """``/v1/chat/completions``; image parts may be local file paths (sent as data URIs)."""
+        body = {"messages": [_inline_images(m) for m in messages], "max_tokens": max_tokens,
+                "temperature": temperature, **extra}
+        out = self.post_json("/v1/chat/completions", body)
+        text = out["choices"][0]["message"].get("content") or ""
+        return Completion(text=text, timings=tm.parse_response(out, where=f"{self.url}/v1/chat/completions"), raw=out)
+
+
+def image_data_uri(path: str | Path) -> str:
+    p = Path(path)
+    mime = mimetypes.guess_type(p.name)[0] or "image/png"
+    return f"data:{mime};base64,{base64.b64encode(p.read_bytes()).decode()}"
+
+
+def _inline_images(message: dict) -> dict:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for part in content:
+        if part.get("type") == "image" and "path" in part:
+            parts.append({"type": "image_url", "image_url": {"url": image_data_uri(part["path"])}})
+        elif part.get("type") == "image_url" and not str(part["image_url"].get("url", "")).startswith(("data:", "http")):
+            parts.append({"type": "image_url", "image_url": {"url": image_data_uri(part["image_url"]["url"])}})
+        else:
+            parts.append(part)
+    return {**message, "content": parts}
