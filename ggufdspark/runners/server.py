@@ -230,6 +230,15 @@ class ServerProcess:
         except FileNotFoundError:
             return ""
 
+    def wait_for_log(self, pattern: str, timeout: float = 10.0, *, count: int = 1) -> list[str]:
+        """Lines matching ``pattern`` once at least ``count`` exist (the engine logs after replying)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [ln for ln in self.log_text().splitlines() if re.search(pattern, ln)]
+            if len(lines) >= count or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.05)
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
