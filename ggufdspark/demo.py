@@ -1,0 +1,51 @@
+"""The end-to-end job in one command (``make demo``): generate a small LFM2 target and its DSpark
+drafter, convert both to GGUF, check the pair, serve it with the draft, send a request, and print
+the acceptance timings. Files are kept under ``<cache>/demo`` and reused on the next run."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from ggufdspark import engine
+from ggufdspark.check import check_pair
+from ggufdspark.errors import GgufdsparkError
+from ggufdspark.serve import serving
+from ggufdspark.testing.pairs import build_pair
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    root = engine.cache_dir() / "demo"
+    try:
+        print(f"1. generating and converting a small LFM2 target + DSpark drafter under {root}")
+        pair = build_pair(root)
+        print(f"   target {pair.target}\n   draft  {pair.draft}")
+        report = check_pair(pair.target, pair.draft)
+        print(f"2. check: {'pair OK' if report.ok else 'REFUSED'} ({len(report.checks)} checks)")
+        report.raise_for_failures()
+        with serving(pair.target, pair.draft) as (srv, client):
+            print(f"3. serving: {' '.join(srv.settings.redacted())}")
+            prompt = "The model draft target"
+            out = client.complete(prompt, n_predict=64)
+            t = out.timings
+            print(f"4. request {prompt!r} -> {out.text[:60]!r}...")
+            print("5. acceptance timings")
+            print(f"   predicted tokens   {t.predicted_n}")
+            print(f"   drafted / accepted {t.draft_n} / {t.draft_n_accepted}")
+            rate = f"{t.acceptance_rate:.3f}" if t.acceptance_rate is not None else "n/a"
+            al = f"{t.accept_length:.2f}" if t.accept_length is not None else "n/a"
+            print(f"   acceptance rate    {rate}")
+            print(f"   accept length      {al} tokens per target pass ({t.passes_source} passes)")
+            print(f"   decode speed       {t.decode_tps:.1f} tok/s")
+            lines = srv.wait_for_log("draft acceptance")
+            if lines:
+                print(f"   engine log         {lines[-1].split('|')[-1].strip()}")
+    except GgufdsparkError as e:
+        print(f"ggufdspark: error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
