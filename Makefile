@@ -40,7 +40,8 @@ demo: engine bindings
 	$(PY) -m ggufdspark.demo
 
 test: engine bindings
-	CI=$${CI:-} $(PY) -m pytest -q tests
+	@$(PY) -m pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 bench: engine bindings
 	$(PY) benchmarks/convert_speed.py

@@ -81,7 +81,9 @@ def _warnings(report: DoctorReport) -> list[str]:
     info, devices, bindings = report.engine, report.devices, report.bindings
     assert info is not None and devices is not None and bindings is not None
     out = []
-    if info.commit and not _same_commit(info.commit, PIN_COMMIT):
+    if not info.commit or info.commit == "unknown":  # built outside git, no LLAMA_BUILD_COMMIT
+        out.append(f"engine reports no commit; cannot tell whether it is the pinned {PIN_COMMIT}")
+    elif not _same_commit(info.commit, PIN_COMMIT):
         out.append(f"engine commit {info.commit} is not the pinned {PIN_COMMIT}; "
                    f"results may differ from the documented ones")
     if devices.source == "none":

@@ -27,6 +27,7 @@ def _list_devices(server: str) -> str:
 
 def test_ggml_registry_through_ctypes(dspark_engine):
     ggml = GgmlBackend.load(dspark_engine.lib_dir)
+    assert ggml.route_logs()
     assert ggml.load_all(dspark_engine.lib_dir)
     n = ggml.dev_count()
     assert n >= 1, f"{dspark_engine.lib_dir}: ggml registered no device"
@@ -47,7 +48,8 @@ def test_probe_devices_finds_cpu_through_bindings(dspark_engine):
     assert cpus[0].memory_total > 0
     assert report.backend == infer_backend(report.devices)
     if dspark_engine.backend:  # the build record's backend is the one its devices imply
-        assert report.backend == dspark_engine.backend
+        assert report.backend == dspark_engine.backend, (
+            f"engine built for {dspark_engine.backend}, but its libraries see {report.devices}")
 
 
 def test_bindings_agree_with_list_devices(dspark_engine):

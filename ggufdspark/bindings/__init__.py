@@ -146,6 +146,7 @@ def devices_from_bindings(lib_dir: str | os.PathLike | None = None) -> list[Devi
     """
     d = resolve_lib_dir(lib_dir)
     ggml = GgmlBackend.load(d)
+    ggml.route_logs()  # before the registry starts: backends log as they initialise
     ggml.load_all(d)
     devices = []
     for i in range(ggml.dev_count()):

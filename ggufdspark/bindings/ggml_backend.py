@@ -17,9 +17,31 @@ from pathlib import Path
 from ggufdspark.bindings._loader import BindingsLoadError, load_ggml
 
 log = logging.getLogger(__name__)
+# Where ggml's own messages go once ``GgmlBackend.route_logs`` ran (default: ggml's stderr).
+ggml_log = logging.getLogger("ggufdspark.ggml")
 
 # typedef struct ggml_backend_device * ggml_backend_dev_t;
 ggml_backend_dev_t = ctypes.c_void_p
+
+# typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);
+ggml_log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+# enum ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the
+# previous message). ggml's INFO is start-up chatter ("ggml_cuda_init: found 1 CUDA devices"):
+# it goes to DEBUG so a CLI at INFO stays quiet.
+GGML_LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING,
+                   4: logging.ERROR}
+_last_level = [logging.DEBUG]
+
+
+@ggml_log_callback
+def _route_log(level: int, text: bytes | None, user_data) -> None:
+    """ggml log callback: one Python log record per non-empty chunk of text."""
+    lvl = _last_level[0] if level == 5 else GGML_LOG_LEVELS.get(level, logging.DEBUG)
+    _last_level[0] = lvl
+    msg = text.decode("utf-8", errors="replace").rstrip() if text else ""
+    if msg:
+        ggml_log.log(lvl, "%s", msg)
 
 
 class DevType(IntEnum):
@@ -58,6 +80,9 @@ class GgmlBackend:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
+        # void ggml_log_set(ggml_log_callback log_callback, void * user_data);
+        self._log_set = _declare(lib, "ggml_log_set", [ggml_log_callback, ctypes.c_void_p], None,
+                                 optional=True)
         # void ggml_backend_load_all(void);
         self._load_all = _declare(lib, "ggml_backend_load_all", [], None, optional=True)
         # void ggml_backend_load_all_from_path(const char * dir_path);
@@ -87,6 +112,17 @@ class GgmlBackend:
             BindingsLoadError: the libraries are missing, unloadable or lack the registry.
         """
         return cls(load_ggml(lib_dir))
+
+    def route_logs(self) -> bool:
+        """Send ggml's log messages to the ``ggufdspark.ggml`` logger instead of stderr.
+
+        Process-wide; loading llama-cpp-python later installs its own callback instead.
+        Returns False when this ggml has no ``ggml_log_set``.
+        """
+        if self._log_set is None:
+            return False
+        self._log_set(_route_log, None)
+        return True
 
     def load_all(self, lib_dir: str | os.PathLike | None = None) -> bool:
         """Register dynamically loadable backends (``GGML_BACKEND_DL`` builds).

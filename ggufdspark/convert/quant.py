@@ -6,6 +6,7 @@ The results are bit-identical to ggml's reference (``ggml_compute_fp32_to_bf16``
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterator
 
 import numpy as np
@@ -62,6 +63,22 @@ def encode(x32: np.ndarray, out: TensorType) -> np.ndarray:
     raise ValueError(f"unsupported output type {out.name}")
 
 
+@lru_cache(maxsize=None)
+def lookup_table(src_dtype: str, out: TensorType) -> np.ndarray:
+    """All 65536 values of a 16-bit source type, converted to ``out`` exactly as ``encode`` would.
+
+    Indexing this table converts a 16-bit tensor an order of magnitude faster than going through
+    float32 arithmetic, with identical results (each input value has one output value).
+    """
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    src = every if src_dtype == "BF16" else every.view(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return encode(to_f32(src, src_dtype), out)
+
+
+LUT_OUTPUTS = (TensorType.F32, TensorType.F16, TensorType.BF16)
+
+
 def convert_rows(raw: np.ndarray, src_dtype: str, out: TensorType) -> Iterator[memoryview]:
     """Convert a 2-D (or 1-D) raw array to ``out`` in row chunks, yielding output bytes."""
     if raw.ndim <= 1:
@@ -74,5 +91,11 @@ def convert_rows(raw: np.ndarray, src_dtype: str, out: TensorType) -> Iterator[m
         yield memoryview(np.ascontiguousarray(flat)).cast("B")
         return
     step = max(1, ROW_CHUNK_ELEMENTS // max(cols, 1))
+    if src_dtype in ("BF16", "F16") and out in LUT_OUTPUTS:
+        table = lookup_table(src_dtype, out)
+        as_index = flat.view(np.uint16)
+        for i in range(0, rows, step):
+            yield memoryview(table[as_index[i:i + step]]).cast("B")
+        return
     for i in range(0, rows, step):
         yield memoryview(encode(to_f32(flat[i:i + step], src_dtype), out)).cast("B")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -151,21 +153,16 @@ class GGUFWriter:
         if self.path.exists() and not force:
             raise OutputExistsError(f"{self.path}: already exists (use --force to overwrite)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        sha = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
         total = self.total_bytes
         done = 0
         try:
-            with os.fdopen(fd, "wb", buffering=0) as f:
-                def put(b):
-                    sha.update(b)
-                    f.write(b)
-
+            with os.fdopen(fd, "wb", buffering=0) as f, _Sink(f) as put:
                 put(self._header())
                 for t in self._tensors:
                     n = 0
                     for chunk in produce(t.name):
-                        n += len(chunk) if not isinstance(chunk, memoryview) else chunk.nbytes
+                        n += chunk.nbytes if isinstance(chunk, memoryview) else len(chunk)
                         put(chunk)
                         if progress:
                             progress(done + n, total, t.name)
@@ -182,7 +179,52 @@ class GGUFWriter:
             except FileNotFoundError:
                 pass
             raise
-        return sha.hexdigest()
+        return put.hexdigest()
+
+
+class _Sink:
+    """Hash and write buffers on a background thread while the caller produces the next ones.
+
+    Both ``hashlib`` and file writes release the GIL on large buffers, so conversion, hashing and
+    writing overlap. The queue is short, which bounds the memory held in flight.
+    """
+
+    def __init__(self, f, depth: int = 3):
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="gguf-writer", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            b = self.q.get()
+            if b is None:
+                return
+            if self.error is None:
+                try:
+                    self.sha.update(b)
+                    self.f.write(b)
+                except BaseException as e:  # noqa: BLE001 - re-raised in the producer
+                    self.error = e
+
+    def __call__(self, b) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put(b)
+
+    def hexdigest(self) -> str:
+        return self.sha.hexdigest()
+
+    def __enter__(self) -> "_Sink":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.q.put(None)
+        self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
 
 
 def iter_chunks(data: memoryview | bytes, size: int = 16 << 20) -> Iterator[memoryview]:

@@ -1,0 +1,80 @@
+"""``ggufdspark publish --target T.gguf --draft D.gguf --repo ORG/NAME [--mmproj M.gguf] ...``."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from ggufdspark.cli._common import echo_json
+from ggufdspark.publish import PublishPlan, human_size, publish
+
+ACTIONS = {"upload": "upload", "skip": "skip  "}
+
+
+def print_plan(plan: PublishPlan) -> None:
+    """The plan on stdout: repos, files (size, sha256, upload or skip), warnings, commands, cards."""
+    if plan.dry_run:
+        click.echo(f"Plan (dry run: nothing is sent to {plan.endpoint}; files are not compared with the Hub)")
+    else:
+        click.echo(f"Plan for {plan.endpoint}")
+    for rp in plan.repos:
+        state = ("not checked" if rp.exists is None else f"exists at {rp.head[:12]}" if rp.exists
+                 else "new")
+        click.echo(f"\n{rp.repo_id}  ({state}, {'private' if rp.private else 'public'})")
+        width = max(len(f.path_in_repo) for f in rp.files)
+        for f in rp.files:
+            what = f"{f.role} {f.quant}" if f.quant else f.role
+            note = "  (same sha256 on the Hub)" if f.action == "skip" else ""
+            click.echo(f"  {ACTIONS[f.action]}  {f.path_in_repo:<{width}}  {human_size(f.size):>9}  "
+                       f"sha256 {f.sha256}  {what}{note}")
+        for w in rp.warnings:
+            click.echo(f"  warning: {w}")
+    click.echo("\nRun:")
+    for backend, line in plan.commands.items():
+        click.echo(f"  {backend}: {line}")
+    for rp in plan.repos:
+        click.echo(f"\n----- {rp.repo_id}/README.md -----")
+        click.echo(rp.card, nl=False)
+    click.echo("-----")
+
+
+@click.command(name="publish")
+@click.option("--target", required=True, type=click.Path(dir_okay=False), help="The target GGUF.")
+@click.option("--draft", required=True, type=click.Path(dir_okay=False), help="The DSpark draft GGUF.")
+@click.option("--mmproj", type=click.Path(dir_okay=False), help="The target's vision projector GGUF.")
+@click.option("--repo", required=True, metavar="ORG/NAME",
+              help="Target and mmproj go to ORG/NAME-GGUF, the draft to ORG/NAME-DSpark-GGUF.")
+@click.option("--draft-repo", metavar="ORG/NAME", help="Put the draft here instead.")
+@click.option("--single-repo", is_flag=True, help="Put the draft in ORG/NAME-GGUF too.")
+@click.option("--private", is_flag=True, help="Create new repos private.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the cards; send nothing.")
+@click.option("--results", multiple=True, type=click.Path(dir_okay=False),
+              help="A bench or tune JSON to show in the cards (repeatable).")
+@click.option("--base-model", metavar="ORG/NAME", help="Hub id of the source target (card metadata).")
+@click.option("--draft-base-model", metavar="ORG/NAME", help="Hub id of the source drafter (card metadata).")
+@click.option("--license", "license_", metavar="ID", help="Card license (default: the target GGUF's general.license).")
+@click.option("-m", "--message", help="Commit message.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and the result as JSON.")
+def command(target, draft, mmproj, repo, draft_repo, single_repo, private, dry_run, results, base_model,
+            draft_base_model, license_, message, as_json):
+    """Publish a checked GGUF pair to the Hugging Face Hub, named for llama-server -hf / -hfd.
+
+    The token comes from huggingface_hub (HF_TOKEN or 'hf auth login'), the endpoint from
+    HF_ENDPOINT. The plan is printed before anything is written; files whose sha256 already
+    matches on the Hub are skipped.
+    """
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per HTTP request otherwise
+    result = publish(target, draft, repo=repo, mmproj=mmproj, draft_repo=draft_repo, single_repo=single_repo,
+                     private=private, dry_run=dry_run, results=results, base_model=base_model,
+                     draft_base_model=draft_base_model, license=license_, message=message,
+                     on_plan=None if as_json else print_plan)
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    if dry_run:
+        click.echo("dry run: nothing was sent")
+        return
+    for repo_id, url in result.commits.items():
+        click.echo(f"committed {repo_id}: {url}" if url else f"{repo_id}: up to date, nothing uploaded")

@@ -1,0 +1,669 @@
+"""``publish``: put a checked target / DSpark draft pair (and an optional mmproj) on the Hugging Face
+Hub, named so that ``llama-server -hf ORG/NAME-GGUF:F16 -hfd ORG/NAME-DSpark-GGUF:F16`` finds it,
+with a model card per repo that says what the files are and how to run them.
+
+    plan = publish("t.gguf", "d.gguf", repo="org/Name", dry_run=True)   # nothing is sent
+    result = publish("t.gguf", "d.gguf", repo="org/Name", on_plan=print_plan)
+
+Every Hub call goes through ``huggingface_hub`` (endpoint from ``HF_ENDPOINT``, token from its
+usual sources: ``HF_TOKEN``, the saved login). Order of work: check the pair, hash the files, read
+what the Hub already holds (read-only), hand the plan to ``on_plan``, then create the repos,
+upload every new LFS object of every repo, and only then make one commit per repo. A failed upload
+therefore commits nothing anywhere; files whose sha256 already matches on the Hub are not sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ggufdspark import __version__, hardware
+from ggufdspark.check import PairReport, check_pair
+from ggufdspark.engine import PIN_COMMIT
+from ggufdspark.errors import GgufdsparkError, InputNotFoundError, PublishError
+from ggufdspark.gguffile.constants import Key, TensorType
+from ggufdspark.gguffile.reader import GGUFFile, read_gguf
+from ggufdspark.inspect import summarize_gguf
+from ggufdspark.profiles import file_sha256
+
+log = logging.getLogger(__name__)
+
+# general.file_type (llama_ftype, include/llama.h of the pinned tree) -> the quant label in file names
+# and in ``-hf REPO:QUANT``.
+FTYPE_LABELS: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
+    18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S",
+    25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
+    32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
+}
+# Used when a file has no general.file_type: the type of most of its matrices.
+TENSOR_LABELS = {TensorType.F32: "F32", TensorType.F16: "F16", TensorType.BF16: "BF16", TensorType.Q8_0: "Q8_0"}
+
+# How llama.cpp's Hub resolution (common/download.cpp of the pinned tree) names files: the draft
+# sidecar is found by "dspark-", the vision projector by "mmproj", and a file whose name holds any
+# of these keywords is never taken as the model itself.
+FILE_NAME = {"target": "{name}-{quant}.gguf", "mmproj": "mmproj-{name}-{quant}.gguf",
+             "draft": "dspark-{name}-{quant}.gguf"}
+SIDECAR_KEYWORDS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+# llama.cpp's is_valid_repo_id (common/hf-cache.cpp): [A-Za-z0-9_] runs joined by single . - or /,
+# exactly one /. The Hub also caps a repo name at 96 characters.
+REPO_ID_RE = re.compile(r"[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*/[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*")
+MAX_REPO_NAME = 96
+
+TARGET_SUFFIX, DRAFT_SUFFIX = "-GGUF", "-DSpark-GGUF"
+CARD_TAGS = ["gguf", "llama.cpp", "speculative-decoding", "dspark"]
+RESULT_ROW_KEYS = ("arms", "rows", "results", "sweep", "measurements", "points", "trials", "runs")
+MAX_RESULT_COLUMNS = 10
+
+
+@dataclass
+class PlannedFile:
+    role: str  # "target", "mmproj", "draft" or "card"
+    path_in_repo: str
+    size: int
+    sha256: str
+    local: str | None = None  # None for the card (built in memory)
+    quant: str | None = None
+    action: str = "upload"  # "upload", "skip" (same sha256 on the Hub)
+
+
+@dataclass
+class RepoPlan:
+    repo_id: str
+    private: bool
+    files: list[PlannedFile]
+    card: str
+    exists: bool | None = None  # None: the Hub was not asked (dry run)
+    head: str | None = None  # commit the upload builds on
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def to_upload(self) -> list[PlannedFile]:
+        return [f for f in self.files if f.action == "upload"]
+
+
+@dataclass
+class PublishPlan:
+    repos: list[RepoPlan]
+    commands: dict[str, str]  # backend -> llama-server command line
+    dry_run: bool
+    endpoint: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class PublishResult:
+    plan: PublishPlan
+    commits: dict[str, str | None] = field(default_factory=dict)  # repo -> commit URL, None: up to date
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "commits": self.commits}
+
+
+# --------------------------------------------------------------------------------------- naming
+
+
+def quant_label(g: GGUFFile) -> str:
+    """The quant label of a GGUF (``F16``, ``BF16``, ``Q8_0``...), from ``general.file_type``."""
+    ft = g.metadata.get(Key.FILE_TYPE)
+    if ft is not None:
+        if int(ft) in FTYPE_LABELS:
+            return FTYPE_LABELS[int(ft)]
+        raise PublishError(f"{g.path}: unknown general.file_type {ft} (known: {sorted(FTYPE_LABELS)})")
+    counts: dict[str, int] = {}
+    for t in g.tensors.values():
+        if len(t.shape) >= 2 and t.type in TENSOR_LABELS:
+            label = TENSOR_LABELS[TensorType(t.type)]
+            counts[label] = counts.get(label, 0) + t.n_elements
+    if not counts:
+        raise PublishError(f"{g.path}: no general.file_type and no F32/F16/BF16/Q8_0 matrices: "
+                           "cannot name the file for -hf REPO:QUANT")
+    label = max(counts, key=counts.get)
+    log.info("%s: no general.file_type, named %s after its matrices", g.path.name, label)
+    return label
+
+
+def repo_names(repo: str, draft_repo: str | None = None, single_repo: bool = False) -> tuple[str, str, str]:
+    """``(model name, target repo, draft repo)`` for ``--repo ORG/NAME``.
+
+    ``ORG/NAME`` gives ``ORG/NAME-GGUF`` and ``ORG/NAME-DSpark-GGUF`` (a trailing ``-GGUF`` on NAME
+    is not doubled); ``single_repo`` puts the draft in the target repo.
+    """
+    if single_repo and draft_repo:
+        raise PublishError("--single-repo and --draft-repo exclude each other")
+    org, _, name = repo.partition("/")
+    if name.upper().endswith(TARGET_SUFFIX):
+        name = name[:-len(TARGET_SUFFIX)]
+    target_repo = f"{org}/{name}{TARGET_SUFFIX}"
+    draft_repo = target_repo if single_repo else (draft_repo or f"{org}/{name}{DRAFT_SUFFIX}")
+    for r in (repo, target_repo, draft_repo):
+        if not REPO_ID_RE.fullmatch(r) or len(r.split("/")[1]) > MAX_REPO_NAME:
+            raise PublishError(f"{r!r} is not a valid repo id (ORG/NAME of letters, digits and _, joined "
+                               f"by single '.' or '-', name at most {MAX_REPO_NAME} characters)")
+    bad = [k for k in SIDECAR_KEYWORDS if k in name]
+    if bad:
+        raise PublishError(f"model name {name!r} contains {bad[0]!r}: llama.cpp would take "
+                           f"{name}-QUANT.gguf for a sidecar, never for the model; choose another --repo")
+    return name, target_repo, draft_repo
+
+
+def _split_tag(path: str) -> tuple[str, int, int]:
+    """(tag, shard index, shard count) of a GGUF file name, as llama.cpp reads it."""
+    stem = path[:-5] if path.endswith(".gguf") else path
+    index = count = 1
+    m = re.fullmatch(r"(.+)-(\d{5})-of-(\d{5})", stem, re.IGNORECASE)
+    if m:
+        stem, index, count = m.group(1), int(m.group(2)), int(m.group(3))
+    m = re.search(r"[-.]([A-Za-z0-9_]+)$", stem)
+    return (m.group(1).upper() if m else ""), index, count
+
+
+def _bits(tag: str) -> int:
+    m = re.search(r"\d+", tag)
+    return int(m.group()) if m else 0
+
+
+def llama_cpp_pick(files: list[str], tag: str = "", keyword: str | None = None, *, model: str = "") -> str | None:
+    """Which file of a flat repo listing llama.cpp's ``-hf REPO:TAG`` takes: the model (``keyword``
+    None), or the sidecar whose name holds ``keyword`` ("mmproj", "dspark-"), ranked by an exact
+    ``-TAG.`` first, then by the quant bits closest to the tag's (no tag: to ``model``'s).
+
+    Restates find_best_model / find_best_sibling of common/download.cpp (pinned tree) for the plan's
+    warnings; the tests hold it against the real llama-server. Ties go to the first file listed.
+    """
+    if keyword is None:
+        pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
+        for f in files:
+            name = f.rsplit("/", 1)[-1]
+            if (f.endswith(".gguf") and not any(k in name for k in SIDECAR_KEYWORDS)
+                    and pattern.search(f) and _split_tag(f)[1] == 1):
+                return f
+        return None
+    bits = _bits(tag) if tag else _bits(_split_tag(model)[0])
+    best, best_key = None, None
+    for f in files:
+        if not f.endswith(".gguf") or keyword not in f:
+            continue
+        exact = bool(tag) and f"-{tag.upper()}." in f.upper()
+        key = (not exact, abs(_bits(_split_tag(f)[0]) - bits))
+        if best_key is None or key < best_key:
+            best, best_key = f, key
+    return best
+
+
+# ----------------------------------------------------------------------------------------- cards
+
+
+def human_size(n: int) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def _hub_link(repo_id: str) -> str:
+    return f"[{repo_id}](https://huggingface.co/{repo_id})"
+
+
+def _describe(role: str, g: GGUFFile) -> str:
+    d = summarize_gguf(g).details
+    if role == "target":
+        return (f"target model: {g.arch}, {d.get('layers')} layers, hidden {d.get('hidden_size')}, "
+                f"vocabulary {d.get('vocab_size')}")
+    if role == "draft":
+        extra = ", confidence head" if d.get("confidence_head") else ""
+        return (f"DSpark draft: {d.get('layers')} layers, block size {d.get('block_size')}, reads target "
+                f"layers {d.get('target_layer_ids')}, Markov rank {d.get('markov_rank')}{extra}")
+    return (f"vision projector (mmproj): {d.get('projector_type')}, projects to "
+            f"{d.get('projection_dim')}")
+
+
+def llama_server_command(target_ref: str, draft_ref: str, backend: str) -> str:
+    """The llama-server line for a backend of ``hardware.DEFAULTS`` (draft length, offload, -fa)."""
+    d = hardware.DEFAULTS[backend]
+    parts = ["llama-server", "-hf", target_ref, "-hfd", draft_ref, "--spec-type", "draft-dspark",
+             "--spec-draft-n-max", str(d.draft_n_max)]
+    if d.offload:
+        parts += ["-ngl", "99", "-ngld", "99"]
+    if d.flash_attn:
+        parts += ["-fa", d.flash_attn]
+    return " ".join(parts)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
+    if isinstance(v, list):
+        return ", ".join(_fmt(x) for x in v)
+    return str(v).replace("|", "\\|")
+
+
+def _find_rows(data: Any) -> list[dict] | None:
+    def is_rows(v):
+        return isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
+
+    if is_rows(data):
+        return data
+    if isinstance(data, dict):
+        for k in RESULT_ROW_KEYS:
+            if is_rows(data.get(k)):
+                return data[k]
+        return next((v for v in data.values() if is_rows(v)), None)
+    return None
+
+
+def render_results(path: str | Path, target_sha: str, draft_sha: str) -> str:
+    """A markdown section from a ``bench`` or ``tune`` JSON: its rows as a table, plus the hardware
+    and the recommendation when given.
+
+    Raises:
+        InputNotFoundError: the file is missing. PublishError: not JSON, no rows, or measured on
+        another pair (its ``pair.target_sha256`` / ``pair.draft_sha256`` differ from the files).
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputNotFoundError(f"{p}: no such results file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PublishError(f"{p}: not a JSON file ({e})") from None
+    pair = data.get("pair") if isinstance(data, dict) and isinstance(data.get("pair"), dict) else {}
+    for role, mine in (("target", target_sha), ("draft", draft_sha)):
+        theirs = pair.get(f"{role}_sha256") or (data.get(f"{role}_sha256") if isinstance(data, dict) else None)
+        if theirs and theirs != mine:
+            raise PublishError(f"{p}: measured on another {role} (sha256 {theirs[:16]}..., "
+                               f"this {role} is {mine[:16]}...)")
+    rows = _find_rows(data)
+    if not rows:
+        raise PublishError(f"{p}: no measurements found (expected a list of objects, e.g. under "
+                           f"{', '.join(RESULT_ROW_KEYS[:4])})")
+    cols: list[str] = []
+    for r in rows:
+        for k, v in r.items():
+            if k not in cols and (v is None or isinstance(v, (int, float, str, bool))
+                                  or (isinstance(v, list) and all(isinstance(x, (int, float, str)) for x in v))):
+                cols.append(k)
+    cols = cols[:MAX_RESULT_COLUMNS]
+    meta = data if isinstance(data, dict) else {}
+    title = meta.get("kind") or meta.get("name") or p.stem
+    out = [f"### {title}", ""]
+    hw = meta.get("hardware")
+    hw_text = (hw.get("key") or hw.get("backend")) if isinstance(hw, dict) else hw
+    if hw_text:
+        out += [f"Measured on: {hw_text}.", ""]
+    out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    for key in ("recommendation", "recommended", "best"):
+        rec = meta.get(key)
+        if rec is not None:
+            text = ", ".join(f"{k} {_fmt(v)}" for k, v in rec.items()) if isinstance(rec, dict) else _fmt(rec)
+            out += ["", f"Recommended: {text}."]
+            break
+    return "\n".join(out)
+
+
+@dataclass
+class _Pair:
+    """What the cards and the plan are made from."""
+
+    name: str
+    target_repo: str
+    draft_repo: str
+    files: dict[str, PlannedFile]  # role -> file (target, draft, optional mmproj)
+    ggufs: dict[str, GGUFFile]
+    report: PairReport
+    licenses: dict[str, dict[str, str]]  # "target" / "draft" card -> license, license_name, license_link
+    base_model: str | None
+    draft_base_model: str | None
+    results_md: list[str]
+
+    @property
+    def single(self) -> bool:
+        return self.target_repo == self.draft_repo
+
+    def ref(self, role: str) -> str:
+        repo = self.draft_repo if role == "draft" else self.target_repo
+        return f"{repo}:{self.files[role].quant}"
+
+
+def _front_matter(pair: _Pair, *, draft_card: bool) -> str:
+    from huggingface_hub import ModelCardData
+
+    base = pair.draft_base_model if draft_card else pair.base_model
+    data = ModelCardData(
+        base_model=base, base_model_relation="quantized" if base else None,
+        pipeline_tag=None if draft_card else ("image-text-to-text" if "mmproj" in pair.files else "text-generation"),
+        tags=CARD_TAGS + (["draft-model"] if draft_card or pair.single else []),
+        **pair.licenses["draft" if draft_card else "target"])
+    return f"---\n{data.to_yaml()}\n---\n"
+
+
+def _files_table(pair: _Pair, roles: Iterable[str]) -> list[str]:
+    out = ["| File | What it is | Type | Size | sha256 |", "|---|---|---|---:|---|"]
+    for role in roles:
+        f = pair.files[role]
+        out.append(f"| `{f.path_in_repo}` | {_describe(role, pair.ggufs[role])} | {f.quant} | "
+                   f"{human_size(f.size)} | `{f.sha256}` |")
+    return out
+
+
+def render_card(pair: _Pair, repo_id: str) -> str:
+    """The README.md of one repo of the pair (target repo, draft repo, or the single repo)."""
+    t, d = pair.files["target"], pair.files["draft"]
+    is_target_repo = repo_id == pair.target_repo
+    roles = [r for r in ("target", "mmproj", "draft") if r in pair.files and
+             (pair.draft_repo if r == "draft" else pair.target_repo) == repo_id]
+    source = pair.base_model if is_target_repo else pair.draft_base_model
+    of = f" of {_hub_link(source)}" if source else ""
+    out = [_front_matter(pair, draft_card=not is_target_repo)]
+    if pair.single:
+        out += [f"# {pair.name} GGUF, with its DSpark draft", "",
+                f"GGUF files{of} for llama.cpp, with a DSpark speculative-decoding draft: the draft "
+                "proposes a block of tokens and the target checks them all in one pass."]
+    elif is_target_repo:
+        out += [f"# {pair.name} GGUF", "",
+                f"GGUF files{of} for llama.cpp. A DSpark speculative-decoding draft for this model is in "
+                f"{_hub_link(pair.draft_repo)}."]
+    else:
+        out += [f"# {pair.name} DSpark draft GGUF", "",
+                f"A DSpark speculative-decoding draft{of} for llama.cpp, for the target model in "
+                f"{_hub_link(pair.target_repo)}: the draft proposes a block of tokens and the target "
+                "checks them all in one pass."]
+    out += ["", "## Files", ""] + _files_table(pair, roles)
+
+    checks = pair.report.checks
+    dd = summarize_gguf(pair.ggufs["draft"]).details
+    out += ["", "## Pairing", "",
+            "| Target | Draft | Checks |", "|---|---|---|",
+            f"| `{pair.target_repo}` `{t.path_in_repo}` | `{pair.draft_repo}` `{d.path_in_repo}` | "
+            f"{sum(c.ok for c in checks)}/{len(checks)} passed |", "",
+            f"`{d.path_in_repo}` goes with `{t.path_in_repo}` (sha256 `{t.sha256}`) and with no other model: "
+            f"it reads the hidden states of target layers {dd.get('target_layer_ids')} and uses the target's "
+            "token embeddings at run time. `ggufdspark check` passed before upload:", ""]
+    out += [f"- {c.name}: {c.detail}" for c in checks]
+
+    out += ["", "## Run with llama-server", "",
+            f"Needs a llama.cpp with `--spec-type draft-dspark` (commit {PIN_COMMIT} or later). "
+            "`-hf` downloads the target" + (" and its mmproj" if "mmproj" in pair.files else "")
+            + f"; `-hfd` downloads the draft `{d.path_in_repo}`.", ""]
+    for backend, label in (("cuda", "CUDA"), ("metal", "Metal")):
+        n = hardware.DEFAULTS[backend].draft_n_max
+        out += [f"{label} (draft length {n}):", "", "```sh",
+                llama_server_command(pair.ref("target"), pair.ref("draft"), backend), "```", ""]
+    out += [f"Without the draft: `llama-server -hf {pair.ref('target')}`."]
+    if "mmproj" in pair.files:
+        out += ["For text only, add `--no-mmproj`."]
+    out += ["", "Speculative decoding pays off at low concurrency; under many parallel requests or on "
+            "slow per-step backends it can lose. Measure on your machine (`ggufdspark bench`, "
+            "`ggufdspark tune`) and serve without `-hfd` where it does."]
+    if pair.results_md:
+        out += ["", "## Measured", ""]
+        for md in pair.results_md:
+            out += [md, ""]
+    out += ["", f"Published with ggufdspark {__version__}.", ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+
+def license_from_gguf(g: GGUFFile) -> dict[str, str]:
+    """Card license fields from ``general.license`` (+ ``.name``, ``.link``), which llama.cpp's
+    converter copies from the source model's card; empty when the GGUF has none."""
+    known = {"license": g.metadata.get("general.license"), "license_name": g.metadata.get("general.license.name"),
+             "license_link": g.metadata.get("general.license.link")}
+    return {k: str(v) for k, v in known.items() if v} if known["license"] else {}
+
+
+def _card_file(card: str) -> PlannedFile:
+    data = card.encode()
+    return PlannedFile("card", "README.md", len(data), hashlib.sha256(data).hexdigest())
+
+
+def plan_publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: str | Path | None = None,
+                 draft_repo: str | None = None, single_repo: bool = False, private: bool = False,
+                 results: Iterable[str | Path] = (), base_model: str | None = None,
+                 draft_base_model: str | None = None, license: str | None = None,
+                 endpoint: str | None = None) -> PublishPlan:
+    """Check the pair, name and hash the files, write the cards. Reads local files only.
+
+    Raises:
+        InputNotFoundError / CorruptFileError: a file is missing or not GGUF.
+        PairMismatchError: the pair (or the mmproj) fails ``check``.
+        PublishError: a bad repo id or name, an unknown quant, unusable results.
+    """
+    from huggingface_hub import constants as hf_constants
+
+    name, target_repo, draft_repo = repo_names(repo, draft_repo, single_repo)
+    report = check_pair(target, draft, mmproj)
+    report.raise_for_failures()
+    paths = {"target": Path(target), "draft": Path(draft), **({"mmproj": Path(mmproj)} if mmproj else {})}
+    ggufs = {role: read_gguf(p) for role, p in paths.items()}
+    files: dict[str, PlannedFile] = {}
+    for role, p in paths.items():
+        quant = quant_label(ggufs[role])
+        log.info("hashing %s", p)
+        files[role] = PlannedFile(role, FILE_NAME[role].format(name=name, quant=quant), p.stat().st_size,
+                                  file_sha256(p), local=str(p), quant=quant)
+    results_md = [render_results(r, files["target"].sha256, files["draft"].sha256) for r in results]
+    t_license = {"license": license} if license else license_from_gguf(ggufs["target"])
+    d_license = {"license": license} if license else (license_from_gguf(ggufs["draft"]) or t_license)
+    pair = _Pair(name, target_repo, draft_repo, files, ggufs, report, {"target": t_license, "draft": d_license},
+                 base_model, draft_base_model, results_md)
+    repos = []
+    for repo_id in dict.fromkeys([target_repo, draft_repo]):
+        mine = [f for role, f in files.items() if (draft_repo if role == "draft" else target_repo) == repo_id]
+        card = render_card(pair, repo_id)
+        repos.append(RepoPlan(repo_id, private, mine + [_card_file(card)], card))
+    commands = {b: llama_server_command(pair.ref("target"), pair.ref("draft"), b) for b in ("cuda", "metal")}
+    return PublishPlan(repos, commands, dry_run=True, endpoint=endpoint or hf_constants.ENDPOINT)
+
+
+def _resolution_warnings(plan: PublishPlan, listing: dict[str, list[str]]) -> None:
+    """Warn where llama.cpp would take another file than ours for -hf / -hfd REPO:QUANT."""
+    ours = {f.role: (rp, f) for rp in plan.repos for f in rp.files}
+    t_repo, t = ours["target"]
+    picks = [("target", llama_cpp_pick(listing[t_repo.repo_id], t.quant), f"-hf {t_repo.repo_id}:{t.quant}")]
+    if "mmproj" in ours:
+        picks.append(("mmproj", llama_cpp_pick(listing[t_repo.repo_id], "", "mmproj", model=t.path_in_repo),
+                      f"-hf {t_repo.repo_id}:{t.quant}"))
+    d_repo, d = ours["draft"]
+    picks.append(("draft", llama_cpp_pick(listing[d_repo.repo_id], d.quant, "dspark-"),
+                  f"-hfd {d_repo.repo_id}:{d.quant}"))
+    for role, got, flag in picks:
+        rp, f = ours[role]
+        if got != f.path_in_repo:
+            rp.warnings.append(f"llama.cpp's {flag} would take {got or 'nothing'} as the {role}, "
+                               f"not {f.path_in_repo} (another file in the repo matches first)")
+
+
+# --------------------------------------------------------------------------------------- the Hub
+
+
+def _describe_error(e: BaseException, token: str | None) -> str:
+    """One line from a Hub client exception and its causes (at most two), the token masked."""
+    seen, parts = set(), []
+    while e is not None and len(parts) < 2:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        server = getattr(e, "server_message", None)
+        if status and server:
+            line = f"HTTP {status}: {server.splitlines()[0]}"
+        else:
+            line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        line = line.rstrip(".")
+        if line not in seen:
+            seen.add(line)
+            parts.append(line)
+        if status:  # the HTTP error says it all; its causes repeat it
+            break
+        e = e.__cause__ or e.__context__
+    text = ": ".join(parts)
+    if token:
+        text = text.replace(token, "***")
+    return text[:400]
+
+
+def _remote_state(api, rp: RepoPlan) -> list[str]:
+    """Fill ``exists``, ``head`` and each file's action from the Hub; returns the repo's file list."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils.sha import git_hash
+
+    try:
+        info = api.repo_info(rp.repo_id)
+    except RepositoryNotFoundError:
+        rp.exists = False
+        return []
+    rp.exists, rp.head = True, info.sha
+    if rp.private and not info.private:
+        rp.warnings.append(f"{rp.repo_id} exists and is public: --private does not change that")
+    remote = {e.path: e for e in api.list_repo_tree(rp.repo_id, recursive=True, revision=info.sha)
+              if isinstance(e, RepoFile)}
+    for f in rp.files:
+        e = remote.get(f.path_in_repo)
+        if e is None or e.size != f.size:
+            continue
+        if e.lfs is not None:
+            same = e.lfs.sha256 == f.sha256
+        elif f.local is None:
+            same = e.blob_id == git_hash(rp.card.encode())
+        else:
+            same = e.blob_id == git_hash(Path(f.local).read_bytes())
+        f.action = "skip" if same else "upload"
+    return list(remote)
+
+
+def _operations(rp: RepoPlan) -> list:
+    from huggingface_hub import CommitOperationAdd
+
+    ops = []
+    for f in rp.to_upload:
+        op = CommitOperationAdd(f.path_in_repo, f.local if f.local else rp.card.encode())
+        op.upload_info.sha256 = bytes.fromhex(f.sha256)  # already hashed: not read twice
+        ops.append(op)
+    return ops
+
+
+def _verify(api, rp: RepoPlan, commit: str) -> None:
+    from huggingface_hub.hf_api import RepoFile
+
+    remote = {e.path: e for e in api.list_repo_tree(rp.repo_id, recursive=True, revision=commit)
+              if isinstance(e, RepoFile)}
+    for f in rp.files:
+        e = remote.get(f.path_in_repo)
+        ok = e is not None and e.size == f.size and (e.lfs is None or e.lfs.sha256 == f.sha256)
+        if not ok:
+            raise PublishError(f"{rp.repo_id}: {f.path_in_repo} did not arrive intact "
+                               f"(Hub has {e.size if e else 'no file'}, expected {f.size} bytes, sha256 {f.sha256[:16]}...)")
+
+
+def publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: str | Path | None = None,
+            draft_repo: str | None = None, single_repo: bool = False, private: bool = False,
+            dry_run: bool = False, results: Iterable[str | Path] = (), base_model: str | None = None,
+            draft_base_model: str | None = None, license: str | None = None,
+            message: str | None = None, endpoint: str | None = None, token: str | None = None,
+            on_plan: Callable[[PublishPlan], None] | None = None) -> PublishResult:
+    """Publish a GGUF pair: ``ORG/NAME-GGUF`` (target, mmproj) and ``ORG/NAME-DSpark-GGUF`` (draft).
+
+    Args:
+        target, draft, mmproj: the GGUF files; the pair must pass ``check``.
+        repo: ``ORG/NAME``; ``draft_repo`` overrides the draft's repo, ``single_repo`` puts
+            everything in ``ORG/NAME-GGUF``.
+        dry_run: plan only; the Hub is not contacted and no token is needed.
+        results: ``bench`` / ``tune`` JSON files rendered into the cards.
+        base_model, draft_base_model: Hub ids of the source checkpoints (card metadata).
+        license: card license; default: the target GGUF's ``general.license``.
+        endpoint, token: default to huggingface_hub's (``HF_ENDPOINT``, ``HF_TOKEN``, saved login).
+        on_plan: called with the plan after the Hub was read and before anything is written.
+
+    Returns:
+        PublishResult: the plan (each file marked upload / skip) and each repo's commit URL
+        (None where the repo was already up to date).
+
+    Raises:
+        PairMismatchError: the pair fails ``check``.
+        PublishError: no token, a Hub error (nothing is committed to a repo whose upload failed),
+            or a file that did not arrive intact.
+    """
+    plan = plan_publish(target, draft, repo=repo, mmproj=mmproj, draft_repo=draft_repo,
+                        single_repo=single_repo, private=private, results=results, base_model=base_model,
+                        draft_base_model=draft_base_model, license=license, endpoint=endpoint)
+    result = PublishResult(plan)
+    local = {rp.repo_id: [f.path_in_repo for f in rp.files] for rp in plan.repos}
+    if dry_run:
+        _resolution_warnings(plan, local)
+        if on_plan:
+            on_plan(plan)
+        return result
+
+    from huggingface_hub import HfApi, get_token
+
+    plan.dry_run = False
+    token = token or get_token()
+    if not token:
+        raise PublishError("no Hugging Face token: run 'hf auth login' or set HF_TOKEN")
+    api = HfApi(endpoint=plan.endpoint, token=token)
+    current = plan.repos[0].repo_id
+    try:
+        remote = {}
+        for rp in plan.repos:
+            current = rp.repo_id
+            remote[rp.repo_id] = _remote_state(api, rp)
+    except Exception as e:  # the Hub client's errors (HTTP, connection), as one line
+        raise PublishError(f"{current}: reading the Hub failed: {_describe_error(e, token)}") from None
+    # what llama.cpp will list after the upload: the repo's files, then ours where new
+    _resolution_warnings(plan, {r: remote[r] + [p for p in local[r] if p not in remote[r]] for r in local})
+    for w in (w for rp in plan.repos for w in rp.warnings):
+        log.warning("%s", w)
+    if on_plan:
+        on_plan(plan)
+    _upload(api, plan, result, message, token)
+    for rp in plan.repos:
+        result.commits.setdefault(rp.repo_id, None)
+    return result
+
+
+def _upload(api, plan: PublishPlan, result: PublishResult, message: str | None, token: str) -> None:
+    """Create the repos, upload every new object of every repo, then one commit per repo."""
+    work = [(rp, _operations(rp)) for rp in plan.repos if rp.to_upload]
+    stage, current = "creating the repo", ""
+    try:
+        for rp, _ in work:
+            current = rp.repo_id
+            if not rp.exists:
+                log.info("creating %s (%s)", rp.repo_id, "private" if rp.private else "public")
+                api.create_repo(rp.repo_id, private=rp.private, exist_ok=True)
+                rp.head = api.repo_info(rp.repo_id).sha
+        # every object of every repo before any commit: a failed upload leaves all repos as they were
+        stage = "upload"
+        for rp, ops in work:
+            current = rp.repo_id
+            log.info("uploading %s to %s", ", ".join(f.path_in_repo for f in rp.to_upload), rp.repo_id)
+            api.preupload_lfs_files(rp.repo_id, additions=ops)
+        stage = "commit"
+        for rp, ops in work:
+            current = rp.repo_id
+            summary = message or f"Upload {', '.join(f.path_in_repo for f in rp.to_upload)} (ggufdspark publish)"
+            info = api.create_commit(rp.repo_id, ops, commit_message=summary, parent_commit=rp.head)
+            result.commits[rp.repo_id] = info.commit_url
+            log.info("committed %s", info.commit_url)
+            _verify(api, rp, info.oid)
+    except GgufdsparkError:
+        raise
+    except Exception as e:  # the Hub client's errors (HTTP, connection, validation), as one line
+        done = list(result.commits)
+        also = (f"; {', '.join(done)} was committed, re-run to finish (files already there are skipped)"
+                if done else "; nothing was committed")
+        raise PublishError(f"{current}: {stage} failed: {_describe_error(e, token)}{also}") from None

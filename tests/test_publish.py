@@ -1,0 +1,393 @@
+"""Issue 8: ``ggufdspark publish``, proven against a Hub served on 127.0.0.1 (tests/fakehub.py) by
+the real huggingface_hub client, and against the real llama-server's ``-hf`` / ``-hfd`` downloader.
+
+No network: every test that talks to "the Hub" talks to the fake one, whose state says what arrived.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fakehub import FakeHub
+from ggufdspark.errors import PairMismatchError, PublishError, ServerStartError
+from ggufdspark.gguffile.constants import TensorType
+from ggufdspark.gguffile.reader import GGUFFile
+from ggufdspark.gguffile.writer import GGUFWriter
+from ggufdspark.publish import (license_from_gguf, llama_cpp_pick, plan_publish, publish, quant_label,
+                                repo_names)
+
+# Recognisable, and shaped like a real token (llama.cpp ignores tokens not shaped "hf_" + 34+ alnum).
+TOKEN = "hf_GgufdsparkFakeTokenNeverPrintMe0123456789"
+WRITE_PATHS = r"/api/repos/create|/preupload/|/commit/|lfs/objects|/_storage/"
+
+
+def sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def front_matter(card: str) -> dict:
+    m = re.match(r"^---\n(.*?)\n---\n", card, re.DOTALL)
+    assert m, card[:200]
+    return yaml.safe_load(m.group(1))
+
+
+@pytest.fixture
+def hub():
+    with FakeHub(token=TOKEN) as h:
+        yield h
+
+
+@pytest.fixture
+def hub_env(hub, tmp_path) -> dict[str, str]:
+    """Environment of a CLI run against the fake Hub: its endpoint, the token, an empty HF home."""
+    home = tmp_path / "hf-home"
+    home.mkdir(exist_ok=True)
+    return {"HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HOME": str(home), "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1", "HUGGING_FACE_HUB_TOKEN": ""}
+
+
+@pytest.fixture(scope="session")
+def mmproj(small_pair, pairs_root) -> Path:
+    """A header-valid vision projector for the small target (projects to its hidden size, 64)."""
+    path = pairs_root / "mmproj-tiny-lfm2-F16.gguf"
+    if not path.exists():
+        w = GGUFWriter(path)
+        w.add_string("general.architecture", "clip")
+        w.add_uint32("general.file_type", 1)
+        w.add_bool("clip.has_vision_encoder", True)
+        w.add_string("clip.projector_type", "lfm2")
+        w.add_uint32("clip.vision.projection_dim", 64)
+        w.add_tensor("mm.2.weight", (64, 96), TensorType.F16)
+        w.write(lambda name: [bytes(64 * 96 * 2)])
+    return path
+
+
+def run_publish(cli, pair, env, *extra, mmproj=None, repo="org/Tiny-LFM2"):
+    args = ["publish", "--target", str(pair.target), "--draft", str(pair.draft), "--repo", repo, *extra]
+    if mmproj:
+        args += ["--mmproj", str(mmproj)]
+    return cli(*args, env=env)
+
+
+def assert_clean_failure(p) -> None:
+    assert p.returncode != 0, p.stdout
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("ggufdspark: error:")]
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+# -------------------------------------------------------------------------------- what arrives
+
+
+def test_publish_puts_pair_on_hub_with_cards(ggufdspark_cli, small_pair, mmproj, hub, hub_env):
+    p = run_publish(ggufdspark_cli, small_pair, hub_env, "--base-model", "LiquidAI/LFM2.5-VL-3B",
+                    "--draft-base-model", "LiquidAI/LFM2.5-VL-3B-DSpark", "--license", "other",
+                    mmproj=mmproj)
+    assert p.returncode == 0, p.stderr
+    t_repo, d_repo = "org/Tiny-LFM2-GGUF", "org/Tiny-LFM2-DSpark-GGUF"
+
+    # files and bytes
+    tfiles, dfiles = hub.files(t_repo), hub.files(d_repo)
+    assert set(tfiles) == {".gitattributes", "README.md", "Tiny-LFM2-F16.gguf", "mmproj-Tiny-LFM2-F16.gguf"}
+    assert set(dfiles) == {".gitattributes", "README.md", "dspark-Tiny-LFM2-F16.gguf"}
+    assert tfiles["Tiny-LFM2-F16.gguf"] == small_pair.target.read_bytes()
+    assert tfiles["mmproj-Tiny-LFM2-F16.gguf"] == mmproj.read_bytes()
+    assert dfiles["dspark-Tiny-LFM2-F16.gguf"] == small_pair.draft.read_bytes()
+    # GGUFs went through the LFS batch API (basic transfer) and are stored as LFS objects
+    head = hub.repos[t_repo].head
+    assert head.files["Tiny-LFM2-F16.gguf"].lfs_oid == sha256(small_pair.target)
+    assert hub.repos[d_repo].head.files["dspark-Tiny-LFM2-F16.gguf"].lfs_oid == sha256(small_pair.draft)
+    assert len(hub.calls("PUT", r"/_storage/")) == 3
+    # one commit per repo, with all its files and the card
+    for repo in (t_repo, d_repo):
+        assert [c.summary for c in hub.commits(repo)][0] == "initial commit"
+        assert len(hub.commits(repo)) == 2
+        assert len(hub.calls("POST", rf"/api/models/{repo}/commit/")) == 1
+
+    # the target card
+    card = tfiles["README.md"].decode()
+    meta = front_matter(card)
+    assert meta["base_model"] == "LiquidAI/LFM2.5-VL-3B"
+    assert meta["license"] == "other"
+    assert {"gguf", "llama.cpp", "speculative-decoding"} <= set(meta["tags"])
+    for f in (small_pair.target, mmproj):
+        assert sha256(f) in card
+    assert "`dspark-Tiny-LFM2-F16.gguf` goes with `Tiny-LFM2-F16.gguf`" in card
+    cuda = ("llama-server -hf org/Tiny-LFM2-GGUF:F16 -hfd org/Tiny-LFM2-DSpark-GGUF:F16 "
+            "--spec-type draft-dspark --spec-draft-n-max 9 -ngl 99 -ngld 99 -fa on")
+    metal = cuda.replace("--spec-draft-n-max 9", "--spec-draft-n-max 8")
+    assert cuda in card and metal in card
+    # the draft card
+    dcard = dfiles["README.md"].decode()
+    assert front_matter(dcard)["base_model"] == "LiquidAI/LFM2.5-VL-3B-DSpark"
+    assert sha256(small_pair.draft) in dcard and sha256(small_pair.target) in dcard
+    assert cuda in dcard and metal in dcard
+
+    # the plan came first, with the cards; the result after
+    out = p.stdout
+    assert out.index("Plan for") < out.index("----- org/Tiny-LFM2-GGUF/README.md -----") < out.index("committed")
+    assert sha256(small_pair.draft) in out and card.splitlines()[-1] in out
+    assert TOKEN not in out + p.stderr
+
+
+def test_rerun_uploads_nothing(ggufdspark_cli, small_pair, hub, hub_env):
+    first = run_publish(ggufdspark_cli, small_pair, hub_env)
+    assert first.returncode == 0, first.stderr
+    n_requests = len(hub.requests)
+    commits = {r: len(hub.commits(r)) for r in hub.repos}
+
+    again = run_publish(ggufdspark_cli, small_pair, hub_env)
+    assert again.returncode == 0, again.stderr
+    later = [f"{m} {p}" for m, p, _ in hub.requests[n_requests:]]
+    assert not [r for r in later if re.search(WRITE_PATHS, r)], later
+    assert {r: len(hub.commits(r)) for r in hub.repos} == commits
+    assert re.findall(r"^  (upload|skip)", again.stdout, re.MULTILINE) == ["skip"] * 4
+    assert "org/Tiny-LFM2-GGUF: up to date, nothing uploaded" in again.stdout
+    assert "org/Tiny-LFM2-DSpark-GGUF: up to date, nothing uploaded" in again.stdout
+
+
+def test_results_change_only_the_cards(ggufdspark_cli, small_pair, hub, hub_env, tmp_path):
+    assert run_publish(ggufdspark_cli, small_pair, hub_env).returncode == 0
+    puts = len(hub.calls("PUT", r"/_storage/"))
+    results = tmp_path / "tune.json"
+    results.write_text(json.dumps({
+        "kind": "tune", "hardware": {"key": "cuda-NVIDIA_H200-140GiB", "backend": "cuda"},
+        "pair": {"target_sha256": sha256(small_pair.target), "draft_sha256": sha256(small_pair.draft)},
+        "sweep": [{"n_max": 6, "decode_tps": 486.2, "speedup": 1.3, "accept_length": 4.22},
+                  {"n_max": 9, "decode_tps": 409.0, "speedup": 1.1, "accept_length": 4.22}],
+        "recommendation": {"draft_n_max": 6}}))
+    p = run_publish(ggufdspark_cli, small_pair, hub_env, "--results", str(results))
+    assert p.returncode == 0, p.stderr
+    assert len(hub.calls("PUT", r"/_storage/")) == puts  # no GGUF sent again
+    assert re.findall(r"^  (upload|skip) +(\S+)", p.stdout, re.MULTILINE) == [
+        ("skip", "Tiny-LFM2-F16.gguf"), ("upload", "README.md"),
+        ("skip", "dspark-Tiny-LFM2-F16.gguf"), ("upload", "README.md")]
+    card = hub.files("org/Tiny-LFM2-GGUF")["README.md"].decode()
+    assert "## Measured" in card and "Measured on: cuda-NVIDIA_H200-140GiB." in card
+    assert "| n_max | decode_tps | speedup | accept_length |" in card
+    assert "| 6 | 486 | 1.30 | 4.22 |" in card and "Recommended: draft_n_max 6." in card
+    assert len(hub.commits("org/Tiny-LFM2-GGUF")) == 3
+
+
+def test_results_from_another_pair_are_refused(small_pair, tmp_path):
+    results = tmp_path / "bench.json"
+    results.write_text(json.dumps({"pair": {"target_sha256": "0" * 64}, "arms": [{"arm": "plain", "tps": 1.0}]}))
+    with pytest.raises(PublishError, match="measured on another target"):
+        plan_publish(small_pair.target, small_pair.draft, repo="org/Tiny", results=[results])
+
+
+# -------------------------------------------------------------------------------- refusals
+
+
+def test_mismatched_pair_is_refused(ggufdspark_cli, small_pair, other_pair, hub, hub_env):
+    p = ggufdspark_cli("publish", "--target", str(small_pair.target), "--draft", str(other_pair.draft),
+                       "--repo", "org/Tiny-LFM2", env=hub_env)
+    assert_clean_failure(p)
+    assert "does not belong with" in p.stderr
+    assert hub.requests == []
+    with pytest.raises(PairMismatchError):
+        plan_publish(small_pair.target, other_pair.draft, repo="org/Tiny-LFM2")
+
+
+def test_failed_upload_commits_nothing(ggufdspark_cli, small_pair, hub, hub_env):
+    hub.fail_uploads = {sha256(small_pair.draft)}
+    p = run_publish(ggufdspark_cli, small_pair, hub_env)
+    assert_clean_failure(p)
+    assert "upload failed" in p.stderr and "nothing was committed" in p.stderr
+    assert TOKEN not in p.stdout + p.stderr
+    for repo in ("org/Tiny-LFM2-GGUF", "org/Tiny-LFM2-DSpark-GGUF"):
+        assert [c.summary for c in hub.commits(repo)] == ["initial commit"]
+        assert set(hub.files(repo)) == {".gitattributes"}
+    assert hub.calls("POST", r"/commit/") == []
+
+    # once the store accepts it, a re-run finishes; the target object already stored is not re-sent
+    hub.fail_uploads = set()
+    target_puts = len(hub.calls("PUT", sha256(small_pair.target)))
+    p = run_publish(ggufdspark_cli, small_pair, hub_env)
+    assert p.returncode == 0, p.stderr
+    assert len(hub.calls("PUT", sha256(small_pair.target))) == target_puts
+    assert hub.files("org/Tiny-LFM2-DSpark-GGUF")["dspark-Tiny-LFM2-F16.gguf"] == small_pair.draft.read_bytes()
+
+
+def test_no_token_is_a_clean_error(ggufdspark_cli, small_pair, hub, hub_env):
+    p = run_publish(ggufdspark_cli, small_pair, {**hub_env, "HF_TOKEN": ""})
+    assert_clean_failure(p)
+    assert "no Hugging Face token" in p.stderr
+    assert hub.requests == []
+
+
+def test_wrong_token_is_a_clean_error(ggufdspark_cli, small_pair, hub, hub_env):
+    bad = "hf_AnotherFakeTokenThatTheHubRejects0123456"
+    p = run_publish(ggufdspark_cli, small_pair, {**hub_env, "HF_TOKEN": bad})
+    assert_clean_failure(p)
+    assert bad not in p.stdout + p.stderr and TOKEN not in p.stdout + p.stderr
+    assert hub.repos == {}  # the Hub refused to create them
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--repo", "org/bad name"], "not a valid repo id"),
+    (["--repo", "org/tiny-mmproj-x"], "contains 'mmproj'"),
+    (["--repo", "org/Tiny", "--single-repo", "--draft-repo", "org/D"], "exclude each other"),
+])
+def test_bad_repo_names_are_refused(ggufdspark_cli, small_pair, hub, hub_env, args, message):
+    p = ggufdspark_cli("publish", "--target", str(small_pair.target), "--draft", str(small_pair.draft),
+                       *args, "--dry-run", env=hub_env)
+    assert_clean_failure(p)
+    assert message in p.stderr
+
+
+# -------------------------------------------------------------------------------- dry run, token
+
+
+def test_dry_run_sends_nothing_and_shows_everything(ggufdspark_cli, small_pair, mmproj, hub, hub_env):
+    p = run_publish(ggufdspark_cli, small_pair, {**hub_env, "HF_TOKEN": ""}, "--dry-run", mmproj=mmproj)
+    assert p.returncode == 0, p.stderr
+    assert hub.requests == []
+    out = p.stdout
+    for repo in ("org/Tiny-LFM2-GGUF", "org/Tiny-LFM2-DSpark-GGUF"):
+        assert f"\n{repo}  (not checked" in out
+        assert f"----- {repo}/README.md -----" in out
+    for f, name in ((small_pair.target, "Tiny-LFM2-F16.gguf"), (mmproj, "mmproj-Tiny-LFM2-F16.gguf"),
+                    (small_pair.draft, "dspark-Tiny-LFM2-F16.gguf")):
+        line = next(ln for ln in out.splitlines() if f"  {name} " in ln)
+        assert sha256(f) in line and "kB" in line
+    assert "--spec-draft-n-max 9" in out and "--spec-draft-n-max 8" in out
+    assert "dry run: nothing was sent" in out
+
+
+def test_token_never_appears_even_in_debug_logs(ggufdspark_cli, small_pair, hub, hub_env):
+    p = ggufdspark_cli("--debug", "publish", "--target", str(small_pair.target), "--draft",
+                       str(small_pair.draft), "--repo", "org/Tiny-LFM2", env=hub_env)
+    assert p.returncode == 0, p.stderr
+    assert "committed org/Tiny-LFM2-GGUF" in p.stdout
+    assert TOKEN not in p.stdout and TOKEN not in p.stderr
+    assert TOKEN[3:] not in p.stdout + p.stderr
+
+
+def test_json_output(ggufdspark_cli, small_pair, hub, hub_env):
+    p = run_publish(ggufdspark_cli, small_pair, hub_env, "--json", "--single-repo")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    (rp,) = data["plan"]["repos"]
+    assert rp["repo_id"] == "org/Tiny-LFM2-GGUF"
+    assert [f["path_in_repo"] for f in rp["files"]] == ["Tiny-LFM2-F16.gguf", "dspark-Tiny-LFM2-F16.gguf", "README.md"]
+    assert data["commits"]["org/Tiny-LFM2-GGUF"].startswith(hub.url)
+    assert set(hub.files("org/Tiny-LFM2-GGUF")) == {".gitattributes", "README.md", "Tiny-LFM2-F16.gguf",
+                                                     "dspark-Tiny-LFM2-F16.gguf"}
+
+
+# -------------------------------------------------------------------------------- library level
+
+
+def test_library_publish_private_repo(small_pair, hub, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    seen = []
+    result = publish(small_pair.target, small_pair.draft, repo="org/Priv", private=True, endpoint=hub.url,
+                     token=TOKEN, on_plan=lambda plan: seen.append([f.action for rp in plan.repos for f in rp.files]))
+    assert seen == [["upload"] * 4]  # the plan was handed over before the upload
+    assert hub.repos["org/Priv-GGUF"].private and hub.repos["org/Priv-DSpark-GGUF"].private
+    assert all(url for url in result.commits.values())
+
+
+def test_quant_labels():
+    def label(ft):
+        return quant_label(GGUFFile(Path("x.gguf"), 3, {"general.file_type": ft}, {}))
+
+    assert [label(ft) for ft in (0, 1, 7, 32)] == ["F32", "F16", "Q8_0", "BF16"]
+    with pytest.raises(PublishError, match="unknown general.file_type 999"):
+        label(999)
+
+
+def test_license_is_copied_from_the_gguf():
+    g = GGUFFile(Path("t.gguf"), 3, {"general.license": "other", "general.license.name": "lfm1.0",
+                                     "general.license.link": "LICENSE"}, {})
+    assert license_from_gguf(g) == {"license": "other", "license_name": "lfm1.0", "license_link": "LICENSE"}
+    assert license_from_gguf(GGUFFile(Path("t.gguf"), 3, {}, {})) == {}
+
+
+def test_repo_names():
+    assert repo_names("org/M") == ("M", "org/M-GGUF", "org/M-DSpark-GGUF")
+    assert repo_names("org/M-GGUF") == ("M", "org/M-GGUF", "org/M-DSpark-GGUF")
+    assert repo_names("org/M", single_repo=True) == ("M", "org/M-GGUF", "org/M-GGUF")
+    assert repo_names("org/M", draft_repo="me/D") == ("M", "org/M-GGUF", "me/D")
+
+
+def test_names_against_llama_cpp_rules():
+    """Cases from tests/test-model-resolution.cpp of the pinned tree, plus our layouts."""
+    flat = ["README.md", "model-BF16.gguf", "model-Q4_K_M.gguf", "model-Q8_0.gguf", "mmproj-model-BF16.gguf",
+            "mmproj-model-Q8_0.gguf", "mtp-model-BF16.gguf", "dflash-model-BF16.gguf"]
+    assert llama_cpp_pick(flat, "Q8_0") == "model-Q8_0.gguf"
+    assert llama_cpp_pick(flat, "", "mmproj", model="model-Q8_0.gguf") == "mmproj-model-Q8_0.gguf"
+    spark = ["README.md", "model-MXFP4.gguf", "dspark-model-BF16.gguf", "dspark-model-MXFP4.gguf"]
+    assert llama_cpp_pick(spark, "BF16") is None
+    assert llama_cpp_pick(spark, "BF16", "dspark-") == "dspark-model-BF16.gguf"
+    ours = ["README.md", "N-F16.gguf", "mmproj-N-F16.gguf", "dspark-N-F16.gguf"]
+    assert llama_cpp_pick(ours, "F16") == "N-F16.gguf"
+    assert llama_cpp_pick(ours, "", "mmproj", model="N-F16.gguf") == "mmproj-N-F16.gguf"
+    assert llama_cpp_pick(ours, "F16", "dspark-") == "dspark-N-F16.gguf"
+    # "F16[.-]" also matches inside "BF16.": a BF16 file listed first wins -hf REPO:F16
+    assert llama_cpp_pick(["N-BF16.gguf", "N-F16.gguf"], "F16") == "N-BF16.gguf"
+
+
+def test_plan_warns_when_llama_cpp_would_pick_another_file(small_pair, hub, monkeypatch):
+    from huggingface_hub import CommitOperationAdd, HfApi, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    api = HfApi(endpoint=hub.url, token=TOKEN)
+    api.create_repo("org/Tiny-GGUF")
+    api.create_commit("org/Tiny-GGUF", [CommitOperationAdd("Tiny-BF16.gguf", small_pair.target.read_bytes())],
+                      commit_message="an older BF16 upload")
+    plans = []
+    publish(small_pair.target, small_pair.draft, repo="org/Tiny", endpoint=hub.url, token=TOKEN,
+            on_plan=plans.append)
+    (warning,) = plans[0].repos[0].warnings
+    assert "-hf org/Tiny-GGUF:F16 would take Tiny-BF16.gguf as the target" in warning
+
+
+# -------------------------------------------------------------------------------- the real engine
+
+
+@pytest.mark.parametrize("layout", [[], ["--single-repo"]], ids=["two-repos", "single-repo"])
+def test_llama_server_resolves_and_downloads_published_pair(ggufdspark_cli, small_pair, mmproj, hub, hub_env,
+                                                            start_server, monkeypatch, tmp_path, layout):
+    """The real llama-server (built without libcurl/OpenSSL: cpp-httplib, http only) pointed at the
+    fake Hub with HF_ENDPOINT finds the published files by -hf REPO:F16 / -hfd REPO:F16 and drafts."""
+    p = run_publish(ggufdspark_cli, small_pair, hub_env, *layout, mmproj=mmproj)
+    assert p.returncode == 0, p.stderr
+    t_repo = "org/Tiny-LFM2-GGUF"
+    d_repo = t_repo if layout else "org/Tiny-LFM2-DSpark-GGUF"
+    cache = tmp_path / "llama-cache"
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("LLAMA_CACHE", str(cache))
+    monkeypatch.delenv("MODEL_ENDPOINT", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+
+    def downloaded(repo: str) -> dict[str, Path]:
+        snaps = cache / f"models--{repo.replace('/', '--')}" / "snapshots"
+        return {f.name: f for f in snaps.glob("*/*.gguf")}
+
+    # -hf also resolves and downloads the mmproj; this one is header-only, so the server stops there
+    with pytest.raises(ServerStartError) as err:
+        start_server(hf_repo=f"{t_repo}:F16", hf_draft=f"{d_repo}:F16", ctx_size=512)
+    assert "failed to load multimodal model" in str(err.value)
+    assert "mmproj-Tiny-LFM2-F16.gguf" in str(err.value)
+    got = downloaded(t_repo)
+    assert sha256(got["mmproj-Tiny-LFM2-F16.gguf"]) == sha256(mmproj)
+
+    srv = start_server(hf_repo=f"{t_repo}:F16", hf_draft=f"{d_repo}:F16", ctx_size=512, draft_n_max=6,
+                       extra_args=["--no-mmproj"])
+    got = downloaded(t_repo) | downloaded(d_repo)
+    assert sha256(got["Tiny-LFM2-F16.gguf"]) == sha256(small_pair.target)
+    assert sha256(got["dspark-Tiny-LFM2-F16.gguf"]) == sha256(small_pair.draft)
+    log = srv.log_text()
+    assert "dspark-Tiny-LFM2-F16.gguf" in log and "draft-dspark" in log
+    out = srv.client().complete("The model draft target", n_predict=32)
+    assert out.timings.draft_n and out.timings.draft_n > 0, out.raw.get("timings")
