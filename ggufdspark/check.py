@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggufdspark.convert.mmproj import ClipKey, projector_width
 from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
@@ -38,12 +39,11 @@ class PairReport:
         return [c for c in self.checks if not c.ok]
 
     def raise_for_failures(self) -> None:
-        """Raise PairMismatchError naming the first failed check."""
+        """Raise PairMismatchError naming every failed check (one line)."""
         bad = self.failures()
         if bad:
-            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-            raise PairMismatchError(f"{self.draft or self.mmproj} does not belong with {self.target}: "
-                                    f"{bad[0].name}: {bad[0].detail}{more}")
+            reasons = "; ".join(f"{c.name}: {c.detail}" for c in bad)
+            raise PairMismatchError(f"{self.draft or self.mmproj} does not belong with {self.target}: {reasons}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "draft": self.draft, "mmproj": self.mmproj, "ok": self.ok,
@@ -107,13 +107,19 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
 
 
 def check_mmproj(t: GGUFFile, m: GGUFFile) -> list[CheckResult]:
+    ptype = m.metadata.get(ClipKey.PROJECTOR_TYPE)
     out = [CheckResult("mmproj is a vision projector", classify(m) == "mmproj" and
-                       bool(m.metadata.get("clip.has_vision_encoder")),
-                       f"arch {m.arch!r}, projector {m.metadata.get('clip.projector_type')!r}")]
-    width = m.metadata.get("clip.vision.projection_dim")
+                       bool(m.metadata.get(ClipKey.HAS_VISION_ENCODER)),
+                       f"arch {m.arch!r}, projector {ptype!r}")]
+    rows, meta, tname = projector_width(m)
+    width = rows if rows is not None else meta
     th = t.get(Key.EMBEDDING_LENGTH)
-    out.append(CheckResult("projector output width", width is not None and width == th,
-                           f"mmproj projects to {width}, target hidden size {th}"))
+    detail = f"mmproj projects to {width} ({f'{tname} rows' if rows is not None else ClipKey.PROJECTION_DIM}), " \
+             f"target hidden size {th}"
+    consistent = rows is None or meta is None or rows == meta
+    if not consistent:
+        detail += f"; the file contradicts itself: {ClipKey.PROJECTION_DIM} says {meta}"
+    out.append(CheckResult("projector output width", width is not None and width == th and consistent, detail))
     tokens = t.metadata.get(Key.TOK_TOKENS) or []
     found = [tok for tok in IMAGE_TOKENS if tok in tokens]
     out.append(CheckResult("image token in target tokenizer", bool(found),

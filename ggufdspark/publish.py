@@ -449,7 +449,7 @@ def plan_publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: st
     name, target_repo, draft_repo = repo_names(repo, draft_repo, single_repo)
     report = check_pair(target, draft, mmproj)
     report.raise_for_failures()
-    paths = {"target": Path(target), "draft": Path(draft), **({"mmproj": Path(mmproj)} if mmproj else {})}
+    paths = {"target": Path(target), **({"mmproj": Path(mmproj)} if mmproj else {}), "draft": Path(draft)}
     ggufs = {role: read_gguf(p) for role, p in paths.items()}
     files: dict[str, PlannedFile] = {}
     for role, p in paths.items():

@@ -28,6 +28,7 @@ from ggufdspark.convert.stream import TensorPlan, write_plans
 from ggufdspark.errors import CorruptFileError, OutputExistsError, UnsupportedModelError
 from ggufdspark.gguffile.constants import (ARCH_CLIP, FILE_TYPE, QUANTIZATION_VERSION, Key, TensorType,
                                            ValueType)
+from ggufdspark.gguffile.reader import GGUFFile
 from ggufdspark.gguffile.writer import GGUFWriter
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ VISION_LAYER_MAP = {  # vision_tower.encoder.layers.{i}.<key> -> v.blk.{i}.<valu
     "mlp.fc1": "ffn_up",
     "mlp.fc2": "ffn_down",
 }
+# projector type -> the tensor whose rows are the width of the embeddings handed to the language
+# model (tools/mtmd/clip.cpp, clip_n_mmproj_embd: mm_2_w->ne[1] for these types)
+PROJECTOR_OUTPUT_TENSOR = {"lfm2": "mm.2.weight", "kimivl": "mm.2.weight", "kimik25": "mm.2.weight",
+                           "mlp": "mm.2.weight"}
 # SigLIP's attention-pooling head: LFM2-VL reads the last hidden state, the engine has no use for it
 IGNORED_VISION = ("vision_tower.head.",)
 
@@ -128,6 +133,19 @@ def output_type(gname: str, shape: tuple[int, ...], ttype: TensorType) -> Tensor
     if ttype == TensorType.Q8_0 and shape[-1] % 32:
         return TensorType.F16  # the reference falls back to F16 when rows do not fill Q8_0 blocks
     return ttype
+
+
+def projector_width(m: GGUFFile) -> tuple[int | None, int | None, str | None]:
+    """The width of the embeddings an mmproj hands to the language model, two ways.
+
+    Returns:
+        (rows of the projector's last tensor, or None where the type is not in
+        ``PROJECTOR_OUTPUT_TENSOR``; ``clip.vision.projection_dim``; that tensor's name). mtmd takes
+        the width from the tensor, so the tensor decides when both are known.
+    """
+    tname = PROJECTOR_OUTPUT_TENSOR.get(m.metadata.get(ClipKey.PROJECTOR_TYPE))
+    rows = m.tensors[tname].shape[0] if tname and tname in m.tensors else None
+    return rows, m.metadata.get(ClipKey.PROJECTION_DIM), tname
 
 
 def default_mmproj_name(name: str, outtype: str) -> str:

@@ -1,5 +1,6 @@
-"""Convert an LFM2 target (``Lfm2ForCausalLM``, or the language tower of an
-``Lfm2VlForConditionalGeneration``) from safetensors to a GGUF of arch ``lfm2``.
+"""Convert an LFM2 target (``Lfm2ForCausalLM``, or an ``Lfm2VlForConditionalGeneration``) from
+safetensors to GGUF: the language model as arch ``lfm2`` and, for LFM2-VL, the vision encoder and
+projector as ``mmproj-<name>-<TYPE>.gguf`` beside it (see :mod:`ggufdspark.convert.mmproj`).
 
 Key and tensor names follow llama.cpp 0c1e570 (``conversion/lfm2.py``, ``src/llama-arch.cpp``).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -16,9 +18,10 @@ from ggufdspark.convert import tokenizer as tok
 from ggufdspark.convert.common import (OUTTYPE_LABEL, TEXT_TARGET_ARCHS, VL_TARGET_ARCHS, load_config,
                                        outtype_tensor, resolve_checkpoint, text_config)
 from ggufdspark.convert.drafter import ConvertResult
+from ggufdspark.convert.mmproj import checkpoint_name, default_mmproj_name, plan_mmproj, resolve_output, write_mmproj
 from ggufdspark.convert.safetensors import STensor, open_checkpoint
 from ggufdspark.convert.stream import TensorPlan, write_plans
-from ggufdspark.errors import UnsupportedModelError
+from ggufdspark.errors import OutputExistsError, UnsupportedModelError
 from ggufdspark.gguffile.constants import (ARCH_LFM2, FILE_TYPE, QUANTIZATION_VERSION, Key, TensorType,
                                            ValueType)
 from ggufdspark.gguffile.writer import GGUFWriter
@@ -51,6 +54,13 @@ GLOBAL_MAP = {
     "embedding_norm.weight": "token_embd_norm.weight",
     "lm_head.weight": "output.weight",
 }
+
+
+@dataclass
+class TargetConvertResult(ConvertResult):
+    """The language tower's file (the inherited fields) and, for LFM2-VL, the mmproj written beside it."""
+
+    mmproj: ConvertResult | None = None
 
 
 def feed_forward_length(cfg: dict) -> int:
@@ -132,15 +142,22 @@ def plan_target(directory: Path, cfg: dict, ttype: TensorType) -> list[TensorPla
 
 
 def convert_target(target: str | Path, *, output: str | Path | None = None, outtype: str = "f16",
-                   force: bool = False,
-                   progress: Callable[[int, int, str], None] | None = None) -> ConvertResult:
-    """Convert an LFM2 / LFM2-VL checkpoint's language model to GGUF (arch ``lfm2``).
+                   force: bool = False, progress: Callable[[int, int, str], None] | None = None,
+                   mmproj: bool = True, mmproj_output: str | Path | None = None) -> TargetConvertResult:
+    """Convert an LFM2 / LFM2-VL checkpoint to GGUF.
+
+    Args:
+        target: checkpoint directory or Hub repo id.
+        output: the language tower's file or directory (default ``./<name>-<TYPE>.gguf``).
+        mmproj: for an LFM2-VL checkpoint, also write the vision encoder + projector.
+        mmproj_output: its file or directory (default ``mmproj-<name>-<TYPE>.gguf`` beside the tower).
 
     Returns:
-        ConvertResult; for an LFM2-VL checkpoint its ``notes`` say the mmproj is separate.
+        TargetConvertResult; ``mmproj`` is set when an mmproj was written.
 
     Raises:
-        InputNotFoundError, CorruptFileError, UnsupportedModelError, OutputExistsError.
+        InputNotFoundError, CorruptFileError, UnsupportedModelError, OutputExistsError. Both inputs
+        are validated and both outputs checked before anything is written.
     """
     t0 = time.monotonic()
     ttype = outtype_tensor(outtype)
@@ -159,10 +176,24 @@ def convert_target(target: str | Path, *, output: str | Path | None = None, outt
         if key not in cfg:
             raise UnsupportedModelError(f"{directory / 'config.json'}: LFM2 config has no {key}")
     plans = plan_target(directory, cfg, ttype)
-    name = directory.name
-    out = Path(output) if output else Path.cwd() / f"{name}-{OUTTYPE_LABEL[outtype]}.gguf"
-    if out.is_dir():
-        out = out / f"{name}-{OUTTYPE_LABEL[outtype]}.gguf"
+    name = checkpoint_name(target, directory)
+    out = resolve_output(output, f"{name}-{OUTTYPE_LABEL[outtype]}.gguf")
+    notes = []
+    mplan = mout = None
+    if is_vl and mmproj:
+        mplan = plan_mmproj(directory, full, outtype, name=name)
+        mout = resolve_output(mmproj_output if mmproj_output is not None else out.parent,
+                              default_mmproj_name(name, outtype))
+        if mout.resolve() == out.resolve():
+            raise OutputExistsError(f"{out}: the language tower and the mmproj cannot share one file")
+        for path in (out, mout):
+            if path.exists() and not force:
+                raise OutputExistsError(f"{path}: already exists (use --force to overwrite)")
+    elif is_vl:
+        notes.append("LFM2-VL checkpoint: wrote the language tower only (no mmproj asked for); images need "
+                     "the mmproj too")
+    elif mmproj_output is not None:
+        notes.append(f"{directory}: not an LFM2-VL checkpoint, so no mmproj was written")
 
     arch = ARCH_LFM2
     k = lambda template: Key.of(template, arch)  # noqa: E731
@@ -188,9 +219,9 @@ def convert_target(target: str | Path, *, output: str | Path | None = None, outt
     for kv in tok.from_hub_dir(directory, cfg["vocab_size"]):
         w.add(kv.key, kv.value, kv.vtype, kv.item_type)
     sha = write_plans(w, plans, force=force, progress=progress)
-    notes = []
-    if is_vl:
-        notes.append("LFM2-VL checkpoint: wrote the language tower only; convert the vision part "
-                     "with 'ggufdspark convert-target --mmproj' once available")
-    return ConvertResult(out, sha, len(plans), out.stat().st_size, time.monotonic() - t0,
-                         OUTTYPE_LABEL[outtype], notes)
+    result = TargetConvertResult(out, sha, len(plans), out.stat().st_size, time.monotonic() - t0,
+                                 OUTTYPE_LABEL[outtype], notes)
+    if mplan is not None:
+        result.mmproj = write_mmproj(mplan, mout, force=force, progress=progress)
+        log.info("wrote the vision encoder + projector to %s", mout)
+    return result

@@ -1,0 +1,283 @@
+"""Issue 4: inspect, check and serve against real files and the real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ggufdspark.check import check_pair
+from ggufdspark.serve import plan, serving
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return st.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _complete(port: int, prompt: str = "The model", n: int = 16) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion",
+                                 data=json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_serve(*args: str) -> tuple[subprocess.Popen, list[str]]:
+    """Run `ggufdspark serve ...` and wait until it reports ready; returns (process, stderr lines)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "ggufdspark", "serve", *args], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    deadline = time.monotonic() + 120
+    assert p.stderr is not None
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if line.startswith("ready"):
+            return p, lines
+    p.kill()
+    raise AssertionError("serve did not become ready:\n" + "\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- inspect / check
+
+
+def test_inspect_draft_and_target(ggufdspark_cli, small_pair):
+    p = ggufdspark_cli("inspect", str(small_pair.draft), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["kind"] == "dspark-draft" and d["arch"] == "dflash"
+    assert d["details"]["block_size"] == 6 and d["details"]["target_layer_ids"] == [1, 3, 4]
+    assert d["details"]["markov_head"] and d["details"]["confidence_head"]
+    assert d["details"]["mask_token_id"] == 17
+    t = json.loads(ggufdspark_cli("inspect", str(small_pair.target), "--json").stdout)
+    assert t["kind"] == "target" and t["details"]["layers"] == 6 and t["details"]["hidden_size"] == 64
+    assert t["details"]["vocab_size"] == 1024 and t["details"]["attention_layers"] == 2
+    text = ggufdspark_cli("inspect", str(small_pair.draft)).stdout
+    assert "dspark-draft" in text and "block_size" in text
+
+
+def test_check_passes_own_pair(ggufdspark_cli, small_pair):
+    p = ggufdspark_cli("check", str(small_pair.target), str(small_pair.draft), "--json")
+    assert p.returncode == 0, p.stdout
+    report = json.loads(p.stdout)
+    assert report["ok"] and len(report["checks"]) >= 7
+    assert all(c["ok"] for c in report["checks"])
+
+
+def test_check_refuses_draft_of_another_target(ggufdspark_cli, small_pair, other_pair):
+    p = ggufdspark_cli("check", str(small_pair.target), str(other_pair.draft))
+    assert p.returncode == 1
+    assert "FAIL  hidden size: target 64, draft 96" in p.stdout
+    assert "FAIL  tokenizers identical" in p.stdout
+    assert "FAIL  vocabulary size: target 1024, draft 1100" in p.stdout
+    assert "pair REFUSED" in p.stdout
+
+
+def test_check_refuses_a_target_as_draft(small_pair):
+    report = check_pair(small_pair.target, small_pair.target)
+    assert not report.ok
+    assert report.failures()[0].name == "draft is a DSpark draft"
+
+
+def test_check_refuses_changed_tokenizer(small_pair, tmp_path):
+    """Same shapes, one token renamed: the tokenizers check names the token."""
+    from ggufdspark.gguffile.reader import read_gguf
+    from ggufdspark.gguffile.writer import GGUFWriter
+
+    g = read_gguf(small_pair.draft)
+    w = GGUFWriter(tmp_path / "d.gguf")
+    for k, v in g.metadata.items():
+        vt, it = g.value_types[k]
+        if k == "tokenizer.ggml.tokens":
+            v = list(v)
+            v[300] = "changed"
+        w.add(k, v, vt, it)
+    for name, t in g.tensors.items():
+        from ggufdspark.gguffile.constants import TensorType
+
+        w.add_tensor(name, t.shape, TensorType(t.type))
+    w.write(lambda name: [g.tensor_bytes(name).tobytes()])
+    report = check_pair(small_pair.target, tmp_path / "d.gguf")
+    bad = report.failures()
+    assert [c.name for c in bad] == ["tokenizers identical"]
+    assert "tokens[300]" in bad[0].detail and "'changed'" in bad[0].detail
+
+
+@pytest.mark.parametrize("verb", ["inspect", "check"])
+def test_corrupt_and_missing_files(ggufdspark_cli, small_pair, tmp_path, verb):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all, just text" * 10)
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(small_pair.draft.read_bytes()[:5000])
+    for bad, expect in ((tmp_path / "missing.gguf", "no such file"), (junk, "not a GGUF file"),
+                        (trunc, "truncated")):
+        args = [str(bad)] if verb == "inspect" else [str(small_pair.target), str(bad)]
+        p = ggufdspark_cli(verb, *args)
+        assert p.returncode != 0
+        assert "Traceback" not in p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(bad) in lines[0] and expect in lines[0], p.stderr
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+def test_serve_api_drafts(small_pair, dspark_engine):
+    with serving(small_pair.target, small_pair.draft) as (srv, client):
+        assert srv.settings.host == "127.0.0.1"
+        assert "--spec-type" in srv.settings.args()
+        out = client.complete("The model draft target", n_predict=32)
+        assert out.timings.draft_n and out.timings.draft_n > 0
+        chat = client.chat([{"role": "user", "content": "Say one two three"}], max_tokens=16)
+        assert chat.timings.predicted_n == 16
+    assert not srv.alive()
+
+
+def test_serve_no_draft_serves_target_alone(small_pair, dspark_engine):
+    with serving(small_pair.target, small_pair.draft, no_draft=True) as (srv, client):
+        assert "-md" not in srv.settings.args() and "--spec-type" not in srv.settings.args()
+        out = client.complete("The model draft target", n_predict=16)
+        assert out.timings.draft_n is None and out.timings.predicted_n == 16
+
+
+def test_serve_refuses_mismatched_pair(ggufdspark_cli, small_pair, other_pair):
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(other_pair.draft), "--dry-run")
+    assert p.returncode != 0
+    assert "hidden size: target 64, draft 96" in p.stderr and "Traceback" not in p.stderr
+    forced = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(other_pair.draft), "--dry-run", "--force")
+    assert forced.returncode == 0 and "FAILED check" in forced.stderr
+
+
+def test_serve_dry_run_prints_command_for_this_hardware(ggufdspark_cli, small_pair):
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
+                       "--api-key", "sk-secret-123", "--", "--seed", "7")
+    assert p.returncode == 0, p.stderr
+    cmd = p.stdout.strip()
+    assert "--spec-type draft-dspark" in cmd and "--spec-draft-n-min 0" in cmd
+    assert "--spec-draft-n-max 4" in cmd  # the CPU default (see hardware.DEFAULTS)
+    assert "--host 127.0.0.1" in cmd and cmd.endswith("--seed 7")
+    assert "sk-secret-123" not in p.stdout + p.stderr and "--api-key '***'" in cmd
+    assert "backend: cpu" in p.stderr
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
+                       "--draft-n-max", "7")
+    assert "--spec-draft-n-max 7" in p.stdout
+
+
+def test_serve_warns_on_open_host_without_key(ggufdspark_cli, small_pair):
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
+                       "--host", "0.0.0.0")
+    assert p.returncode == 0
+    assert "WARNING: binding 0.0.0.0 without --api-key" in p.stderr
+
+
+def test_serve_restarts_after_kill_and_stops_cleanly(small_pair, dspark_engine, tmp_path):
+    port = _free_port()
+    proc, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", str(port),
+                               "--log", str(tmp_path / "s.log"))
+    try:
+        assert _complete(port)["timings"]["draft_n"] > 0
+        kids = _children(proc.pid)
+        assert len(kids) == 1, kids
+        os.kill(kids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        restarted = False
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line.rstrip())
+            if line.startswith("ready again"):
+                restarted = True
+                break
+        assert restarted, "\n".join(lines)
+        assert any("restart 1/" in ln for ln in lines)
+        assert _complete(port)["timings"]["predicted_n"] == 16
+        new_kids = _children(proc.pid)
+        assert len(new_kids) == 1 and new_kids != kids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+    assert rc == 0
+    time.sleep(0.2)
+    assert not any(_alive(k) for k in new_kids + kids), "llama-server left behind"
+
+
+def test_serve_port_in_use(ggufdspark_cli, small_pair):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", str(port))
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert f"port {port} on 127.0.0.1 is already in use" in p.stderr.strip().splitlines()[-1]
+
+
+def test_serve_port_zero_picks_a_free_port(small_pair, dspark_engine):
+    p = plan(small_pair.target, small_pair.draft, port=0)
+    assert p.settings.port == 0
+    with serving(small_pair.target, small_pair.draft) as (srv, client):
+        assert srv.settings.port > 0
+        assert client.health()["status"] == "ok"
+
+
+def test_serve_missing_and_non_gguf_files(ggufdspark_cli, small_pair, tmp_path):
+    junk = tmp_path / "draft.gguf"
+    junk.write_text("hello")
+    for args, expect in ((["-m", str(tmp_path / "t.gguf"), "-md", str(small_pair.draft)], "target file not found"),
+                         (["-m", str(small_pair.target), "-md", str(junk)], "not a GGUF file")):
+        p = ggufdspark_cli("serve", *args, "--dry-run")
+        assert p.returncode != 0 and "Traceback" not in p.stderr
+        assert expect in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+def test_serve_refuses_engine_without_dspark(ggufdspark_cli, small_pair, non_dspark_server):
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
+                       "--server", str(non_dspark_server))
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "has no '--spec-type draft-dspark'" in p.stderr
+
+
+def test_serve_reports_engine_start_failure(small_pair, dspark_engine, tmp_path):
+    """An engine that exits during start: reason and last log lines, non-zero exit."""
+    from ggufdspark.errors import ServerStartError
+
+    with pytest.raises(ServerStartError) as e:
+        with serving(small_pair.target, small_pair.draft, extra_args=["--no-such-flag"],
+                     log_path=tmp_path / "fail.log"):
+            pass
+    assert "exited with code" in str(e.value) and "no-such-flag" in str(e.value)
