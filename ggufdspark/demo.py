@@ -8,6 +8,7 @@ import logging
 import sys
 
 from ggufdspark import engine
+from ggufdspark import timings as tm
 from ggufdspark.check import check_pair
 from ggufdspark.errors import GgufdsparkError
 from ggufdspark.serve import serving
@@ -27,8 +28,12 @@ def main() -> int:
         with serving(pair.target, pair.draft) as (srv, client):
             print(f"3. serving: {' '.join(srv.settings.redacted())}")
             prompt = "The model draft target"
+            before = client.metrics()
             out = client.complete(prompt, n_predict=64)
+            # /metrics counters before and after (one request in flight) give exact verify passes
+            exact = tm.metrics_delta(before, client.metrics())
             t = out.timings
+            t.passes, t.passes_source = exact.passes, exact.passes_source
             print(f"4. request {prompt!r} -> {out.text[:60]!r}...")
             print("5. acceptance timings")
             print(f"   predicted tokens   {t.predicted_n}")
@@ -36,7 +41,8 @@ def main() -> int:
             rate = f"{t.acceptance_rate:.3f}" if t.acceptance_rate is not None else "n/a"
             al = f"{t.accept_length:.2f}" if t.accept_length is not None else "n/a"
             print(f"   acceptance rate    {rate}")
-            print(f"   accept length      {al} tokens per target pass ({t.passes_source} passes)")
+            print(f"   verify passes      {t.passes} (from {t.passes_source})")
+            print(f"   accept length      {al} (1 + accepted/passes, bonus token included; MAT {t.mat:.2f})")
             print(f"   decode speed       {t.decode_tps:.1f} tok/s")
             lines = srv.wait_for_log("draft acceptance")
             if lines:

@@ -1,10 +1,11 @@
-"""``ggufdspark convert-target TARGET``: LFM2 / LFM2-VL checkpoint -> GGUF (arch lfm2)."""
+"""``ggufdspark convert-target TARGET``: LFM2 / LFM2-VL checkpoint -> GGUF (arch lfm2), plus the
+mmproj (vision encoder + projector) for LFM2-VL."""
 
 from __future__ import annotations
 
 import click
 
-from ggufdspark.cli._common import ProgressLine
+from ggufdspark.cli._common import ProgressLine, echo_json
 from ggufdspark.cli.convert import _report
 from ggufdspark.convert.common import OUTTYPES
 from ggufdspark.convert.target import convert_target
@@ -14,9 +15,23 @@ from ggufdspark.convert.target import convert_target
 @click.argument("target")
 @click.option("-o", "--output", type=click.Path(), help="Output file or directory (default: <name>-<TYPE>.gguf).")
 @click.option("--outtype", type=click.Choice(OUTTYPES), default="f16", show_default=True)
-@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--mmproj/--no-mmproj", default=True, show_default=True,
+              help="For LFM2-VL: also write the vision encoder + projector.")
+@click.option("--mmproj-output", type=click.Path(),
+              help="mmproj file or directory (default: mmproj-<name>-<TYPE>.gguf beside the language model).")
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def command(target, output, outtype, force, as_json):
-    """Convert an LFM2 target checkpoint (directory or Hub repo id) to GGUF."""
-    r = convert_target(target, output=output, outtype=outtype, force=force, progress=ProgressLine("convert"))
-    _report(r, as_json)
+def command(target, output, outtype, mmproj, mmproj_output, force, as_json):
+    """Convert an LFM2 / LFM2-VL target checkpoint (directory or Hub repo id) to GGUF."""
+    r = convert_target(target, output=output, outtype=outtype, force=force, progress=ProgressLine("convert"),
+                       mmproj=mmproj, mmproj_output=mmproj_output)
+    if as_json:
+        m = r.mmproj
+        echo_json({"path": str(r.path), "sha256": r.sha256, "tensors": r.n_tensors, "bytes": r.nbytes,
+                   "seconds": round(r.seconds, 3), "outtype": r.outtype, "notes": r.notes,
+                   "mmproj": None if m is None else {"path": str(m.path), "sha256": m.sha256, "tensors": m.n_tensors,
+                                                     "bytes": m.nbytes, "seconds": round(m.seconds, 3)}})
+        return
+    _report(r, False)
+    if r.mmproj is not None:
+        _report(r.mmproj, False)

@@ -18,7 +18,8 @@ from ggufdspark.convert import tokenizer as tok
 from ggufdspark.convert.common import (OUTTYPE_LABEL, TEXT_TARGET_ARCHS, VL_TARGET_ARCHS, load_config,
                                        outtype_tensor, resolve_checkpoint, text_config)
 from ggufdspark.convert.drafter import ConvertResult
-from ggufdspark.convert.mmproj import checkpoint_name, default_mmproj_name, plan_mmproj, resolve_output, write_mmproj
+from ggufdspark.convert.mmproj import (checkpoint_name, default_mmproj_name, plan_mmproj, resolve_output,
+                                       write_mmproj)
 from ggufdspark.convert.safetensors import STensor, open_checkpoint
 from ggufdspark.convert.stream import TensorPlan, write_plans
 from ggufdspark.errors import OutputExistsError, UnsupportedModelError

@@ -1,0 +1,829 @@
+"""``bench``: how much faster decoding is with the DSpark draft on this machine, and whether the
+greedy output is still exactly the target's (the lossless gate).
+
+Arms run on one engine build, one server each, bracketed ``plain / speculative / plain`` so drift
+shows: the target alone, the target with the draft, the target alone again. Each item of the prompt
+set is rendered with the server's chat template and tokenized once (``/tokenize`` of the first
+plain server); every arm receives the same token ids. Multi-turn items run turn by turn: a user turn
+with no assistant message after it in the set gets the first plain run's reply as history, so all
+arms see identical prompts. Decoding is greedy.
+
+The gate compares each request's speculative output with the plain output of the same engine,
+token by token. At the first differing position it asks the plain server for the top-2
+probabilities (``n_probs``): a *near-tie* (gap ``p1 - p2`` below ``near_tie_gap``, and the
+speculative token is the plain run's runner-up) is reported and counted; anything else is a
+*defect* and fails the run (``LosslessGateError``, exit 3).
+
+Note on the pinned engine: its ``/completion`` schema has the per-request ``speculative.*`` fields
+compiled out (``tools/server/server-schema.cpp``, ``#if 0``), so the draft length is a server flag
+and every draft length needs its own server start (``tune`` does that).
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ggufdspark import engine as eng
+from ggufdspark import hardware, profiles
+from ggufdspark import prompts as pr
+from ggufdspark import timings as tm
+from ggufdspark.check import check_pair
+from ggufdspark.errors import BenchError, EngineError, InputNotFoundError, LosslessGateError
+from ggufdspark.gguffile.constants import Key
+from ggufdspark.gguffile.reader import read_gguf
+from ggufdspark.runners.server import Client, ServerProcess, ServerSettings
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+
+# A divergence is a near-tie when, at the first differing position, the plain run's top-1 and
+# top-2 probabilities differ by less than this and the speculative token is the plain runner-up.
+# Batched verification changes the reduction order of the target's matmuls; on F16/BF16 that moves
+# logits by O(1e-2), which flips the argmax only when the two leaders are this close (a logit gap
+# of about 0.2 at p ~ 0.5). Larger gaps cannot come from rounding: they are defects.
+NEAR_TIE_GAP = 0.05
+
+# Concurrency levels measured by default, per backend (the issue's 1, 8, 32 where a GPU can take it).
+CONCURRENCY_DEFAULTS: dict[str, tuple[int, ...]] = {"cuda": (1, 8, 32), "metal": (1, 4, 8), "cpu": (1, 4)}
+OTHER_CONCURRENCY = (1, 8)
+DEFAULT_N_PREDICT = 128
+ROUNDS = 2  # requests each thread sends at one concurrency level
+WARMUP_TOKENS = 8
+
+
+# --------------------------------------------------------------------------- the draft's limits
+
+
+@dataclass(frozen=True)
+class DraftLimits:
+    block_size: int
+    max_n: int  # longest draft the engine accepts for this draft
+    confidence_head: bool
+
+
+def draft_limits(draft: str | Path) -> DraftLimits:
+    """The trained block size and the longest draft llama.cpp will make with it.
+
+    An anchor-first DSpark draft yields ``block_size`` tokens, otherwise ``block_size - 1``
+    (``common/speculative.cpp``, ``n_draft_max``); longer requests are clamped by the engine.
+    """
+    g = read_gguf(draft)
+    bs = g.get(Key.BLOCK_SIZE)
+    if not bs:
+        raise BenchError(f"{draft}: no dflash.block_size key: not a DSpark draft (run 'ggufdspark check')")
+    anchor = g.get(Key.SAMPLE_FROM_ANCHOR)
+    conf = g.get(Key.HAS_CONFIDENCE_HEAD)
+    return DraftLimits(int(bs), int(bs) if anchor in (None, True) else int(bs) - 1, conf in (None, True))
+
+
+# --------------------------------------------------------------------------- synthetic acceptance
+
+
+@dataclass
+class Synthetic:
+    """llama.cpp's benchmarking acceptance: draft tokens are accepted at random, so only the speed
+    means anything. ``rates`` are unconditional per-position probabilities (P[at least i+1 drafted
+    tokens accepted]), non-increasing; ``length`` is a mean accept length, bonus token included."""
+
+    length: float | None = None
+    rates: list[float] | None = None
+
+    def describe(self) -> str:
+        if self.rates:
+            return (f"synthetic acceptance, rates {','.join(f'{r:.4g}' for r in self.rates)} "
+                    f"(mean length {1 + sum(self.rates):.2f})")
+        return f"synthetic acceptance, mean length {self.length:g} (--spec-synth-len)"
+
+
+def check_rates(rates: list[float], n_max: int, *, what: str = "--synthetic-rates") -> list[float]:
+    """Validate per-position rates for a draft length: truncated to ``n_max`` values (the
+    per-position acceptance stays fixed; llama.cpp wants exactly ``n_max`` values).
+
+    Raises:
+        BenchError: too few values, a value outside [0, 1], or an increase.
+    """
+    for i, r in enumerate(rates):
+        if not (0.0 <= r <= 1.0) or math.isnan(r):
+            raise BenchError(f"{what}: value {i} is {r}, expected a probability in [0, 1]")
+        if i and r > rates[i - 1]:
+            raise BenchError(f"{what}: value {i} ({r}) is larger than value {i - 1} ({rates[i - 1]}); "
+                             "rates are P(at least i+1 accepted) and cannot increase")
+    if len(rates) < n_max:
+        raise BenchError(f"{what}: {len(rates)} values for draft length {n_max}; give at least {n_max}")
+    return list(rates[:n_max])
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardware.Decision,
+                  mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int = 4096,
+                  threads: int | None = None) -> ServerSettings:
+    """The target-only server the arms share (offload and flash attention as ``serve`` decides)."""
+    return ServerSettings(
+        server=engine.path, model=target, mmproj=mmproj, spec_type=None, draft_n_min=None,
+        n_gpu_layers=99 if decision.offload else None, flash_attn=decision.flash_attn,
+        ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads)
+
+
+def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int | None = None,
+                 p_min: float | None = None, synthetic: Synthetic | None = None) -> ServerSettings:
+    """``base`` with the DSpark draft (or without, for ``draft=None``)."""
+    if draft is None:
+        return dataclasses.replace(base, draft=None, spec_type=None, extra_args=list(base.extra_args))
+    syn = synthetic or Synthetic()
+    return dataclasses.replace(
+        base, draft=draft, spec_type="draft-dspark", draft_n_max=n_max, draft_n_min=0, draft_p_min=p_min,
+        n_gpu_layers_draft=99 if base.n_gpu_layers else None, synth_len=syn.length,
+        synth_rates=syn.rates, extra_args=list(base.extra_args))
+
+
+@contextlib.contextmanager
+def running(settings: ServerSettings, log_path: Path, start_timeout: float = 600.0) -> Iterator[Client]:
+    """A started server's client; the server is stopped on exit, whatever happens."""
+    with ServerProcess(settings, log_path=log_path, start_timeout=start_timeout) as srv:
+        yield srv.client()
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass
+class Outcome:
+    """One finished request: generated token ids, text, the engine's timings, wall time."""
+
+    tokens: list[int]
+    text: str
+    timings: tm.RequestTimings
+    wall_s: float
+
+
+def request(client: Client, prompt: Any, n_predict: int, **extra: Any) -> Outcome:
+    """One greedy ``/completion`` (prompt cache off), timed from send to full answer."""
+    t0 = time.perf_counter()
+    out = client.complete(prompt, n_predict=n_predict, **extra)
+    wall = time.perf_counter() - t0
+    return Outcome(list(out.tokens or []), out.text, out.timings, wall)
+
+
+@dataclass
+class LoadPoint:
+    """Aggregate throughput with ``level`` requests in flight."""
+
+    level: int
+    requests: int
+    tokens: int
+    wall_s: float
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def accept_length(self) -> float | None:
+        return 1.0 + self.accepted / self.passes if self.passes else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tps": self.tps, "accept_length": self.accept_length}
+
+
+def measure_load(client: Client, prompts: list[Any], level: int, n_predict: int, *, rounds: int = ROUNDS,
+                 progress: Callable[[str], None] | None = None, **extra: Any) -> LoadPoint:
+    """``level`` threads, each sending ``rounds`` requests back to back (prompts cycled); tokens
+    generated by all of them over the wall time from the first send to the last answer."""
+    if not prompts:
+        raise BenchError("no prompts to measure")
+    jobs = [prompts[i % len(prompts)] for i in range(level * rounds)]
+    lock = threading.Lock()
+    outs: list[Outcome] = []
+
+    def worker(k: int) -> None:
+        for j in range(k, len(jobs), level):
+            o = request(client, jobs[j], n_predict, **extra)
+            with lock:
+                outs.append(o)
+            if progress:
+                progress(f"{level} parallel")
+
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=level) as ex:
+        for f in [ex.submit(worker, k) for k in range(level)]:
+            f.result()
+    wall = time.perf_counter() - t0
+    s = tm.summarize([o.timings for o in outs])
+    return LoadPoint(level, len(outs), s.predicted_n, wall, s.draft_n, s.draft_n_accepted, s.passes)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _b64(path: str | Path) -> str:
+    return base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def render(client: Client, messages: list[dict], media_marker: str | None) -> tuple[Any, int | None]:
+    """Prompt for ``/completion`` and its token count: token ids for text-only conversations
+    (chat template, then ``/tokenize`` with BOS, as the chat endpoint does), or a multimodal prompt
+    object (``prompt_string`` with media markers + base64 images) that every arm receives alike."""
+    images: list[str] = []
+    flat = []
+    for m in messages:
+        c = m["content"]
+        if isinstance(c, list):
+            text = ""
+            for p in c:
+                if p["type"] == "image":
+                    if not media_marker:
+                        raise BenchError("an image prompt needs a server started with --mmproj")
+                    images.append(_b64(p["path"]))
+                    text += media_marker + "\n"
+                else:
+                    text += p["text"]
+            c = text
+        flat.append({"role": m["role"], "content": c})
+    rendered = client.apply_template(flat)
+    if images:
+        return {"prompt_string": rendered, "multimodal_data": images}, None
+    toks = client.tokenize(rendered, add_special=True)
+    return toks, len(toks)
+
+
+@dataclass
+class Turn:
+    """One request of the run: an item's user turn, rendered once, sent to every arm."""
+
+    item: str
+    category: str
+    turn: int
+    prompt: Any = field(repr=False)
+    n_prompt: int | None
+
+
+def run_first_arm(client: Client, items: list[pr.PromptItem], n_predict: int, media_marker: str | None,
+                  tick: Callable[[str], None]) -> tuple[list[Turn], list[Outcome]]:
+    """Run the items turn by turn on the first (plain) server, fixing every turn's prompt."""
+    turns: list[Turn] = []
+    outs: list[Outcome] = []
+    for it in items:
+        history: list[dict] = []
+        k = 0
+        msgs = it.messages
+        for i, m in enumerate(msgs):
+            history.append(m)
+            if m["role"] != "user":
+                continue
+            prompt, n_prompt = render(client, history, media_marker)
+            o = request(client, prompt, n_predict)
+            turns.append(Turn(it.id, it.category, k, prompt, n_prompt))
+            outs.append(o)
+            tick(f"{it.id} turn {k + 1}")
+            k += 1
+            nxt = msgs[i + 1] if i + 1 < len(msgs) else None
+            if nxt is not None and nxt["role"] != "assistant":
+                history.append({"role": "assistant", "content": o.text})
+    return turns, outs
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+@dataclass
+class Divergence:
+    """Where a speculative output first left the plain one, and how that was judged."""
+
+    item: str
+    category: str
+    turn: int
+    position: int
+    plain_token: int | None
+    spec_token: int | None
+    plain_piece: str | None
+    spec_piece: str | None
+    p_top1: float | None
+    p_top2: float | None
+    top2_token: int | None
+    kind: str  # "near-tie" | "defect"
+    reason: str
+
+    @property
+    def gap(self) -> float | None:
+        return None if self.p_top1 is None or self.p_top2 is None else self.p_top1 - self.p_top2
+
+    def describe(self) -> str:
+        probs = (f"plain top-2 p={self.p_top1:.4f} / {self.p_top2:.4f} (gap {self.gap:.4f})"
+                 if self.gap is not None else "no plain probabilities")
+        return (f"item {self.item!r} turn {self.turn + 1}, position {self.position}: plain "
+                f"{self.plain_token} {self.plain_piece!r}, speculative {self.spec_token} {self.spec_piece!r}; "
+                f"{probs}: {self.kind} ({self.reason})")
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where two token lists differ (a length difference counts)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def classify(turn: Turn, plain: list[int], spec: list[int], top: list[dict] | None, *,
+             near_tie_gap: float = NEAR_TIE_GAP) -> Divergence | None:
+    """Judge one request. ``top``: the plain run's ``top_logprobs`` at the first differing position
+    (``[{"id", "token", "logprob"}, ...]``, best first). None when the outputs are identical."""
+    i = first_difference(plain, spec)
+    if i is None:
+        return None
+    pt = plain[i] if i < len(plain) else None
+    st = spec[i] if i < len(spec) else None
+    p1 = p2 = t2 = None
+    pieces = {}
+    if top:
+        pieces = {c.get("id"): c.get("token") for c in top}
+        p1 = math.exp(top[0]["logprob"])
+        if len(top) > 1:
+            p2, t2 = math.exp(top[1]["logprob"]), top[1].get("id")
+    d = Divergence(turn.item, turn.category, turn.turn, i, pt, st, pieces.get(pt), pieces.get(st), p1, p2, t2,
+                   "defect", "")
+    if p1 is None or p2 is None:
+        d.reason = "the plain run's top-2 probabilities at this position are unavailable"
+    elif d.gap >= near_tie_gap:
+        d.reason = f"gap {d.gap:.4f} >= near-tie threshold {near_tie_gap}"
+    elif st is not None and st != t2 and st != top[0].get("id"):
+        d.reason = "the speculative token is not among the plain run's top-2"
+    else:
+        d.kind, d.reason = "near-tie", f"gap {d.gap:.4f} < {near_tie_gap}"
+    return d
+
+
+@dataclass
+class GateResult:
+    """``status``: pass, fail, refused (synthetic acceptance) or off (--no-gate)."""
+
+    status: str
+    reason: str = ""
+    requests: int = 0
+    exact: int = 0
+    near_ties: int = 0
+    defects: int = 0
+    near_tie_gap: float = NEAR_TIE_GAP
+    divergences: list[Divergence] = field(default_factory=list)
+    plain_unstable: int = 0  # requests whose two plain runs differed (engine nondeterminism)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["divergences"] = [{**asdict(x), "gap": x.gap} for x in self.divergences]
+        return d
+
+
+def run_gate(client: Client, turns: list[Turn], plain: list[Outcome], spec: list[Outcome],
+             plain_again: list[Outcome], *, near_tie_gap: float = NEAR_TIE_GAP) -> GateResult:
+    """Compare speculative and plain outputs; probe the plain server at each first difference."""
+    g = GateResult("pass", requests=len(turns), near_tie_gap=near_tie_gap)
+    for t, p, s, p2 in zip(turns, plain, spec, plain_again):
+        if p.tokens != p2.tokens:
+            g.plain_unstable += 1
+        i = first_difference(p.tokens, s.tokens)
+        if i is None:
+            g.exact += 1
+            continue
+        probe = client.complete(t.prompt, n_predict=i + 1, n_probs=2)
+        probs = probe.probs or []
+        top = probs[i].get("top_logprobs") if i < len(probs) else None
+        d = classify(t, p.tokens, s.tokens, top, near_tie_gap=near_tie_gap)
+        assert d is not None
+        g.divergences.append(d)
+        if d.kind == "near-tie":
+            g.near_ties += 1
+        else:
+            g.defects += 1
+    if g.defects:
+        g.status = "fail"
+    return g
+
+
+# --------------------------------------------------------------------------- informational reference
+
+
+def reference_run(hf_dir: str | Path, turns: list[Turn], plain: list[Outcome], n_predict: int) -> dict:
+    """Greedy outputs of the target's HF checkpoint under transformers on CPU (float32), compared
+    with the plain llama.cpp outputs. Informational only: two runtimes round differently, so
+    near-ties may break differently; nothing here fails the run."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:
+        raise BenchError(f"--reference-hf needs torch and transformers ({e.name} is missing)") from None
+    p = Path(hf_dir)
+    if not (p / "config.json").is_file():
+        raise InputNotFoundError(f"{p}: no config.json: not a Hugging Face checkpoint directory")
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)
+    model.eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    rows = []
+    for t, o in zip(turns, plain):
+        if not isinstance(t.prompt, list):
+            rows.append({"item": t.item, "turn": t.turn, "status": "skipped (image prompt)"})
+            continue
+        with torch.no_grad():
+            ids = torch.tensor([t.prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_predict,
+                                 do_sample=False, pad_token_id=next(iter(eos_ids), 0))
+        ref = [int(x) for x in out[0, len(t.prompt):]]
+        while ref and ref[-1] in eos_ids:
+            ref.pop()
+        mine = [x for x in o.tokens]
+        while mine and mine[-1] in eos_ids:
+            mine.pop()
+        i = first_difference(ref, mine)
+        rows.append({"item": t.item, "turn": t.turn, "status": "exact" if i is None else "differs",
+                     "position": i, "reference_tokens": len(ref)})
+    exact = sum(r["status"] == "exact" for r in rows)
+    differs = sum(r["status"] == "differs" for r in rows)
+    return {"runtime": f"transformers {__import__('transformers').__version__} CPU float32", "checkpoint": str(p),
+            "exact": exact, "differs": differs, "rows": rows,
+            "note": "informational: differences between runtimes never fail the run"}
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class GroupStats:
+    """One category (or all of them): both arms' throughput and the draft's acceptance."""
+
+    name: str
+    requests: int
+    plain_tokens: int
+    spec_tokens: int
+    plain_decode_tps: float | None
+    spec_decode_tps: float | None
+    plain_e2e_tps: float | None
+    spec_e2e_tps: float | None
+    accept_length_request_mean: float | None
+    accept_length_token_weighted: float | None
+    acceptance_rate: float | None
+
+    @property
+    def decode_speedup(self) -> float | None:
+        return _div(self.spec_decode_tps, self.plain_decode_tps)
+
+    @property
+    def e2e_speedup(self) -> float | None:
+        return _div(self.spec_e2e_tps, self.plain_e2e_tps)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "decode_speedup": self.decode_speedup, "e2e_speedup": self.e2e_speedup}
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _decode_tps(outs: list[Outcome]) -> float | None:
+    return tm.summarize([o.timings for o in outs]).decode_tps.token_weighted
+
+
+def _e2e_tps(outs: list[Outcome]) -> float | None:
+    wall = sum(o.wall_s for o in outs)
+    return sum(o.timings.predicted_n or 0 for o in outs) / wall if wall else None
+
+
+def group_stats(name: str, plain: list[Outcome], spec: list[Outcome]) -> GroupStats:
+    s = tm.summarize([o.timings for o in spec])
+    return GroupStats(name, len(spec), sum(o.timings.predicted_n or 0 for o in plain),
+                      s.predicted_n, _decode_tps(plain), _decode_tps(spec), _e2e_tps(plain), _e2e_tps(spec),
+                      s.accept_length.request_mean, s.accept_length.token_weighted,
+                      s.acceptance_rate.token_weighted)
+
+
+def accept_histogram(per_pos: list[int] | None, passes: int | None) -> list[int]:
+    """Verify passes by accept length: entry k counts passes that emitted k+1 tokens (k drafted
+    tokens accepted), from the per-position counters (``per_pos[i]``: passes accepting > i)."""
+    if not per_pos or not passes:
+        return []
+    cum = [passes] + list(per_pos) + [0]
+    return [max(0, cum[k] - cum[k + 1]) for k in range(len(per_pos) + 1)]
+
+
+@dataclass
+class BenchReport:
+    settings: dict
+    synthetic: str | None
+    groups: list[GroupStats]
+    overall: GroupStats
+    drift: dict
+    load: list[dict]
+    gate: GateResult
+    acceptance: dict
+    reference: dict | None = None
+    logs: dict = field(default_factory=dict)
+    requests: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"settings": self.settings, "synthetic": self.synthetic,
+                "groups": [g.to_dict() for g in self.groups], "overall": self.overall.to_dict(),
+                "drift": self.drift, "load": self.load, "gate": self.gate.to_dict(),
+                "acceptance": self.acceptance, "reference": self.reference, "logs": self.logs,
+                "requests": self.requests}
+
+    def raise_for_gate(self) -> None:
+        """Raise LosslessGateError naming the first defect (item, position, tokens, probabilities)."""
+        bad = [d for d in self.gate.divergences if d.kind == "defect"]
+        if bad:
+            more = f" (and {len(bad) - 1} more defects)" if len(bad) > 1 else ""
+            raise LosslessGateError(f"lossless gate failed: {bad[0].describe()}{more}")
+
+    def text(self) -> str:
+        return format_report(self)
+
+
+def _f(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def format_report(r: BenchReport) -> str:
+    """The text table: per category and overall, drift, the concurrency curve, the gate."""
+    s = r.settings
+    lines = [f"ggufdspark bench: {Path(s['target']).name} + {Path(s['draft']).name} "
+             f"({s['backend']}, engine {s['engine']})",
+             f"draft length {s['draft_n_max']}{'' if s.get('p_min') is None else f', p_min {s['p_min']}'}; "
+             f"n_predict {s['n_predict']}; {s['items']} items, {s['requests']} requests; prompts: {s['prompts']}"]
+    if r.synthetic:
+        lines.append(f"SYNTHETIC SPEED: {r.synthetic}; the output is not valid, only the speed")
+    head = (f"{'category':<18} {'req':>4} {'tokens':>7} {'plain t/s':>10} {'spec t/s':>9} {'decode':>7} "
+            f"{'e2e':>6} {'accept len req/tok':>19} {'acc rate':>8}")
+    lines += ["", head, "-" * len(head)]
+    for g in r.groups + [r.overall]:
+        if g is r.overall:
+            lines.append("-" * len(head))
+        al = f"{_f(g.accept_length_request_mean, '{:.2f}')}/{_f(g.accept_length_token_weighted, '{:.2f}')}"
+        lines.append(f"{g.name:<18} {g.requests:>4} {g.spec_tokens:>7} {_f(g.plain_decode_tps):>10} "
+                     f"{_f(g.spec_decode_tps):>9} {_f(g.decode_speedup, '{:.2f}x'):>7} "
+                     f"{_f(g.e2e_speedup, '{:.2f}x'):>6} {al:>19} {_f(g.acceptance_rate, '{:.2f}'):>8}")
+    d = r.drift
+    lines += ["", f"plain drift: {_f(d.get('before_tps'))} tok/s before, {_f(d.get('after_tps'))} after "
+                  f"({_f(d.get('change'), '{:+.1%}')})"]
+    a = r.acceptance
+    if a.get("accept_length") is not None:
+        lines.append(f"accept length (verify passes, /metrics): {a['accept_length']:.2f} over {a['passes']} passes; "
+                     "per position " + " ".join(f"{x:.2f}" for x in a.get("rates") or []))
+    if r.load:
+        lines += ["", f"{'parallel':>8} {'plain t/s':>10} {'spec t/s':>9} {'ratio':>6} {'accept len':>10}"]
+        for p in r.load:
+            lines.append(f"{p['level']:>8} {_f(p['plain_tps']):>10} {_f(p['spec_tps']):>9} "
+                         f"{_f(p['ratio'], '{:.2f}x'):>6} {_f(p.get('spec_accept_length'), '{:.2f}'):>10}")
+    g = r.gate
+    lines.append("")
+    if g.status in ("pass", "fail"):
+        lines.append(f"lossless gate: {g.status.upper()}: {g.requests} requests: {g.exact} exact, "
+                     f"{g.near_ties} near-tie divergences, {g.defects} defects "
+                     f"(near-tie: plain top-2 gap < {g.near_tie_gap})")
+        for dv in g.divergences:
+            lines.append(f"  {dv.kind.upper()}: {dv.describe()}")
+        if g.plain_unstable:
+            lines.append(f"  note: {g.plain_unstable} requests differed between the two plain runs")
+    else:
+        lines.append(f"lossless gate: {g.status.upper()}: {g.reason}")
+    if r.reference:
+        ref = r.reference
+        lines.append(f"reference ({ref['runtime']}, informational): {ref['exact']} exact, {ref['differs']} differ "
+                     "from plain llama.cpp")
+    return "\n".join(lines)
+
+
+def plot_report(r: BenchReport, path: str | Path) -> Path:
+    """PNG: decode speedup by category, throughput ratio vs concurrency, accept-length histogram."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BenchError("--plot needs matplotlib: pip install 'ggufdspark[plot]'") from None
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    groups = r.groups + [r.overall]
+    ax[0].bar([g.name for g in groups], [g.decode_speedup or 0 for g in groups], color="steelblue")
+    ax[0].axhline(1.0, color="gray", lw=1, ls="--")
+    ax[0].set_title("decode speedup by category")
+    ax[0].tick_params(axis="x", rotation=35)
+    if r.load:
+        ax[1].plot([p["level"] for p in r.load], [p["ratio"] or 0 for p in r.load], "o-")
+        ax[1].set_xscale("log", base=2)
+    ax[1].axhline(1.0, color="gray", lw=1, ls="--")
+    ax[1].set_title("speculative / plain throughput vs parallel requests")
+    ax[1].set_xlabel("parallel requests")
+    hist = r.acceptance.get("histogram") or []
+    ax[2].bar(range(1, len(hist) + 1), hist, color="darkorange")
+    ax[2].set_title("accept length per verify pass")
+    ax[2].set_xlabel("tokens emitted per pass")
+    if r.synthetic:
+        fig.suptitle("SYNTHETIC acceptance: speed only")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _levels(concurrency: list[int] | None, backend: str) -> list[int]:
+    lv = sorted(set(concurrency or CONCURRENCY_DEFAULTS.get(backend, OTHER_CONCURRENCY)))
+    if lv and lv[0] < 1:
+        raise BenchError(f"--concurrency: {lv[0]} is not a number of parallel requests (>= 1)")
+    return lv
+
+
+def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
+            server: str | Path | None = None) -> tuple[eng.EngineInfo, Any, hardware.Decision, DraftLimits]:
+    """Check inputs, the pair and the engine; detect devices. Shared by bench and tune.
+
+    Raises:
+        InputNotFoundError, CorruptFileError, PairMismatchError, EngineError.
+    """
+    for label, p in (("target", target), ("draft", draft), ("mmproj", mmproj)):
+        if p and not Path(p).is_file():
+            raise InputNotFoundError(f"{p}: {label} file not found")
+    check_pair(target, draft, mmproj).raise_for_failures()
+    info = eng.find_engine(server)
+    eng.require_dspark(info)
+    devices = hardware.detect(info)
+    prof = profiles.load_profile(devices, target, draft)
+    decision = hardware.decide(devices, profile=prof)
+    return info, devices, decision, draft_limits(draft)
+
+
+def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
+              prompts: str | Path | None = None, categories: list[str] | None = None, limit: int | None = None,
+              n_predict: int = DEFAULT_N_PREDICT, draft_n_max: int | None = None, p_min: float | None = None,
+              concurrency: list[int] | None = None, synthetic_len: float | None = None,
+              synthetic_rates: list[float] | None = None, gate: bool | None = None,
+              near_tie_gap: float = NEAR_TIE_GAP, reference_hf: str | Path | None = None,
+              server: str | Path | None = None, threads: int | None = None, ctx_per_slot: int | None = None,
+              log_dir: str | Path | None = None, progress: Progress | None = None) -> BenchReport:
+    """Measure plain vs speculative decoding and run the lossless gate.
+
+    Args:
+        gate: None runs the gate unless acceptance is synthetic; True insists (refused with
+            synthetic acceptance); False skips it.
+        concurrency: parallel-request levels for the throughput curve (default per backend).
+
+    Returns:
+        A BenchReport; call ``raise_for_gate()`` to turn defects into an error.
+
+    Raises:
+        BenchError: bad options or prompt file, or the gate requested with synthetic acceptance.
+        InputNotFoundError, PairMismatchError, EngineError: files, pair or engine unusable.
+    """
+    synthetic = None
+    if synthetic_len is not None and synthetic_rates:
+        raise BenchError("--synthetic-accept and --synthetic-rates are mutually exclusive")
+    if synthetic_len is not None or synthetic_rates:
+        synthetic = Synthetic(synthetic_len, list(synthetic_rates) if synthetic_rates else None)
+        if gate:
+            raise BenchError(f"the lossless gate is refused with {synthetic.describe()}: the engine accepts "
+                             "draft tokens at random in that mode, so the output is not valid; drop --gate, "
+                             "or drop the synthetic flags to check the output")
+    if n_predict < 1:
+        raise BenchError(f"--n-predict {n_predict}: expected at least 1")
+    info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server)
+    n_max = draft_n_max or decision.draft_n_max or limits.max_n
+    if n_max > limits.max_n:
+        raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
+                         f"block size {limits.block_size})")
+    if synthetic and synthetic.rates:
+        synthetic.rates = check_rates(synthetic.rates, n_max)
+    if synthetic and synthetic.length is not None and not (1.0 <= synthetic.length <= n_max + 1):
+        raise BenchError(f"--synthetic-accept {synthetic.length}: expected a mean length in [1, {n_max + 1}] "
+                         f"for draft length {n_max}")
+    levels = _levels(concurrency, decision.backend)
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-bench-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    pset = pr.prompt_set(prompts, mmproj=mmproj, image_dir=logs / "images", categories=categories, limit=limit)
+    n_turns = sum(it.n_turns for it in pset.items)
+    max_turns = max(it.n_turns for it in pset.items)
+    per_slot = ctx_per_slot or 2048 + n_predict * max_turns
+    base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=max(levels),
+                         ctx_per_slot=per_slot, threads=threads)
+    spec_settings = arm_settings(base, draft, n_max=n_max, p_min=p_min, synthetic=synthetic)
+    plain_settings = arm_settings(base, None)
+
+    total = 3 * (n_turns + sum(lv * ROUNDS for lv in levels))
+    done = [0]
+
+    def tick(what: str) -> None:
+        done[0] += 1
+        if progress:
+            progress(min(done[0], total), total, what)
+
+    def measure_arm(client: Client, turns: list[Turn], label: str) -> tuple[list[Outcome], dict[int, LoadPoint]]:
+        outs = []
+        for t in turns:
+            outs.append(request(client, t.prompt, n_predict))
+            tick(f"{label}: {t.item} turn {t.turn + 1}")
+        return outs, load_curve(client, turns, label)
+
+    def load_curve(client: Client, turns: list[Turn], label: str) -> dict[int, LoadPoint]:
+        prompts_ = [t.prompt for t in turns]
+        return {lv: measure_load(client, prompts_, lv, n_predict, progress=lambda w: tick(f"{label}: {w}"))
+                for lv in levels}
+
+    log.info("arm 1/3: target alone (%s)", logs / "plain-1.log")
+    with running(plain_settings, logs / "plain-1.log") as c:
+        marker = json.loads(c.get_text("/props")).get("media_marker") if mmproj else None
+        _warm(c)
+        turns, plain1 = run_first_arm(c, pset.items, n_predict, marker, lambda w: tick(f"plain: {w}"))
+        load1 = load_curve(c, turns, "plain")
+    log.info("arm 2/3: target + draft, n_max %d (%s)", n_max, logs / "spec.log")
+    with running(spec_settings, logs / "spec.log") as c:
+        _warm(c)
+        m0 = c.metrics()
+        spec = []
+        for t in turns:
+            spec.append(request(c, t.prompt, n_predict))
+            tick(f"spec: {t.item} turn {t.turn + 1}")
+        delta = tm.metrics_delta(m0, c.metrics())
+        load_s = load_curve(c, turns, "spec")
+    log.info("arm 3/3: target alone again (%s)", logs / "plain-2.log")
+    use_gate = gate if gate is not None else synthetic is None
+    with running(plain_settings, logs / "plain-2.log") as c:
+        _warm(c)
+        plain2, load2 = measure_arm(c, turns, "plain again")
+        if synthetic:
+            g = GateResult("refused", f"{synthetic.describe()}: the output is not valid in that mode")
+        elif not use_gate:
+            g = GateResult("off", "--no-gate given")
+        else:
+            g = run_gate(c, turns, plain1, spec, plain2, near_tie_gap=near_tie_gap)
+    reference = reference_run(reference_hf, turns, plain1, n_predict) if reference_hf else None
+
+    plain_all = plain1 + plain2
+    cats = list(dict.fromkeys(t.category for t in turns))
+    groups = []
+    for cat in cats:
+        idx = [i for i, t in enumerate(turns) if t.category == cat]
+        groups.append(group_stats(pr.CATEGORIES.get(cat, cat) if cat in pr.CATEGORIES else cat,
+                                  [plain1[i] for i in idx] + [plain2[i] for i in idx], [spec[i] for i in idx]))
+    overall = group_stats("overall", plain_all, spec)
+    overall.requests = len(turns)
+    for gs in groups:
+        gs.plain_tokens //= 2
+    overall.plain_tokens //= 2
+    before, after = _decode_tps(plain1), _decode_tps(plain2)
+    drift = {"before_tps": before, "after_tps": after, "change": _div(after, before) - 1 if before and after else None}
+    load = []
+    for lv in levels:
+        pt = (load1[lv].tokens + load2[lv].tokens) / ((load1[lv].wall_s + load2[lv].wall_s) or 1)
+        sp = load_s[lv]
+        load.append({"level": lv, "plain_tps": pt, "spec_tps": sp.tps, "ratio": _div(sp.tps, pt),
+                     "plain_before_tps": load1[lv].tps, "plain_after_tps": load2[lv].tps,
+                     "spec_accept_length": sp.accept_length, "requests": sp.requests})
+    acceptance = {"accept_length": delta.accept_length, "passes": delta.passes, "drafted": delta.draft_n,
+                  "accepted": delta.draft_n_accepted, "rates": delta.accept_rate_per_pos,
+                  "per_position": delta.accepted_per_pos,
+                  "histogram": accept_histogram(delta.accepted_per_pos, delta.passes),
+                  "source": "/metrics counters of the speculative arm, one request at a time"}
+    settings = {"target": str(target), "draft": str(draft), "mmproj": str(mmproj) if mmproj else None,
+                "engine": f"{info.commit or info.version} ({info.path})", "backend": decision.backend,
+                "devices": decision.devices, "draft_n_max": n_max, "block_size": limits.block_size,
+                "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
+                "requests": len(turns), "prompts": pset.source, "prompt_notes": pset.notes,
+                "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,
+                "spec_command": spec_settings.redacted(), "plain_command": plain_settings.redacted()}
+    rows = [{"item": t.item, "category": t.category, "turn": t.turn, "prompt_tokens": t.n_prompt,
+             "plain": _row(p1), "spec": _row(s), "plain_again": _row(p2)}
+            for t, p1, s, p2 in zip(turns, plain1, spec, plain2)]
+    return BenchReport(settings, synthetic.describe() if synthetic else None, groups, overall, drift, load, g,
+                       acceptance, reference, {k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")},
+                       rows)
+
+
+def _row(o: Outcome) -> dict:
+    t = o.timings
+    return {"tokens": len(o.tokens), "decode_tps": t.decode_tps, "wall_s": o.wall_s, "draft_n": t.draft_n,
+            "draft_n_accepted": t.draft_n_accepted, "accept_length": t.accept_length}
+
+
+def _warm(client: Client) -> None:
+    """One short request: first-use allocations and kernel selection stay out of the measurements."""
+    try:
+        client.complete(client.tokenize("Warm up the engine.", add_special=True), n_predict=WARMUP_TOKENS)
+    except EngineError as e:
+        raise BenchError(f"the warm-up request failed: {e}") from None
