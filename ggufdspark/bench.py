@@ -190,6 +190,7 @@ class LoadPoint:
     drafted: int = 0
     accepted: int = 0
     passes: int = 0
+    decode_tps: float | None = None  # the engine's own decode speed, token-weighted
 
     @property
     def tps(self) -> float:
@@ -227,7 +228,8 @@ def measure_load(client: Client, prompts: list[Any], level: int, n_predict: int,
             f.result()
     wall = time.perf_counter() - t0
     s = tm.summarize([o.timings for o in outs])
-    return LoadPoint(level, len(outs), s.predicted_n, wall, s.draft_n, s.draft_n_accepted, s.passes)
+    return LoadPoint(level, len(outs), s.predicted_n, wall, s.draft_n, s.draft_n_accepted, s.passes,
+                     s.decode_tps.token_weighted)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -504,10 +506,12 @@ def _e2e_tps(outs: list[Outcome]) -> float | None:
     return sum(o.timings.predicted_n or 0 for o in outs) / wall if wall else None
 
 
-def group_stats(name: str, plain: list[Outcome], spec: list[Outcome]) -> GroupStats:
+def group_stats(name: str, plain: list[Outcome], plain_again: list[Outcome], spec: list[Outcome]) -> GroupStats:
+    """Plain throughput pools both plain runs (the bracket); tokens are counted once."""
     s = tm.summarize([o.timings for o in spec])
+    both = plain + plain_again
     return GroupStats(name, len(spec), sum(o.timings.predicted_n or 0 for o in plain),
-                      s.predicted_n, _decode_tps(plain), _decode_tps(spec), _e2e_tps(plain), _e2e_tps(spec),
+                      s.predicted_n, _decode_tps(both), _decode_tps(spec), _e2e_tps(both), _e2e_tps(spec),
                       s.accept_length.request_mean, s.accept_length.token_weighted,
                       s.acceptance_rate.token_weighted)
 
@@ -560,9 +564,10 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
 def format_report(r: BenchReport) -> str:
     """The text table: per category and overall, drift, the concurrency curve, the gate."""
     s = r.settings
+    pmin = "" if s.get("p_min") is None else f", p_min {s['p_min']}"
     lines = [f"ggufdspark bench: {Path(s['target']).name} + {Path(s['draft']).name} "
              f"({s['backend']}, engine {s['engine']})",
-             f"draft length {s['draft_n_max']}{'' if s.get('p_min') is None else f', p_min {s['p_min']}'}; "
+             f"draft length {s['draft_n_max']}{pmin}; "
              f"n_predict {s['n_predict']}; {s['items']} items, {s['requests']} requests; prompts: {s['prompts']}"]
     if r.synthetic:
         lines.append(f"SYNTHETIC SPEED: {r.synthetic}; the output is not valid, only the speed")
@@ -774,18 +779,12 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
             g = run_gate(c, turns, plain1, spec, plain2, near_tie_gap=near_tie_gap)
     reference = reference_run(reference_hf, turns, plain1, n_predict) if reference_hf else None
 
-    plain_all = plain1 + plain2
-    cats = list(dict.fromkeys(t.category for t in turns))
     groups = []
-    for cat in cats:
+    for cat in dict.fromkeys(t.category for t in turns):
         idx = [i for i, t in enumerate(turns) if t.category == cat]
-        groups.append(group_stats(pr.CATEGORIES.get(cat, cat) if cat in pr.CATEGORIES else cat,
-                                  [plain1[i] for i in idx] + [plain2[i] for i in idx], [spec[i] for i in idx]))
-    overall = group_stats("overall", plain_all, spec)
-    overall.requests = len(turns)
-    for gs in groups:
-        gs.plain_tokens //= 2
-    overall.plain_tokens //= 2
+        groups.append(group_stats(pr.CATEGORIES.get(cat, cat), [plain1[i] for i in idx],
+                                  [plain2[i] for i in idx], [spec[i] for i in idx]))
+    overall = group_stats("overall", plain1, plain2, spec)
     before, after = _decode_tps(plain1), _decode_tps(plain2)
     drift = {"before_tps": before, "after_tps": after, "change": _div(after, before) - 1 if before and after else None}
     load = []

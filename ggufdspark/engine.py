@@ -42,6 +42,9 @@ PIN_COMMIT = "0c1e570"
 
 ENV_SERVER = "GGUFDSPARK_SERVER"
 ENV_CACHE = "GGUFDSPARK_CACHE"
+# An already-extracted copy of the pinned llama.cpp tree, for machines without the package index
+# (e.g. an offline GPU box). It is not sha256-checked: the build record says so.
+ENV_SOURCE = "GGUFDSPARK_LLAMA_SRC"
 
 BACKEND_FLAGS: dict[str, list[str]] = {
     "cpu": [],
@@ -112,6 +115,12 @@ def fetch_source(cache: Path | None = None) -> Path:
         EngineBuildError: the download failed or the archive's sha256 is not the pinned one.
     """
     cache = cache or cache_dir()
+    if env := os.environ.get(ENV_SOURCE):
+        tree = Path(env)
+        if not (tree / "CMakeLists.txt").is_file():
+            raise EngineBuildError(f"{tree}: ${ENV_SOURCE} is not a llama.cpp source tree (no CMakeLists.txt)")
+        log.warning("using the unverified llama.cpp tree in $%s: %s", ENV_SOURCE, tree)
+        return tree
     tree = llama_cpp_tree(cache)
     tarball = sdist_path(cache)
     if tree.is_dir() and (tree / "CMakeLists.txt").is_file() and tarball.is_file():
@@ -201,7 +210,8 @@ def _apply_patches(tree: Path, work: Path) -> Path:
 
 
 def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jobs: int | None = None,
-                 force: bool = False, progress: Progress | None = None) -> Path:
+                 force: bool = False, progress: Progress | None = None,
+                 extra_targets: tuple[str, ...] = ()) -> Path:
     """Build ``llama-server`` and the shared libraries for ``spec``, reusing a finished build.
 
     Returns:
@@ -212,7 +222,8 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
     """
     spec = spec or BuildSpec()
     cache = cache or cache_dir()
-    if not force and (exe := built_server(spec, cache)):
+    exe = built_server(spec, cache)
+    if not force and exe and all((exe.parent / t).is_file() for t in extra_targets):
         log.info("engine already built: %s", exe)
         return exe
     for tool in ("cmake", "c++"):
@@ -227,7 +238,7 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     jobs = jobs or os.cpu_count() or 2
     configure = ["cmake", "-S", str(src), "-B", str(d / "build"), *gen, *spec.flags()]
-    compile_ = ["cmake", "--build", str(d / "build"), "--target", *SERVER_TARGETS, "-j", str(jobs)]
+    compile_ = ["cmake", "--build", str(d / "build"), "--target", *SERVER_TARGETS, *extra_targets, "-j", str(jobs)]
     t0 = time.monotonic()
     with open(logfile, "w") as logf:
         for step, cmd in (("configure", configure), ("compile", compile_)):
@@ -251,6 +262,8 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
     if not exe.is_file():
         raise EngineBuildError(f"build finished but {exe} is missing; full log: {logfile}")
     record = {"commit": PIN_COMMIT, "version": PIN_VERSION, "backend": spec.backend,
+              "source": os.environ.get(ENV_SOURCE) or str(sdist_path(cache)),
+              "source_verified": not os.environ.get(ENV_SOURCE), "targets": SERVER_TARGETS + list(extra_targets),
               "flags": spec.flags(), "patches": [p.name for p in patch_files()] if spec.patches else [],
               "seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (d / "build.json").write_text(json.dumps(record, indent=2))

@@ -19,7 +19,8 @@ from ggufdspark.cli._common import ProgressLine
 @click.option("--force", is_flag=True, help="Rebuild even if a finished build is cached.")
 @click.option("--no-patches", is_flag=True, help="Build the pinned tree without the project's patch series.")
 @click.option("--print-path", is_flag=True, help="Print only the llama-server path on stdout.")
-def command(backend, extra, jobs, force, no_patches, print_path):
+@click.option("--with-tools", is_flag=True, help="Also build llama-bench and llama-batched-bench (profiling).")
+def command(backend, extra, jobs, force, no_patches, print_path, with_tools):
     """Fetch llama-cpp-python==0.3.36's vendored llama.cpp (sha256-checked) and build llama-server.
 
     The backend defaults to $GGML_CUDA / $GGML_METAL when set to 1/ON, else CPU.
@@ -29,11 +30,14 @@ def command(backend, extra, jobs, force, no_patches, print_path):
         backend = "cuda" if on("GGML_CUDA") else "metal" if on("GGML_METAL") else "cpu"
     spec = engine.BuildSpec(backend=backend, extra_flags=list(extra), patches=not no_patches)
     cached = engine.built_server(spec)
+    if cached and with_tools and not (cached.parent / "llama-bench").is_file():
+        cached = None  # build the extra tools into the same cached build
     if cached and not force:
         if not print_path:
             click.echo(f"engine already built ({spec.key()}): {cached}", err=True)
         click.echo(cached)
         return
     click.echo(f"building llama.cpp {engine.PIN_COMMIT} ({backend}) into {engine.build_dir(spec)}", err=True)
-    exe = engine.build_engine(spec, jobs=jobs, force=force, progress=ProgressLine("build"))
+    exe = engine.build_engine(spec, jobs=jobs, force=force, progress=ProgressLine("build"),
+                              extra_targets=("llama-bench", "llama-batched-bench") if with_tools else ())
     click.echo(exe)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import click
 
@@ -66,6 +67,10 @@ def command(target, draft, mmproj, repo, draft_repo, single_repo, private, dry_r
     """
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per HTTP request otherwise
+    if not sys.stderr.isatty() or logging.getLogger().getEffectiveLevel() > logging.INFO:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # redrawn bars make a mess of logs and captured output
     result = publish(target, draft, repo=repo, mmproj=mmproj, draft_repo=draft_repo, single_repo=single_repo,
                      private=private, dry_run=dry_run, results=results, base_model=base_model,
                      draft_base_model=draft_base_model, license=license_, message=message,

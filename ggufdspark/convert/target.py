@@ -224,5 +224,4 @@ def convert_target(target: str | Path, *, output: str | Path | None = None, outt
                                  OUTTYPE_LABEL[outtype], notes)
     if mplan is not None:
         result.mmproj = write_mmproj(mplan, mout, force=force, progress=progress)
-        log.info("wrote the vision encoder + projector to %s", mout)
     return result

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""DSpark decode speed vs the plain target, side by side in one run, on whatever engine you give.
+
+Arms (each its own llama-server start: the pinned server ignores per-request speculative.n_max):
+
+* plain target, concurrency 1;
+* target + DSpark draft with llama.cpp's synthetic acceptance at draft lengths ``--lengths``,
+  concurrency 1. The per-position acceptance is held fixed across lengths: the rates are the
+  geometric profile whose mean accept length is ``--accept-len`` (4.22: the published drafter)
+  at ``--block`` (9), truncated for shorter drafts, never rescaled per length;
+* optional engine-flag variants at the best length (``--variants``);
+* aggregate throughput at ``--concurrency`` levels for plain, the best length and the block size.
+
+Prints a table (tok/s and ratios vs plain) and writes the raw numbers as JSON (``--json``).
+Used for the H200 figures in docs/benchmarks.md; runs on CPU with the small pair as a smoke test:
+
+    python benchmarks/dspark_speed.py --target T.gguf --draft D.gguf [--gpu] [--server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from ggufdspark import engine  # noqa: E402
+from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+
+PROMPT = ("Describe in detail how speculative decoding works with a small draft model and a large "
+          "target model, what acceptance length means, and why the output is unchanged.")
+
+
+def geometric_rates(accept_len: float, block: int) -> list[float]:
+    """Unconditional per-position acceptance rates p, p^2, ... with 1 + sum = accept_len
+    (llama.cpp's own construction for --spec-synth-len at n_max = block)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        p = (lo + hi) / 2
+        if sum(p ** (j + 1) for j in range(block)) < accept_len - 1:
+            lo = p
+        else:
+            hi = p
+    p = (lo + hi) / 2
+    return [p ** (j + 1) for j in range(block)]
+
+
+def one_request(client, tokens, n_predict):
+    t0 = time.perf_counter()
+    out = client.complete(tokens, n_predict=n_predict, ignore_eos=True)
+    return out, time.perf_counter() - t0
+
+
+def run_arm(name, settings, args, *, concurrency=(1,), log_dir: Path):
+    """Start one server, warm up, measure; returns a dict of results."""
+    res = {"arm": name, "cmd": " ".join(settings.redacted())}
+    srv = ServerProcess(settings, log_path=log_dir / f"{name}.log", start_timeout=600)
+    with srv:
+        c = srv.client()
+        tokens = c.tokenize(PROMPT)
+        one_request(c, tokens, 32)  # warm-up (graphs, caches)
+        if 1 in concurrency:
+            tps, wall, acc = [], [], []
+            for _ in range(args.trials):
+                out, w = one_request(c, tokens, args.n_predict)
+                tps.append(out.timings.decode_tps)
+                wall.append(w)
+                acc.append(out.timings.accept_length)
+            res["decode_tps"] = statistics.median(tps)
+            res["decode_tps_all"] = tps
+            res["e2e_s"] = statistics.median(wall)
+            res["accept_length"] = statistics.median([a for a in acc if a] or [0]) or None
+        for n in (x for x in concurrency if x > 1):
+            outs = []
+
+            def worker():
+                outs.append(one_request(c, tokens, args.n_predict)[0])
+
+            threads = [threading.Thread(target=worker) for _ in range(n)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            res[f"aggregate_tps_c{n}"] = sum(o.timings.predicted_n or 0 for o in outs) / wall
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--server", help="llama-server (default: the cached build ggufdspark finds)")
+    ap.add_argument("--gpu", action="store_true", help="offload both models, flash attention on")
+    ap.add_argument("--n-predict", type=int, default=256)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--accept-len", type=float, default=4.22)
+    ap.add_argument("--block", type=int, default=9)
+    ap.add_argument("--lengths", default="1,2,3,4,5,6,7,8,9")
+    ap.add_argument("--concurrency", default="8,32")
+    ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
+    ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"))
+    ap.add_argument("--log-dir", type=Path, default=Path("dspark_speed_logs"))
+    args = ap.parse_args()
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    server = args.server or engine.find_engine().path
+    rates = geometric_rates(args.accept_len, args.block)
+    conc = [int(x) for x in args.concurrency.split(",") if x]
+    max_np = max(conc + [1])
+
+    def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1):
+        s = ServerSettings(server=server, model=args.target, ctx_size=parallel * (args.n_predict + 256),
+                           parallel=parallel, metrics=False, extra_args=list(extra or []))
+        if args.gpu:
+            s.n_gpu_layers, s.flash_attn = 99, "on"
+        if draft_n:
+            s.draft, s.draft_n_max, s.draft_n_min = args.draft, draft_n, 0
+            s.synth_rates = rates[:draft_n]
+            if args.gpu:
+                s.n_gpu_layers_draft = 99
+        return s
+
+    results = []
+    plain = run_arm("plain", settings(None), args, log_dir=args.log_dir)
+    results.append(plain)
+    print(f"plain: {plain['decode_tps']:.1f} tok/s", file=sys.stderr)
+    for n in [int(x) for x in args.lengths.split(",")]:
+        r = run_arm(f"dspark-n{n}", settings(n), args, log_dir=args.log_dir)
+        r["draft_n_max"] = n
+        results.append(r)
+        print(f"n_max {n}: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})", file=sys.stderr)
+    spec = [r for r in results if "draft_n_max" in r]
+    best = max(spec, key=lambda r: r["decode_tps"])
+    for i, v in enumerate(x for x in args.variants.split(";") if x.strip()):
+        r = run_arm(f"dspark-n{best['draft_n_max']}-variant{i}", settings(best["draft_n_max"], v.split()), args,
+                    log_dir=args.log_dir)
+        r["variant"] = v
+        r["draft_n_max"] = best["draft_n_max"]
+        results.append(r)
+        print(f"variant {v!r}: {r['decode_tps']:.1f} tok/s", file=sys.stderr)
+    load = []
+    if conc:
+        for name, n in (("plain", None), (f"dspark-n{best['draft_n_max']}", best["draft_n_max"]),
+                        (f"dspark-n{args.block}", args.block)):
+            r = run_arm(f"{name}-np{max_np}", settings(n, parallel=max_np), args, concurrency=conc,
+                        log_dir=args.log_dir)
+            r["draft_n_max"] = n
+            load.append(r)
+            print(f"{name} under load: " + ", ".join(f"c{c} {r[f'aggregate_tps_c{c}']:.1f}" for c in conc), file=sys.stderr)
+
+    base = plain["decode_tps"]
+    print(f"\nsynthetic acceptance: mean length {args.accept_len} at block {args.block}, per-position rates "
+          f"[{', '.join(f'{x:.3f}' for x in rates)}] truncated per length; {args.n_predict} tokens, greedy, "
+          f"median of {args.trials}\n")
+    print(f"{'arm':<34}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}")
+    for r in results:
+        al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
+        label = r["arm"] + (f" [{r['variant']}]" if r.get("variant") else "")
+        print(f"{label:<34}{r['decode_tps']:>14.1f}{r['decode_tps'] / base:>9.2f}x{al:>12}")
+    if load:
+        print(f"\n{'aggregate under load':<34}" + "".join(f"{'c' + str(c) + ' tok/s':>14}{'vs plain':>10}" for c in conc))
+        for r in load:
+            row = f"{r['arm']:<34}"
+            for c in conc:
+                v = r[f"aggregate_tps_c{c}"]
+                row += f"{v:>14.1f}{v / load[0][f'aggregate_tps_c{c}']:>9.2f}x"
+            print(row)
+    args.json.write_text(json.dumps({"rates": rates, "results": results, "load": load,
+                                     "server": server, "args": vars(args)}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
