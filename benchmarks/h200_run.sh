@@ -25,10 +25,11 @@ if [ "$stage" = setup ]; then
         $py -m ggufdspark convert "$W/full/drafter" --target "$T" -o "$D" --force
     ) > "$W/gen.log" 2>&1 &
     gen=$!
-    /usr/bin/time -v $py -m ggufdspark build-engine --cuda --with-tools \
+    t0=$SECONDS
+    $py -m ggufdspark build-engine --cuda --with-tools \
         --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1
-    echo "build rc=$?"; tail -n 3 "$OUT/build.log"; grep "Elapsed" "$OUT/build.log"
-    wait $gen; echo "generate+convert rc=$?"; tail -n 6 "$W/gen.log" | tee "$OUT/gen.txt"
+    echo "build rc=$? in $((SECONDS - t0)) s"; tail -n 3 "$OUT/build.log"
+    wait $gen; echo "generate+convert rc=$? (done at $((SECONDS - t0)) s)"; tail -n 6 "$W/gen.log" | tee "$OUT/gen.txt"
     $py -m ggufdspark doctor | tee "$OUT/doctor.txt"
     $py -m ggufdspark check "$T" "$D" | tee "$OUT/check.txt"
     $py -m ggufdspark serve -m "$T" -md "$D" --dry-run 2>&1 | tee "$OUT/serve-dry-run.txt"
