@@ -15,6 +15,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 T=$W/full/target-F16.gguf
 D=$W/full/dspark-target-F16.gguf
 py=${PYTHON:-python3}
+BUILD_ARGS=(--cuda --with-tools --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90)
 
 if [ "$stage" = setup ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
@@ -26,8 +27,7 @@ if [ "$stage" = setup ]; then
     ) > "$W/gen.log" 2>&1 &
     gen=$!
     t0=$SECONDS
-    $py -m ggufdspark build-engine --cuda --with-tools \
-        --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1
+    $py -m ggufdspark build-engine "${BUILD_ARGS[@]}" > "$OUT/build.log" 2>&1
     echo "build rc=$? in $((SECONDS - t0)) s"; tail -n 3 "$OUT/build.log"
     wait $gen; echo "generate+convert rc=$? (done at $((SECONDS - t0)) s)"; tail -n 6 "$W/gen.log" | tee "$OUT/gen.txt"
     $py -m ggufdspark doctor | tee "$OUT/doctor.txt"
@@ -47,7 +47,7 @@ PY
 fi
 
 if [ "$stage" = bench ]; then
-    BIN=$(dirname "$($py -m ggufdspark build-engine --cuda --print-path 2>/dev/null | tail -n1)")
+    BIN=$(dirname "$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)")
     "$BIN/llama-bench" -m "$T" -ngl 99 -fa 1 -p 1,2,3,4,5,6,7,8,9,10 -n 64 -r 5 -o md 2>/dev/null | tee "$OUT/llama-bench-verify.md"
     $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN/llama-server" \
         --n-predict 256 --trials 3 --lengths 1,2,3,4,5,6,7,8,9 --concurrency 8,32 \

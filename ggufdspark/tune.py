@@ -1,0 +1,423 @@
+"""``tune``: the draft length (and confidence threshold) that decodes fastest on this machine, and
+the load above which drafting stops paying; written to a profile ``serve`` reads.
+
+The sweep holds an acceptance profile fixed: per-position rates ``r_i`` (P[at least i+1 drafted
+tokens accepted in a verify pass]) fed to llama.cpp's benchmarking acceptance
+(``--spec-synth-rates``), truncated to each draft length, never rescaled, so a shorter draft gives
+up exactly the tokens its missing positions would have won. Only the cost of drafting and verifying
+changes from one length to the next, and that is what this machine decides.
+
+One server start per configuration: the pinned engine compiles the per-request ``speculative.*``
+fields out (``tools/server/server-schema.cpp``, ``#if 0``; sent anyway, they are ignored), so the
+draft length is a server flag. Arms are bracketed plain / every draft configuration / plain.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggufdspark import bench as bn
+from ggufdspark import hardware, profiles
+from ggufdspark import prompts as pr
+from ggufdspark import timings as tm
+from ggufdspark.errors import BenchError, InputNotFoundError
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- acceptance profiles
+
+
+def geometric_rates(mean_length: float, n: int) -> list[float]:
+    """Rates ``r_i = p**(i+1)`` (the same conditional acceptance p at every position) whose
+    expected accept length ``1 + sum(r)`` over ``n`` positions is ``mean_length``; p by bisection.
+    This is how llama.cpp resolves ``--spec-synth-len`` (``common_speculative_synth_rates_resolve``).
+    """
+    if not 1.0 <= mean_length <= n + 1:
+        raise BenchError(f"mean accept length {mean_length} is outside [1, {n + 1}] for {n} positions")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        p = (lo + hi) / 2
+        if sum(p ** (i + 1) for i in range(n)) < mean_length - 1.0:
+            lo = p
+        else:
+            hi = p
+    return [p ** (i + 1) for i in range(n)]
+
+
+def expected_accept_length(rates: list[float]) -> float:
+    """Tokens per verify pass, bonus token included: 1 + sum of the unconditional rates."""
+    return 1.0 + sum(rates)
+
+
+@dataclass(frozen=True)
+class AcceptanceProfile:
+    name: str
+    rates: tuple[float, ...]
+    source: str
+
+    @property
+    def mean_length(self) -> float:
+        return expected_accept_length(list(self.rates))
+
+    def truncated(self, n: int) -> list[float]:
+        """The first ``n`` rates: per-position acceptance held fixed for a shorter draft."""
+        return list(self.rates[:n])
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "rates": list(self.rates), "mean_length": self.mean_length, "source": self.source}
+
+
+# The published drafter (LFM2.5-VL-3B-DSpark) reports mean accept length 4.22 at block size 9
+# (request mean, SGLang, MMSpec test split; ../shared/DESIGN.md) and no per-position figures. With
+# the mean alone, the rates below assume the same conditional acceptance p at each of the 9 drafted
+# positions (an anchor-first DSpark draft of block 9 drafts 9 tokens): 1 + sum_{i=1..9} p**i = 4.22
+# gives p = 0.78376, r_i = p**i (rounded to 4 places; 1 + sum = 4.2200). That is exactly the vector
+# llama.cpp derives from --spec-synth-len 4.22 at n_max 9, i.e. the acceptance of the H200 rows in
+# DESIGN.md at n_max 9. Truncated to n positions it gives 1 + sum_{i<=n} r_i:
+#   n:    1     2     3     4     5     6     7     8     9
+#   len: 1.78  2.40  2.88  3.26  3.55  3.78  3.97  4.11  4.22
+# Real per-position rates (from `bench` of the real pair) replace this assumption.
+PROFILES: dict[str, AcceptanceProfile] = {
+    "published": AcceptanceProfile(
+        "published",
+        (0.7838, 0.6143, 0.4814, 0.3773, 0.2957, 0.2318, 0.1817, 0.1424, 0.1116),
+        "LFM2.5-VL-3B-DSpark: mean accept length 4.22 at block 9, geometric per-position rates"),
+}
+
+# Drafting must beat the target alone by this factor to be recommended: below it, the difference
+# is within run-to-run noise and drafting still costs memory and a second model.
+MIN_GAIN = 1.02
+
+
+def profile_from_rates(rates: list[float], *, name: str = "given") -> AcceptanceProfile:
+    """A profile from ``--rates`` (validated: probabilities, non-increasing)."""
+    bn.check_rates(rates, 1, what="--rates")
+    return AcceptanceProfile(name, tuple(rates), "per-position rates given on the command line")
+
+
+def profile_from_bench(path: str | Path) -> AcceptanceProfile:
+    """Per-position rates measured by ``ggufdspark bench --json`` (the speculative arm's counters).
+
+    Raises:
+        InputNotFoundError: no such file.
+        BenchError: not a bench report, a synthetic one, or one without per-position counts.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputNotFoundError(f"{p}: bench report not found")
+    try:
+        data = json.loads(p.read_text())
+        acc = data["acceptance"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise BenchError(f"{p}: not a 'ggufdspark bench --json' report (no 'acceptance' object)") from None
+    if data.get("synthetic"):
+        raise BenchError(f"{p}: the bench ran with synthetic acceptance ({data['synthetic']}); its rates are the "
+                         "ones it was given, not this pair's; bench without --synthetic-* first")
+    rates = acc.get("rates")
+    if not rates:
+        raise BenchError(f"{p}: no per-position acceptance in the report (nothing was drafted)")
+    return AcceptanceProfile(f"bench:{p.name}", tuple(float(r) for r in rates),
+                             f"measured by bench at draft length {len(rates)} ({acc.get('passes')} verify passes)")
+
+
+def measure_profile(client: Any, prompts: list[Any], n_predict: int, n_max: int) -> AcceptanceProfile:
+    """Per-position rates of the real draft on ``prompts`` (greedy, one request at a time), from
+    the server's ``/metrics`` counters."""
+    m0 = client.metrics()
+    for p in prompts:
+        bn.request(client, p, n_predict)
+    d = tm.metrics_delta(m0, client.metrics())
+    if not d.accept_rate_per_pos:
+        raise BenchError("measuring acceptance: nothing was drafted (check the draft and the server log)")
+    rates = [min(1.0, r) for r in d.accept_rate_per_pos][:n_max]
+    for i in range(1, len(rates)):  # cumulative counts never increase; guard rounding anyway
+        rates[i] = min(rates[i], rates[i - 1])
+    return AcceptanceProfile("measured", tuple(rates),
+                             f"measured on this pair: built-in prompts, greedy, draft length {n_max}, "
+                             f"{d.passes} verify passes, mean accept length {d.accept_length:.2f}")
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+@dataclass
+class Point:
+    """One configuration at one load: ``n_max`` None is the target alone."""
+
+    n_max: int | None
+    p_min: float | None
+    level: int
+    tps: float  # aggregate wall-clock tokens/s
+    decode_tps: float | None  # the engine's decode speed (what the 1-request ratio uses)
+    accept_length: float | None
+    requests: int
+    tokens: int
+
+    @property
+    def speed(self) -> float:
+        """The figure compared between arms: decode speed at one request, aggregate under load."""
+        return (self.decode_tps or self.tps) if self.level == 1 else self.tps
+
+
+@dataclass
+class TuneResult:
+    settings: dict
+    acceptance: AcceptanceProfile
+    plain: dict[int, Point]
+    points: list[Point]
+    drift: dict
+    recommendation: dict
+    profile_path: str | None = None
+    logs: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"settings": self.settings, "acceptance": self.acceptance.to_dict(),
+                "plain": [asdict(p) | {"speed": p.speed} for p in self.plain.values()],
+                "points": [asdict(p) | {"speed": p.speed, "ratio": _ratio(p, self.plain)} for p in self.points],
+                "drift": self.drift, "recommendation": self.recommendation, "profile_path": self.profile_path,
+                "logs": self.logs}
+
+    def text(self) -> str:
+        return format_tune(self.to_dict())
+
+
+def _ratio(p: Point, plain: dict[int, Point]) -> float | None:
+    base = plain.get(p.level)
+    return p.speed / base.speed if base and base.speed else None
+
+
+def recommend(plain: dict[int, Point], points: list[Point], *, min_gain: float = MIN_GAIN) -> dict:
+    """Pick the configuration for serve from measured points.
+
+    The draft length is the fastest at one request; drafting is turned off when even that is not
+    ``min_gain`` times the target alone. ``max_concurrency_for_draft`` is the largest measured
+    number of parallel requests up to which the chosen configuration keeps winning.
+    """
+    levels = sorted(plain)
+    by_level: dict[int, list[Point]] = {lv: [p for p in points if p.level == lv] for lv in levels}
+    if 1 not in by_level or not by_level[1]:
+        raise BenchError("the sweep has no one-request measurements")
+    best = max(by_level[1], key=lambda p: p.speed)
+    r1 = _ratio(best, plain) or 0.0
+    rows = []
+    max_c = 0
+    still = True
+    for lv in levels:
+        cands = by_level[lv]
+        top = max(cands, key=lambda p: p.speed) if cands else None
+        chosen = next((p for p in cands if p.n_max == best.n_max and p.p_min == best.p_min), None)
+        rc = _ratio(chosen, plain) if chosen else None
+        pays = rc is not None and rc >= min_gain
+        still = still and pays
+        if still:
+            max_c = lv
+        rows.append({"parallel": lv, "plain_tps": plain[lv].speed, "chosen_tps": chosen.speed if chosen else None,
+                     "chosen_ratio": rc, "best_n_max": top.n_max if top else None,
+                     "best_ratio": _ratio(top, plain) if top else None, "draft_pays": pays})
+    rec = {"draft_enabled": r1 >= min_gain, "draft_n_max": best.n_max, "p_min": best.p_min,
+           "speedup": r1, "max_concurrency_for_draft": max_c, "by_concurrency": rows, "min_gain": min_gain}
+    p1 = plain[1].speed
+    if not rec["draft_enabled"]:
+        rec["max_concurrency_for_draft"] = 0
+        rec["why"] = (f"drafting measured slower than the target alone on this machine: the best draft length "
+                      f"({best.n_max}) decoded {best.speed:.1f} tok/s vs {p1:.1f} without a draft at one request "
+                      f"({r1:.2f}x, needs >= {min_gain:.2f}x)")
+        return rec
+    why = (f"draft length {best.n_max} measured fastest: {best.speed:.1f} vs {p1:.1f} tok/s without a draft at "
+           f"one request ({r1:.2f}x)")
+    lost = next((r for r in rows if not r["draft_pays"]), None)
+    if lost:
+        why += (f"; with {lost['parallel']} parallel requests it ran at {lost['chosen_ratio'] or 0:.2f}x of plain "
+                f"throughput, so above {max_c} parallel requests serve without the draft")
+    else:
+        why += f"; it still paid at {levels[-1]} parallel requests"
+    rec["why"] = why
+    return rec
+
+
+def _parse_lengths(values: list[int] | None, max_n: int) -> list[int]:
+    ns = sorted(set(values or range(1, max_n + 1)))
+    bad = [n for n in ns if not 1 <= n <= max_n]
+    if bad:
+        raise BenchError(f"draft length {bad[0]} is outside 1..{max_n} (what this draft can draft)")
+    return ns
+
+
+def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None = None,
+             acceptance: str = "measure", from_bench: str | Path | None = None,
+             draft_lengths: list[int] | None = None, p_mins: list[float] | None = None,
+             concurrency: list[int] | None = None, n_predict: int = bn.DEFAULT_N_PREDICT, requests: int = 4,
+             rounds: int = bn.ROUNDS, server: str | Path | None = None, threads: int | None = None,
+             log_dir: str | Path | None = None, save: bool = True, min_gain: float = MIN_GAIN,
+             progress: bn.Progress | None = None) -> TuneResult:
+    """Sweep draft length x p_min x parallel requests under a fixed acceptance profile; recommend.
+
+    Args:
+        rates: per-position acceptance to hold fixed (wins over ``acceptance``/``from_bench``).
+        acceptance: ``measure`` (real draft on built-in prompts, this pair) or a name in PROFILES.
+        from_bench: a ``bench --json`` report to take measured rates from.
+        save: write the profile serve reads (keyed by hardware and pair).
+
+    Raises:
+        BenchError, InputNotFoundError, PairMismatchError, EngineError.
+    """
+    info, devices, decision, limits = bn.prepare(target, draft, server=server)
+    if p_mins and any(p > 0 for p in p_mins) and not limits.confidence_head:
+        raise BenchError(f"{draft}: has no confidence head, so p_min must be 0 (got {max(p_mins)})")
+    levels = bn._levels(concurrency, decision.backend)
+    if 1 not in levels:
+        levels = [1] + levels
+    p_list = sorted(set(p_mins or [0.0]))
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-tune-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    profile = None
+    if rates:
+        profile = profile_from_rates(rates)
+    elif from_bench:
+        profile = profile_from_bench(from_bench)
+    elif acceptance != "measure":
+        if acceptance not in PROFILES:
+            raise BenchError(f"unknown acceptance profile {acceptance!r} (expected measure or "
+                             f"{', '.join(PROFILES)})")
+        profile = PROFILES[acceptance]
+    max_n = limits.max_n if profile is None else min(limits.max_n, len(profile.rates))
+    lengths = _parse_lengths(draft_lengths, max_n)
+    items = [it for it in pr.builtin_prompts() if it.category != "multi_turn"]
+    items = pr.select(items, limit=1)
+    base = bn.base_settings(info, target, decision=decision, parallel=max(levels), ctx_per_slot=1024 + n_predict,
+                            threads=threads)
+    plain_settings = bn.arm_settings(base, None)
+    configs = [(n, p) for n in lengths for p in p_list]
+    total = (len(configs) + 2) * len(levels) + (1 if profile is None else 0)
+    done = [0]
+
+    def step(what: str) -> None:
+        done[0] += 1
+        if progress:
+            progress(min(done[0], total), total, what)
+
+    def measure(client: Any, n: int | None, p: float | None, label: str) -> dict[int, Point]:
+        out = {}
+        for lv in levels:
+            lp = bn.measure_load(client, prompts, lv, n_predict, rounds=requests if lv == 1 else rounds,
+                                 ignore_eos=True)
+            out[lv] = Point(n, p, lv, lp.tps, lp.decode_tps, lp.accept_length, lp.requests, lp.tokens)
+            step(f"{label}, {lv} parallel")
+        return out
+
+    with bn.running(plain_settings, logs / "plain-1.log") as c:
+        prompts = [bn.render(c, it.messages[: next(i for i, m in enumerate(it.messages) if m["role"] == "user") + 1],
+                             None)[0] for it in items]
+        bn._warm(c)
+        plain1 = measure(c, None, None, "plain")
+    if profile is None:
+        log.info("measuring this pair's acceptance at draft length %d", limits.max_n)
+        with bn.running(bn.arm_settings(base, draft, n_max=limits.max_n, p_min=0.0), logs / "measure.log") as c:
+            bn._warm(c)
+            profile = measure_profile(c, prompts, n_predict, limits.max_n)
+        step("acceptance measured")
+        lengths = _parse_lengths(draft_lengths, min(limits.max_n, len(profile.rates)))
+        configs = [(n, p) for n in lengths for p in p_list]
+    points: list[Point] = []
+    for n, p in configs:
+        syn = bn.Synthetic(rates=profile.truncated(n))
+        name = f"spec-n{n}-p{p:g}"
+        with bn.running(bn.arm_settings(base, draft, n_max=n, p_min=p, synthetic=syn), logs / f"{name}.log") as c:
+            bn._warm(c)
+            points += measure(c, n, p, f"draft length {n}" + (f", p_min {p:g}" if p else "")).values()
+    with bn.running(plain_settings, logs / "plain-2.log") as c:
+        bn._warm(c)
+        plain2 = measure(c, None, None, "plain again")
+    plain = {lv: _pool(plain1[lv], plain2[lv]) for lv in levels}
+    drift = {lv: {"before": plain1[lv].speed, "after": plain2[lv].speed,
+                  "change": plain2[lv].speed / plain1[lv].speed - 1 if plain1[lv].speed else None} for lv in levels}
+    rec = recommend(plain, points, min_gain=min_gain)
+    settings = {"target": str(target), "draft": str(draft), "engine": f"{info.commit or info.version} ({info.path})",
+                "backend": decision.backend, "devices": decision.devices, "block_size": limits.block_size,
+                "draft_lengths": lengths, "p_min": p_list, "concurrency": levels, "n_predict": n_predict,
+                "requests_at_1": requests, "rounds": rounds, "prompts": len(prompts),
+                "offload": decision.offload, "flash_attn": decision.flash_attn,
+                "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos"}
+    result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs))
+    if save:
+        data = result.to_dict()
+        data.pop("profile_path", None)
+        result.profile_path = str(profiles.save_profile(devices, target, draft, {"tool": "ggufdspark tune", **data}))
+    return result
+
+
+def _pool(a: Point, b: Point) -> Point:
+    """Both plain runs as one: tokens over time, and the mean of the two decode speeds."""
+    wall = a.tokens / a.tps + b.tokens / b.tps if a.tps and b.tps else 0
+    dec = [x for x in (a.decode_tps, b.decode_tps) if x]
+    return Point(None, None, a.level, (a.tokens + b.tokens) / wall if wall else 0.0,
+                 sum(dec) / len(dec) if dec else None, None, a.requests + b.requests, a.tokens + b.tokens)
+
+
+# --------------------------------------------------------------------------- show
+
+
+def show_profile(target: str | Path, draft: str | Path, *, server: str | Path | None = None) -> dict:
+    """The stored profile of this pair on this machine.
+
+    Raises:
+        InputNotFoundError: a file is missing, or there is no profile yet.
+    """
+    from ggufdspark import engine as eng
+
+    for label, p in (("target", target), ("draft", draft)):
+        if not Path(p).is_file():
+            raise InputNotFoundError(f"{p}: {label} file not found")
+    devices = hardware.detect(eng.find_engine(server))
+    prof = profiles.load_profile(devices, target, draft)
+    if prof is None:
+        raise InputNotFoundError(f"no tune profile for this pair on this machine "
+                                 f"({profiles.profile_path(devices, target, draft)}): run 'ggufdspark tune' first")
+    return prof
+
+
+def format_tune(d: dict) -> str:
+    """Text of a tune result or a stored profile (same layout)."""
+    s, acc, rec = d["settings"], d["acceptance"], d["recommendation"]
+    levels = s["concurrency"]
+    lines = [f"ggufdspark tune: {Path(s['target']).name} + {Path(s['draft']).name} "
+             f"({s['backend']}, engine {s['engine']})",
+             f"acceptance profile: {acc['name']}: {acc['source']}",
+             "  rates " + " ".join(f"{r:.3f}" for r in acc["rates"]) + f" (mean length {acc['mean_length']:.2f}); "
+             "truncated per draft length; speeds are synthetic-acceptance speeds",
+             f"n_predict {s['n_predict']}; {s['requests_at_1']} requests at 1, {s['rounds']} per thread under load; "
+             "1 request: decode tok/s; more: aggregate tok/s", ""]
+    head = f"{'draft len':>9} {'p_min':>5} {'accept':>6}" + "".join(f" {str(lv) + ' par t/s':>12} {'x':>5}" for lv in levels)
+    lines += [head, "-" * len(head)]
+    plain = {p["level"]: p for p in d["plain"]}
+    lines.append(f"{'none':>9} {'-':>5} {'-':>6}" + "".join(f" {plain[lv]['speed']:>12.1f} {'1.00':>5}" for lv in levels))
+    rows: dict[tuple, dict] = {}
+    for p in d["points"]:
+        rows.setdefault((p["n_max"], p["p_min"]), {})[p["level"]] = p
+    for (n, pm), by in rows.items():
+        al = by.get(1, {}).get("accept_length")
+        cells = "".join(f" {by[lv]['speed']:>12.1f} {by[lv]['ratio'] or 0:>5.2f}" if lv in by else f" {'-':>12} {'-':>5}"
+                        for lv in levels)
+        lines.append(f"{n:>9} {pm:>5g} {'-' if al is None else f'{al:.2f}':>6}" + cells)
+    lines.append("")
+    if rec["draft_enabled"]:
+        lines.append(f"RECOMMENDATION: draft length {rec['draft_n_max']}"
+                     + (f", p_min {rec['p_min']:g}" if rec.get("p_min") else "")
+                     + f"; drafting pays up to {rec['max_concurrency_for_draft']} parallel requests")
+    else:
+        lines.append("DRAFTING TURNED OFF: serve will run the target alone on this machine")
+    lines.append(f"  because {rec['why']}")
+    if d.get("profile_path") or d.get("path"):
+        lines.append(f"profile: {d.get('profile_path') or d.get('path')}")
+    return "\n".join(lines)
+
+
+__all__ = ["PROFILES", "MIN_GAIN", "AcceptanceProfile", "geometric_rates", "expected_accept_length",
+           "profile_from_rates", "profile_from_bench", "measure_profile", "recommend", "run_tune",
+           "show_profile", "format_tune", "TuneResult", "Point"]
