@@ -2,8 +2,8 @@
 Hub, named so that ``llama-server -hf ORG/NAME-GGUF:F16 -hfd ORG/NAME-DSpark-GGUF:F16`` finds it,
 with a model card per repo that says what the files are and how to run them.
 
-    plan = publish("t.gguf", "d.gguf", repo="org/Name", dry_run=True)   # nothing is sent
-    result = publish("t.gguf", "d.gguf", repo="org/Name", on_plan=print_plan)
+    publish("t.gguf", "d.gguf", repo="org/Name", dry_run=True).plan     # nothing is sent
+    publish("t.gguf", "d.gguf", repo="org/Name", on_plan=show).commits  # repo -> commit URL
 
 Every Hub call goes through ``huggingface_hub`` (endpoint from ``HF_ENDPOINT``, token from its
 usual sources: ``HF_TOKEN``, the saved login). Order of work: check the pair, hash the files, read
@@ -58,8 +58,32 @@ MAX_REPO_NAME = 96
 
 TARGET_SUFFIX, DRAFT_SUFFIX = "-GGUF", "-DSpark-GGUF"
 CARD_TAGS = ["gguf", "llama.cpp", "speculative-decoding", "dspark"]
-RESULT_ROW_KEYS = ("arms", "rows", "results", "sweep", "measurements", "points", "trials", "runs")
 MAX_RESULT_COLUMNS = 10
+
+
+@dataclass(frozen=True)
+class ResultLayout:
+    """Where a report's measurements are and which of their fields the card shows."""
+
+    tool: str
+    rows_key: str
+    columns: tuple[tuple[str, str], ...]  # (JSON field, column header)
+
+
+# The JSON reports of this toolkit (``bench --json``: BenchReport.to_dict; ``tune --json`` and
+# saved tune profiles: TuneResult.to_dict). The first layout whose rows are present wins; any other
+# JSON is shown generically (its first list of objects).
+RESULT_LAYOUTS = (
+    ResultLayout("bench", "groups", (("name", "prompts"), ("requests", "requests"),
+                                     ("plain_decode_tps", "plain tok/s"), ("spec_decode_tps", "with draft tok/s"),
+                                     ("decode_speedup", "speedup"), ("accept_length_token_weighted", "accept length"),
+                                     ("acceptance_rate", "acceptance rate"))),
+    ResultLayout("tune", "points", (("n_max", "draft length"), ("p_min", "p_min"), ("level", "parallel requests"),
+                                    ("speed", "tok/s"), ("ratio", "vs no draft"), ("accept_length", "accept length"))),
+)
+BENCH_LOAD_COLUMNS = (("level", "parallel requests"), ("plain_tps", "plain tok/s"), ("spec_tps", "with draft tok/s"),
+                      ("ratio", "vs no draft"))
+GENERIC_ROW_KEYS = ("rows", "results", "arms", "measurements", "runs")
 
 
 @dataclass
@@ -250,27 +274,43 @@ def _fmt(v: Any) -> str:
     return str(v).replace("|", "\\|")
 
 
-def _find_rows(data: Any) -> list[dict] | None:
-    def is_rows(v):
-        return isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
+def _is_rows(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
-    if is_rows(data):
-        return data
-    if isinstance(data, dict):
-        for k in RESULT_ROW_KEYS:
-            if is_rows(data.get(k)):
-                return data[k]
-        return next((v for v in data.values() if is_rows(v)), None)
-    return None
+
+def _table(rows: list[dict], columns: Iterable[tuple[str, str]]) -> list[str]:
+    columns = list(columns)
+    out = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    return out + ["| " + " | ".join(_fmt(r.get(k)) for k, _ in columns) + " |" for r in rows]
+
+
+def _generic_columns(rows: list[dict]) -> list[tuple[str, str]]:
+    cols: list[str] = []
+    for r in rows:
+        for k, v in r.items():
+            if k not in cols and (v is None or isinstance(v, (int, float, str, bool))):
+                cols.append(k)
+    return [(c, c) for c in cols[:MAX_RESULT_COLUMNS]]
+
+
+def _measured_on(data: dict) -> str | None:
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    hw = data.get("hardware")
+    where = hw.get("key") if isinstance(hw, dict) else None
+    if not where and settings.get("backend"):
+        devs = [d.get("description") or d.get("name") for d in settings.get("devices") or [] if isinstance(d, dict)]
+        where = settings["backend"] + (f", {devs[0]}" if devs and devs[0] else "")
+    engine = str(settings.get("engine") or "").split(" ")[0]  # "COMMIT (/local/path)": the path stays home
+    return ", ".join(x for x in (where, f"llama.cpp {engine}" if engine else None) if x) or None
 
 
 def render_results(path: str | Path, target_sha: str, draft_sha: str) -> str:
-    """A markdown section from a ``bench`` or ``tune`` JSON: its rows as a table, plus the hardware
-    and the recommendation when given.
+    """A markdown section from a ``bench`` or ``tune`` JSON report (or a saved tune profile): its
+    measurements as a table, where and how they were taken, and the recommendation.
 
     Raises:
-        InputNotFoundError: the file is missing. PublishError: not JSON, no rows, or measured on
-        another pair (its ``pair.target_sha256`` / ``pair.draft_sha256`` differ from the files).
+        InputNotFoundError: the file is missing. PublishError: not JSON, no measurements, or
+        measured on another pair (its ``pair.target_sha256`` / ``pair.draft_sha256`` differ).
     """
     p = Path(path)
     try:
@@ -279,38 +319,52 @@ def render_results(path: str | Path, target_sha: str, draft_sha: str) -> str:
         raise InputNotFoundError(f"{p}: no such results file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PublishError(f"{p}: not a JSON file ({e})") from None
-    pair = data.get("pair") if isinstance(data, dict) and isinstance(data.get("pair"), dict) else {}
+    if not isinstance(data, dict):
+        data = {"rows": data}
+    pair = data.get("pair") if isinstance(data.get("pair"), dict) else {}
     for role, mine in (("target", target_sha), ("draft", draft_sha)):
-        theirs = pair.get(f"{role}_sha256") or (data.get(f"{role}_sha256") if isinstance(data, dict) else None)
+        theirs = pair.get(f"{role}_sha256")
         if theirs and theirs != mine:
             raise PublishError(f"{p}: measured on another {role} (sha256 {theirs[:16]}..., "
                                f"this {role} is {mine[:16]}...)")
-    rows = _find_rows(data)
-    if not rows:
-        raise PublishError(f"{p}: no measurements found (expected a list of objects, e.g. under "
-                           f"{', '.join(RESULT_ROW_KEYS[:4])})")
-    cols: list[str] = []
-    for r in rows:
-        for k, v in r.items():
-            if k not in cols and (v is None or isinstance(v, (int, float, str, bool))
-                                  or (isinstance(v, list) and all(isinstance(x, (int, float, str)) for x in v))):
-                cols.append(k)
-    cols = cols[:MAX_RESULT_COLUMNS]
-    meta = data if isinstance(data, dict) else {}
-    title = meta.get("kind") or meta.get("name") or p.stem
+    layout = next((lay for lay in RESULT_LAYOUTS if _is_rows(data.get(lay.rows_key))), None)
+    if layout is not None:
+        rows, columns, title = data[layout.rows_key], layout.columns, f"ggufdspark {layout.tool}"
+        if layout.tool == "bench" and isinstance(data.get("overall"), dict):
+            rows = rows + [{**data["overall"], "name": "all"}]
+        if layout.tool == "tune" and _is_rows(data.get("plain")):  # the target alone, for scale
+            rows = [{**r, "n_max": "none"} for r in data["plain"]] + rows
+    else:
+        key = next((k for k in GENERIC_ROW_KEYS if _is_rows(data.get(k))), None)
+        key = key or next((k for k, v in data.items() if _is_rows(v)), None)
+        if key is None:
+            raise PublishError(f"{p}: no measurements found (not a 'ggufdspark bench' or 'tune' report, "
+                               "and no list of objects)")
+        rows, title = data[key], p.stem
+        columns = _generic_columns(rows)
     out = [f"### {title}", ""]
-    hw = meta.get("hardware")
-    hw_text = (hw.get("key") or hw.get("backend")) if isinstance(hw, dict) else hw
-    if hw_text:
-        out += [f"Measured on: {hw_text}.", ""]
-    out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    for key in ("recommendation", "recommended", "best"):
-        rec = meta.get(key)
-        if rec is not None:
-            text = ", ".join(f"{k} {_fmt(v)}" for k, v in rec.items()) if isinstance(rec, dict) else _fmt(rec)
-            out += ["", f"Recommended: {text}."]
-            break
+    where = _measured_on(data)
+    if where:
+        out += [f"Measured on: {where}.", ""]
+    acc = data.get("acceptance")
+    if isinstance(data.get("synthetic"), str):  # bench: "synthetic acceptance, rates ..."
+        synthetic = data["synthetic"]
+    elif layout and layout.tool == "tune" and isinstance(acc, dict) and acc.get("source"):  # tune is always synthetic
+        synthetic = f"synthetic acceptance: {acc['source']}"
+    else:
+        synthetic = None
+    if synthetic:
+        out += [f"{synthetic[0].upper()}{synthetic[1:]} (these rows measure speed only).", ""]
+    out += _table(rows, columns)
+    if layout and layout.tool == "bench" and _is_rows(data.get("load")):
+        out += ["", "Under load:", ""] + _table(data["load"], BENCH_LOAD_COLUMNS)
+    gate = data.get("gate")
+    if isinstance(gate, dict) and gate.get("status"):
+        out += ["", f"Lossless gate: {gate['status']}" + (f" ({gate['reason']})" if gate.get("reason") else "") + "."]
+    rec = data.get("recommendation")
+    if isinstance(rec, dict) and (rec.get("why") or rec.get("draft_n_max") is not None):
+        why = rec.get("why") or f"draft length {rec['draft_n_max']}"
+        out += ["", f"Recommended: {why.rstrip('.')}."]
     return "\n".join(out)
 
 
@@ -409,9 +463,7 @@ def render_card(pair: _Pair, repo_id: str) -> str:
             "slow per-step backends it can lose. Measure on your machine (`ggufdspark bench`, "
             "`ggufdspark tune`) and serve without `-hfd` where it does."]
     if pair.results_md:
-        out += ["", "## Measured", ""]
-        for md in pair.results_md:
-            out += [md, ""]
+        out += ["", "## Measured", "", "\n\n".join(pair.results_md)]
     out += ["", f"Published with ggufdspark {__version__}.", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
@@ -515,6 +567,16 @@ def _describe_error(e: BaseException, token: str | None) -> str:
     return text[:400]
 
 
+def _git_blob_id(path: str | Path) -> str:
+    """git's blob id (sha1 of "blob SIZE\\0" + content), streamed."""
+    p = Path(path)
+    h = hashlib.sha1(b"blob %d\0" % p.stat().st_size)
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _remote_state(api, rp: RepoPlan) -> list[str]:
     """Fill ``exists``, ``head`` and each file's action from the Hub; returns the repo's file list."""
     from huggingface_hub.errors import RepositoryNotFoundError
@@ -537,10 +599,8 @@ def _remote_state(api, rp: RepoPlan) -> list[str]:
             continue
         if e.lfs is not None:
             same = e.lfs.sha256 == f.sha256
-        elif f.local is None:
-            same = e.blob_id == git_hash(rp.card.encode())
-        else:
-            same = e.blob_id == git_hash(Path(f.local).read_bytes())
+        else:  # a regular git file: compare git blob ids
+            same = e.blob_id == (git_hash(rp.card.encode()) if f.local is None else _git_blob_id(f.local))
         f.action = "skip" if same else "upload"
     return list(remote)
 
@@ -565,8 +625,9 @@ def _verify(api, rp: RepoPlan, commit: str) -> None:
         e = remote.get(f.path_in_repo)
         ok = e is not None and e.size == f.size and (e.lfs is None or e.lfs.sha256 == f.sha256)
         if not ok:
-            raise PublishError(f"{rp.repo_id}: {f.path_in_repo} did not arrive intact "
-                               f"(Hub has {e.size if e else 'no file'}, expected {f.size} bytes, sha256 {f.sha256[:16]}...)")
+            found = f"{e.size} bytes" if e else "no file"
+            raise PublishError(f"{rp.repo_id}: {f.path_in_repo} did not arrive intact (the Hub has {found}; "
+                               f"expected {f.size} bytes, sha256 {f.sha256[:16]}...)")
 
 
 def publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: str | Path | None = None,

@@ -241,6 +241,32 @@ def recommend(plain: dict[int, Point], points: list[Point], *, min_gain: float =
     return rec
 
 
+def sweep_prompts(client: Any) -> list[list[int]]:
+    """The sweep's prompts: the first turn of one built-in item per single-turn category, rendered
+    with the server's chat template and tokenized (text-only)."""
+    items = pr.select([it for it in pr.builtin_prompts() if it.category != "multi_turn"], limit=1)
+    out = []
+    for it in items:
+        first_user = next(i for i, m in enumerate(it.messages) if m["role"] == "user")
+        out.append(bn.render(client, it.messages[: first_user + 1], None)[0])
+    return out
+
+
+def measure_points(client: Any, prompts: list[Any], levels: list[int], n_predict: int, *,
+                   n_max: int | None = None, p_min: float | None = None, requests: int = 4,
+                   rounds: int = bn.ROUNDS, on_level: Any = None) -> dict[int, Point]:
+    """One configuration at every load: ``requests`` sequential requests at level 1, ``rounds``
+    per thread above; every request generates exactly ``n_predict`` tokens (``ignore_eos``)."""
+    out = {}
+    for lv in levels:
+        lp = bn.measure_load(client, prompts, lv, n_predict, rounds=requests if lv == 1 else rounds,
+                             ignore_eos=True)
+        out[lv] = Point(n_max, p_min, lv, lp.tps, lp.decode_tps, lp.accept_length, lp.requests, lp.tokens)
+        if on_level:
+            on_level(lv)
+    return out
+
+
 def _parse_lengths(values: list[int] | None, max_n: int) -> list[int]:
     ns = sorted(set(values or range(1, max_n + 1)))
     bad = [n for n in ns if not 1 <= n <= max_n]
@@ -288,8 +314,6 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
         profile = PROFILES[acceptance]
     max_n = limits.max_n if profile is None else min(limits.max_n, len(profile.rates))
     lengths = _parse_lengths(draft_lengths, max_n)
-    items = [it for it in pr.builtin_prompts() if it.category != "multi_turn"]
-    items = pr.select(items, limit=1)
     base = bn.base_settings(info, target, decision=decision, parallel=max(levels), ctx_per_slot=1024 + n_predict,
                             threads=threads)
     plain_settings = bn.arm_settings(base, None)
@@ -303,17 +327,11 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
             progress(min(done[0], total), total, what)
 
     def measure(client: Any, n: int | None, p: float | None, label: str) -> dict[int, Point]:
-        out = {}
-        for lv in levels:
-            lp = bn.measure_load(client, prompts, lv, n_predict, rounds=requests if lv == 1 else rounds,
-                                 ignore_eos=True)
-            out[lv] = Point(n, p, lv, lp.tps, lp.decode_tps, lp.accept_length, lp.requests, lp.tokens)
-            step(f"{label}, {lv} parallel")
-        return out
+        return measure_points(client, prompts, levels, n_predict, n_max=n, p_min=p, requests=requests,
+                              rounds=rounds, on_level=lambda lv: step(f"{label}, {lv} parallel"))
 
     with bn.running(plain_settings, logs / "plain-1.log") as c:
-        prompts = [bn.render(c, it.messages[: next(i for i, m in enumerate(it.messages) if m["role"] == "user") + 1],
-                             None)[0] for it in items]
+        prompts = sweep_prompts(c)
         bn._warm(c)
         plain1 = measure(c, None, None, "plain")
     if profile is None:
@@ -419,5 +437,5 @@ def format_tune(d: dict) -> str:
 
 
 __all__ = ["PROFILES", "MIN_GAIN", "AcceptanceProfile", "geometric_rates", "expected_accept_length",
-           "profile_from_rates", "profile_from_bench", "measure_profile", "recommend", "run_tune",
+           "profile_from_rates", "profile_from_bench", "measure_profile", "recommend", "run_tune", "sweep_prompts", "measure_points",
            "show_profile", "format_tune", "TuneResult", "Point"]

@@ -166,13 +166,18 @@ def test_reference_converter_rejects_the_transformers_layout(vl, tmp_path):
     assert p.returncode != 0 and "Can not map tensor" in p.stderr, p.stderr[-1000:]
 
 
-@pytest.mark.parametrize("layout", synth_vl.LAYOUTS)
-def test_language_tower_of_vl_matches_reference_converter(vl, layout, tmp_path):
-    ref = tmp_path / "ref.gguf"
+@pytest.fixture(scope="module")
+def reference_tower(vl, tmp_path_factory) -> Path:
+    ref = tmp_path_factory.mktemp("ref-tower") / "ref.gguf"
     _reference([str(vl["pub"]), "--outtype", "f16", "--outfile", str(ref)])
+    return ref
+
+
+@pytest.mark.parametrize("layout", synth_vl.LAYOUTS)
+def test_language_tower_of_vl_matches_reference_converter(vl, reference_tower, layout, tmp_path):
     mine = convert_target(vl["pub" if layout == "published" else "tf"], output=tmp_path / "mine.gguf",
                           mmproj=False).path
-    _compare_gguf(mine, ref)
+    _compare_gguf(mine, reference_tower)
 
 
 # ----------------------------------------------------------------------------- convert-target, both files
@@ -267,7 +272,7 @@ def test_check_refuses_mmproj_of_another_model(ggufdspark_cli, vl, other_mmproj)
 
 def _start_planned(start_server, model, draft=None, mmproj=None, **kw):
     """Start a server with the settings ``serve`` would choose (check included), via the fixture."""
-    p = plan(model, draft, mmproj=mmproj, port=0, no_draft=draft is None, use_profile=False, **kw)
+    p = plan(model, draft, mmproj=mmproj, port=0, use_profile=False, **kw)
     s = p.settings
     return start_server(**{f.name: getattr(s, f.name) for f in fields(ServerSettings) if f.name != "server"})
 
@@ -290,8 +295,51 @@ def test_serve_mmproj_answers_image_chat_with_draft_timings(vl, pictures, start_
                                                {"type": "text", "text": chart.question}]}], max_tokens=4,
                  cache_prompt=False)
     assert out.timings.prompt_n - plain.timings.prompt_n >= 64
+    # two images in one turn, then a follow-up turn over the cached image prefix, then streamed
+    two = [{"role": "user", "content": [{"type": "image", "path": str(p.path)} for p in pictures[:2]]
+            + [{"type": "text", "text": "Compare the two pictures."}]}]
+    first = c.chat(two, max_tokens=24)
+    assert first.timings.prompt_n >= 128 and first.timings.draft_n, first.raw.get("timings")
+    follow = two + [{"role": "assistant", "content": first.text},
+                    {"role": "user", "content": [{"type": "text", "text": "And this one?"},
+                                                 {"type": "image", "path": str(pictures[2].path)}]}]
+    second = c.chat(follow, max_tokens=24)
+    assert second.timings.cache_n and second.timings.draft_n, second.raw.get("timings")
+    chunks = [ln for ln in c.stream_lines("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": images.data_uri(
+            pictures[3].path)}}, {"type": "text", "text": pictures[3].question}]}],
+        "max_tokens": 24, "temperature": 0}) if ln.startswith("data: {")]
+    assert json.loads(chunks[-1][len("data: "):])["timings"]["draft_n"] > 0
     assert srv.wait_for_log("draft acceptance"), srv.log_text()[-2000:]
     assert "non-consecutive" not in srv.log_text() and "failed to process speculative" not in srv.log_text()
+
+
+def test_hub_form_downloads_mmproj_and_serves_images(ggufdspark_cli, vl, pictures, start_server, monkeypatch,
+                                                     tmp_path):
+    """Published to a Hub on 127.0.0.1 (tests/fakehub.py), the pair is found by ``-hf`` / ``-hfd``
+    alone: llama-server downloads the mmproj with the target and answers image turns with the draft."""
+    from fakehub import FakeHub
+
+    token = "hf_vision_test_token"
+    with FakeHub(token=token) as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HOME": str(tmp_path / "hf-home"),
+               "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+        p = ggufdspark_cli("publish", "--target", str(vl["tower"]), "--draft", str(vl["draft"]), "--mmproj",
+                           str(vl["mmproj"]), "--repo", "org/Tiny-LFM2-VL", "--single-repo", env=env)
+        assert p.returncode == 0, p.stderr
+        repo = "org/Tiny-LFM2-VL-GGUF"
+        assert any(name.startswith("mmproj") for name in hub.files(repo)), list(hub.files(repo))
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "llama-cache"))
+        monkeypatch.delenv("MODEL_ENDPOINT", raising=False)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        srv = _start_planned(start_server, None, hf=f"{repo}:F16", hfd=f"{repo}:F16", draft_n_max=6, ctx_size=1024)
+    assert "--mmproj" not in srv.settings.args()  # found by -hf, not given
+    assert "loaded multimodal model" in srv.log_text()
+    pic = pictures[0]
+    out = srv.client().chat([{"role": "user", "content": [{"type": "image", "path": str(pic.path)},
+                                                          {"type": "text", "text": pic.question}]}], max_tokens=24)
+    assert out.timings.draft_n and out.timings.draft_n > 0, out.raw.get("timings")
 
 
 def _media_prompt(client, text: str, picture: Path) -> dict:
@@ -361,6 +409,6 @@ def test_every_draw_kind_renders(kind, tmp_path):
 
     with Image.open(p) as im:
         assert im.size == (320, 240)
-        assert len(set(im.getdata())) > 1  # something was drawn
+        assert len(np.unique(np.asarray(im).reshape(-1, 3), axis=0)) > 1  # something was drawn
     with pytest.raises(ValueError, match="unknown draw kind"):
         images.render({"kind": "video"}, tmp_path / "x.png")

@@ -109,9 +109,16 @@ def normalize_name(name: str) -> str | None:
     return None
 
 
+def has_vision_part(directory: Path, full_cfg: dict) -> bool:
+    """Whether an LFM2-VL checkpoint carries a vision encoder at all (config or tensors); language-only
+    exports of a VL model have neither."""
+    return isinstance(full_cfg.get("vision_config"), dict) or any(
+        normalize_name(n) is not None for n in open_checkpoint(directory))
+
+
 def gguf_name(name: str) -> str | None:
     """GGUF name of a normalized vision/projector tensor name, or None if unknown."""
-    base, dot, suffix = name.rpartition(".")
+    base, _, suffix = name.rpartition(".")
     if suffix not in ("weight", "bias"):
         return None
     if base in VISION_GLOBAL_MAP:

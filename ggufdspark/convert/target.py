@@ -18,8 +18,8 @@ from ggufdspark.convert import tokenizer as tok
 from ggufdspark.convert.common import (OUTTYPE_LABEL, TEXT_TARGET_ARCHS, VL_TARGET_ARCHS, load_config,
                                        outtype_tensor, resolve_checkpoint, text_config)
 from ggufdspark.convert.drafter import ConvertResult
-from ggufdspark.convert.mmproj import (checkpoint_name, default_mmproj_name, plan_mmproj, resolve_output,
-                                       write_mmproj)
+from ggufdspark.convert.mmproj import (checkpoint_name, default_mmproj_name, has_vision_part, plan_mmproj,
+                                       resolve_output, write_mmproj)
 from ggufdspark.convert.safetensors import STensor, open_checkpoint
 from ggufdspark.convert.stream import TensorPlan, write_plans
 from ggufdspark.errors import OutputExistsError, UnsupportedModelError
@@ -181,7 +181,10 @@ def convert_target(target: str | Path, *, output: str | Path | None = None, outt
     out = resolve_output(output, f"{name}-{OUTTYPE_LABEL[outtype]}.gguf")
     notes = []
     mplan = mout = None
-    if is_vl and mmproj:
+    if is_vl and mmproj and not has_vision_part(directory, full):
+        notes.append(f"{directory}: LFM2-VL checkpoint without a vision part (no vision_config, no vision "
+                     f"tensors): wrote the language tower only, no mmproj")
+    elif is_vl and mmproj:
         mplan = plan_mmproj(directory, full, outtype, name=name)
         mout = resolve_output(mmproj_output if mmproj_output is not None else out.parent,
                               default_mmproj_name(name, outtype))

@@ -1,0 +1,108 @@
+"""tune: acceptance profiles, the recommendation, and the profile serve reads (real engine, CPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ggufdspark import tune
+from ggufdspark.errors import BenchError
+
+
+@pytest.fixture
+def isolated(dspark_engine, tmp_path, monkeypatch):
+    env = {"GGUFDSPARK_CACHE": str(tmp_path / "cache"), "GGUFDSPARK_SERVER": dspark_engine.path}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def test_published_profile_is_the_documented_derivation():
+    prof = tune.PROFILES["published"]
+    assert len(prof.rates) == 9
+    assert math.isclose(prof.mean_length, 4.22, abs_tol=1e-3)
+    derived = tune.geometric_rates(4.22, 9)
+    assert all(math.isclose(a, b, abs_tol=6e-5) for a, b in zip(prof.rates, derived))
+    assert all(a >= b for a, b in zip(prof.rates, prof.rates[1:]))
+    # truncation holds the per-position rates fixed: a shorter draft loses its tail, nothing is rescaled
+    assert prof.truncated(6) == list(prof.rates[:6])
+    assert math.isclose(tune.expected_accept_length(prof.truncated(6)), 3.78, abs_tol=0.01)
+    assert math.isclose(tune.expected_accept_length(prof.truncated(1)), 1.78, abs_tol=0.01)
+    with pytest.raises(BenchError, match="outside"):
+        tune.geometric_rates(11.0, 9)
+
+
+def _pt(n, level, speed):
+    return tune.Point(n, 0.0 if n else None, level, speed, speed if level == 1 else None, None, 4, 100)
+
+
+def test_recommend_turns_drafting_off_where_it_loses():
+    plain = {1: _pt(None, 1, 100.0), 8: _pt(None, 8, 500.0), 32: _pt(None, 32, 800.0)}
+    points = [_pt(4, 1, 130.0), _pt(6, 1, 125.0), _pt(4, 8, 520.0), _pt(6, 8, 480.0), _pt(4, 32, 600.0),
+              _pt(6, 32, 610.0)]
+    rec = tune.recommend(plain, points)
+    assert rec["draft_enabled"] and rec["draft_n_max"] == 4 and math.isclose(rec["speedup"], 1.3)
+    assert rec["max_concurrency_for_draft"] == 8
+    assert "above 8 parallel requests serve without the draft" in rec["why"]
+    assert [r["draft_pays"] for r in rec["by_concurrency"]] == [True, True, False]
+
+    slow = [_pt(4, 1, 90.0), _pt(6, 1, 95.0), _pt(4, 8, 400.0), _pt(6, 8, 420.0), _pt(4, 32, 500.0), _pt(6, 32, 510.0)]
+    rec = tune.recommend(plain, slow)
+    assert not rec["draft_enabled"] and rec["max_concurrency_for_draft"] == 0
+    assert rec["why"].startswith("drafting measured slower than the target alone")
+    assert "(6)" in rec["why"] and "0.95x" in rec["why"]
+
+
+def test_tune_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, isolated):
+    pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
+    common = [*pair, "--draft-lengths", "1,3", "-n", "16", "--concurrency", "1,2", "--requests", "2"]
+
+    # measured acceptance of this pair; --min-gain 0 makes the winner deterministic on a noisy CPU
+    p = ggufdspark_cli("tune", *common, "--min-gain", "0", "--json", env=isolated)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["acceptance"]["name"] == "measured" and res["acceptance"]["rates"]
+    assert {(pt["n_max"], pt["level"]) for pt in res["points"]} == {(1, 1), (1, 2), (3, 1), (3, 2)}
+    assert all(pt["tokens"] > 0 and pt["speed"] > 0 for pt in res["points"])
+    rec = res["recommendation"]
+    assert rec["draft_enabled"] and rec["draft_n_max"] in (1, 3)
+    assert [r["parallel"] for r in rec["by_concurrency"]] == [1, 2]
+    n = rec["draft_n_max"]
+
+    s = ggufdspark_cli("serve", *pair, "--dry-run", env=isolated)
+    assert s.returncode == 0, s.stderr
+    assert f"--spec-draft-n-max {n}" in s.stdout and " -md " in s.stdout
+    assert f"draft length {n} measured fastest" in s.stderr
+
+    show = ggufdspark_cli("tune", *pair, "--show", env=isolated)
+    assert show.returncode == 0, show.stderr
+    assert f"RECOMMENDATION: draft length {n}" in show.stdout and "profile: " in show.stdout
+
+    # an impossible bar: the tuner turns drafting off, says so plainly, and serve follows
+    p = ggufdspark_cli("tune", *common, "--rates", "0.9,0.8,0.7", "--min-gain", "1000", env=isolated)
+    assert p.returncode == 0, p.stderr
+    assert "DRAFTING TURNED OFF" in p.stdout and "drafting turned OFF" in p.stderr
+    assert "acceptance profile: given" in p.stdout
+    s = ggufdspark_cli("serve", *pair, "--dry-run", env=isolated)
+    assert s.returncode == 0, s.stderr
+    assert " -md " not in s.stdout and "--spec-type" not in s.stdout
+    assert "drafting turned off (drafting measured slower" in s.stderr
+
+
+def test_tune_refuses_bad_inputs(small_pair, isolated, tmp_path):
+    with pytest.raises(BenchError, match="draft length 7 is outside 1..6"):
+        tune.run_tune(small_pair.target, small_pair.draft, acceptance="published", draft_lengths=[7], save=False)
+    with pytest.raises(BenchError, match="unknown acceptance profile 'fast'"):
+        tune.run_tune(small_pair.target, small_pair.draft, acceptance="fast", save=False)
+    syn = tmp_path / "syn.json"
+    syn.write_text(json.dumps({"synthetic": "synthetic acceptance, mean length 3", "acceptance": {"rates": [0.5]}}))
+    with pytest.raises(BenchError, match="synthetic acceptance"):
+        tune.profile_from_bench(syn)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(BenchError, match="not a 'ggufdspark bench --json' report"):
+        tune.profile_from_bench(bad)
+    with pytest.raises(BenchError, match="cannot increase"):
+        tune.profile_from_rates([0.5, 0.6])
