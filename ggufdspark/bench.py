@@ -713,6 +713,8 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
     if n_max > limits.max_n:
         raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
                          f"block size {limits.block_size})")
+    if p_min and not limits.confidence_head:
+        raise BenchError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
     if synthetic and synthetic.rates:
         synthetic.rates = check_rates(synthetic.rates, n_max)
     if synthetic and synthetic.length is not None and not (1.0 <= synthetic.length <= n_max + 1):
@@ -802,6 +804,7 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
     settings = {"target": str(target), "draft": str(draft), "mmproj": str(mmproj) if mmproj else None,
                 "engine": f"{info.commit or info.version} ({info.path})", "backend": decision.backend,
                 "devices": decision.devices, "draft_n_max": n_max, "block_size": limits.block_size,
+                "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
                 "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
                 "requests": len(turns), "prompts": pset.source, "prompt_notes": pset.notes,
                 "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,

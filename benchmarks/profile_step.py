@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Where a speculative step's time goes, from the engine's own accounting.
+
+For each configuration, one llama-server runs ``--trials`` greedy requests of ``--n-predict``
+tokens with llama.cpp's synthetic acceptance (the published profile, mean length 4.22 at block 9,
+truncated per length) and log verbosity 4, then stops. At stop the engine prints its speculative
+statistics: time spent in ``begin`` (feeding the accepted tokens and the target's tapped hidden
+states to the drafter), ``draft`` (the drafter's block forward, the Markov chain, sampling) and
+``accept``, with call counts. The request timings give the total decode time, so per verify step:
+
+    step     = decode time / steps            (steps = draft calls)
+    drafter  = (begin + draft + accept) / steps
+    target   = step - drafter                 (the verify batch, plus server work between)
+
+Also a plain run (the plain decode step), so every part can be put in plain-step units.
+
+    python benchmarks/profile_step.py --target T.gguf --draft D.gguf [--gpu] [--server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.dspark_speed import PROMPT, geometric_rates  # noqa: E402
+from ggufdspark import engine  # noqa: E402
+from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+
+STATS = re.compile(r"statistics\s+(\S+): #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"
+                   r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms")
+EVAL = re.compile(r"\|\s+eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+
+
+def profile(name: str, settings: ServerSettings, args, env: dict[str, str], log_dir: Path) -> dict:
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        srv = ServerProcess(settings, log_path=log_dir / f"{name}.log", start_timeout=600)
+        with srv:
+            c = srv.client()
+            toks = c.tokenize(PROMPT)
+            for _ in range(args.trials + 1):  # the first is a warm-up; all count in the engine's totals
+                c.complete(toks, n_predict=args.n_predict, ignore_eos=True)
+            srv.wait_for_log(r"eval time", count=args.trials + 1)
+        text = srv.log_text()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    evals = [(float(ms), int(n)) for ms, n in EVAL.findall(text)]
+    r = {"config": name, "env": env, "eval_ms": sum(ms for ms, _ in evals), "tokens": sum(n for _, n in evals)}
+    r["ms_per_token"] = r["eval_ms"] / r["tokens"]
+    found = list(STATS.finditer(text))  # printed cumulatively; the last line covers every request
+    m = found[-1] if found else None
+    if m:
+        nb, ng, na = (int(x) for x in m.group(2, 3, 4))
+        tb, tg, ta = (float(x) for x in m.group(5, 6, 7))
+        steps = ng
+        r.update(steps=steps, tokens_per_step=r["tokens"] / steps, step_ms=r["eval_ms"] / steps,
+                 begin_ms=tb / steps, draft_ms=tg / steps, accept_ms=ta / steps)
+        r["target_ms"] = r["step_ms"] - r["begin_ms"] - r["draft_ms"] - r["accept_ms"]
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--server")
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--n-predict", type=int, default=256)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--lengths", default="6,9")
+    ap.add_argument("--json", type=Path, default=Path("profile_step.json"))
+    ap.add_argument("--log-dir", type=Path, default=Path("profile_step_logs"))
+    args = ap.parse_args()
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    server = args.server or engine.find_engine().path
+    rates = geometric_rates(4.22, 9)
+
+    def settings(n: int | None, zero: bool = False) -> ServerSettings:
+        s = ServerSettings(server=server, model=args.target, ctx_size=4096, metrics=False, extra_args=["-lv", "4"])
+        if args.gpu:
+            s.n_gpu_layers, s.flash_attn = 99, "on"
+        if n:
+            s.draft, s.draft_n_max, s.draft_n_min = args.draft, n, 0
+            s.synth_rates = [0.0] * n if zero else rates[:n]
+            s.n_gpu_layers_draft = 99 if args.gpu else None
+        return s
+
+    configs = [("plain", settings(None), {})]
+    for n in (int(x) for x in args.lengths.split(",")):
+        configs.append((f"n{n}", settings(n), {}))
+        configs.append((f"n{n}-graph-opt", settings(n), {"GGML_CUDA_GRAPH_OPT": "1"}))
+    configs.append((f"n{max(int(x) for x in args.lengths.split(','))}-nothing-accepted",
+                    settings(max(int(x) for x in args.lengths.split(",")), zero=True), {}))
+    results = []
+    for name, s, env in configs:
+        r = profile(name, s, args, env, args.log_dir)
+        results.append(r)
+        print(f"{name}: {r['ms_per_token']:.3f} ms/token", file=sys.stderr)
+    plain = results[0]["ms_per_token"]
+    print(f"\nplain decode step: {plain:.3f} ms ({1000 / plain:.1f} tok/s); synthetic acceptance 4.22 at block 9\n")
+    print(f"{'config':<26}{'tok/s':>8}{'vs plain':>9}{'tok/step':>9}{'step ms':>9}{'target ms':>10}"
+          f"{'draft ms':>9}{'begin ms':>9}{'accept ms':>10}{'drafter %':>10}{'step/plain':>11}")
+    for r in results[1:]:
+        if "steps" not in r:
+            print(f"{r['config']:<26} (no speculative statistics in the log)")
+            continue
+        dr = r["begin_ms"] + r["draft_ms"] + r["accept_ms"]
+        print(f"{r['config']:<26}{1000 / r['ms_per_token']:>8.1f}{plain / r['ms_per_token']:>8.2f}x"
+              f"{r['tokens_per_step']:>9.2f}{r['step_ms']:>9.3f}{r['target_ms']:>10.3f}{r['draft_ms']:>9.3f}"
+              f"{r['begin_ms']:>9.3f}{r['accept_ms']:>10.3f}{100 * dr / r['step_ms']:>9.0f}%{r['step_ms'] / plain:>11.2f}")
+    args.json.write_text(json.dumps({"plain_ms": plain, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
