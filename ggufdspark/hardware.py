@@ -55,8 +55,12 @@ def detect(engine: EngineInfo) -> DeviceReport:
 
 
 def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: int | None = None,
-           no_draft: bool = False) -> Decision:
-    """Pick the serving settings: table default < tune profile < explicit ``draft_n_max``."""
+           no_draft: bool = False, parallel: int | None = 1) -> Decision:
+    """Pick the serving settings: table default < tune profile < explicit ``draft_n_max``.
+
+    A profile may also cap the number of parallel slots for which drafting pays
+    (``recommendation.max_concurrency_for_draft``): serving more slots than that turns drafting off.
+    """
     backend = report.backend or "cpu"
     base = DEFAULTS.get(backend, OTHER_GPU)
     d = Decision(backend, True, base.draft_n_max, base.offload, base.flash_attn, [base.source],
@@ -72,6 +76,11 @@ def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: in
         elif best.get("draft_n_max"):
             d.draft_n_max = int(best["draft_n_max"])
             d.reasons.append(f"tune profile {profile.get('path', '')}: draft length {d.draft_n_max} measured fastest")
+        cap = best.get("max_concurrency_for_draft")
+        if d.draft_enabled and cap is not None and parallel is not None and parallel > int(cap):
+            d.draft_enabled = False
+            d.reasons.append(f"tune profile: drafting stops paying above {cap} parallel request(s) on this "
+                             f"machine and {parallel} slots were asked for; serving without the draft")
     if draft_n_max is not None:
         d.draft_n_max = draft_n_max
         d.draft_enabled = True

@@ -72,7 +72,11 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         eng.require_dspark(info)
     devices = hardware.detect(info)
     prof = profiles.load_profile(devices, model, draft) if (use_profile and model and draft) else None
-    decision = hardware.decide(devices, profile=prof, draft_n_max=draft_n_max, no_draft=no_draft or not use_draft)
+    decision = hardware.decide(devices, profile=prof, draft_n_max=draft_n_max, no_draft=no_draft or not use_draft,
+                               parallel=parallel)
+    if (hf or hfd) and not (model and draft):
+        warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
+                        "(download it and run 'ggufdspark check' to see every reason a pair fails)")
     if host not in LOOPBACK and not api_key:
         warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
     settings = ServerSettings(

@@ -327,7 +327,7 @@ def test_default_output_name_follows_hub_sidecar_rule(ggufdspark_cli, small_pair
     assert (tmp_path / "dspark-tiny-lfm2-BF16.gguf").is_file()
 
 
-def test_convert_target_of_vl_checkpoint_says_mmproj_not_written(small_pair, tmp_path):
+def test_convert_target_of_vl_checkpoint_without_vision_writes_tower_only(small_pair, tmp_path):
     """An Lfm2Vl checkpoint: the language tower is written and the note says so."""
     vl = tmp_path / "vl"
     shutil.copytree(small_pair.target_dir, vl)
