@@ -65,33 +65,34 @@ def goal_table(res: dict) -> tuple[list[str], bool]:
     pts = {(p["n_max"], p["level"]): p for p in res["points"]}
     block = res["settings"]["block_size"]
     n_t = rec["draft_n_max"]
-    rows = [f"| {'arm':<44} | {'parallel':>8} | {'tok/s':>8} | {'x plain':>7} |", f"|{'-' * 46}|{'-' * 10}|{'-' * 10}|{'-' * 9}|"]
+    conf = res.get("confirm") or {}
+
+    def row(arm: str, lv: int, speed: float, ratio: float) -> str:
+        return f"| {arm:<44} | {lv:>8} | {speed:>8.1f} | {ratio:>7.2f} |"
+
+    rows = [f"| {'arm':<44} | {'parallel':>8} | {'tok/s':>8} | {'x plain':>7} |",
+            f"|{'-' * 46}|{'-' * 10}|{'-' * 10}|{'-' * 9}|"]
     ok = True
     for lv in res["settings"]["concurrency"]:
-        base = plain[lv]
-        rows.append(f"| {'target alone':<44} | {lv:>8} | {base:>8.1f} | {1.0:>7.2f} |")
+        rows.append(row("target alone", lv, plain[lv], 1.0))
         if (block, lv) in pts:
             p = pts[(block, lv)]
-            rows.append(f"| {f'draft, n_max {block} (trained block size)':<44} | {lv:>8} | {p['speed']:>8.1f} | "
-                        f"{p['ratio']:>7.2f} |")
-        best = max((p for (n, l), p in pts.items() if l == lv), key=lambda p: p["speed"])
-        rows.append(f"| {'draft, best n_max at this load: ' + str(best['n_max']):<44} | {lv:>8} | "
-                    f"{best['speed']:>8.1f} | {best['ratio']:>7.2f} |")
+            rows.append(row(f"draft, n_max {block} (trained block size)", lv, p["speed"], p["ratio"]))
+        best = max((p for (n, level), p in pts.items() if level == lv), key=lambda p: p["speed"])
+        rows.append(row(f"draft, best n_max at this load: {best['n_max']}", lv, best["speed"], best["ratio"]))
         draft_on = rec["draft_enabled"] and lv <= rec["max_concurrency_for_draft"]
-        conf = res.get("confirm") or {}
         if draft_on and lv in conf.get("ratio", {}):
             plain_c = (conf["plain-1"][lv] + conf["plain-2"][lv]) / 2
-            rows.append(f"| {'confirm: target alone (fresh bracket)':<44} | {lv:>8} | {plain_c:>8.1f} | {1.0:>7.2f} |")
+            rows.append(row("confirm: target alone (fresh bracket)", lv, plain_c, 1.0))
             label, speed, ratio = f"TUNED: draft n_max {n_t} (confirmed)", conf["tuned"][lv], conf["ratio"][lv]
         elif draft_on:
             p = pts[(n_t, lv)]
             label, speed, ratio = f"TUNED: draft n_max {n_t}", p["speed"], p["ratio"]
         else:
             # the tuned configuration at this load is the target alone: the plain arm measured it
-            label, speed, ratio = "TUNED: draft off (profile says it loses)", base, 1.0
-        rows.append(f"| {label:<44} | {lv:>8} | {speed:>8.1f} | {ratio:>7.2f} |")
-        need = GOAL_ONE_REQUEST if lv == 1 else GOAL_UNDER_LOAD
-        ok = ok and ratio >= need
+            label, speed, ratio = "TUNED: draft off (profile says it loses)", plain[lv], 1.0
+        rows.append(row(label, lv, speed, ratio))
+        ok = ok and ratio >= (GOAL_ONE_REQUEST if lv == 1 else GOAL_UNDER_LOAD)
     return rows, ok
 
 
@@ -113,7 +114,8 @@ def confirm(result: tune.TuneResult, a: argparse.Namespace, progress) -> dict:
         with bn.running(settings, logs / f"confirm-{name}.log") as c:
             prompts = tune.sweep_prompts(c)
             bn._warm(c)
-            pts = tune.measure_points(c, prompts, levels, a.n_predict, requests=a.requests, rounds=a.rounds)
+            pts = tune.measure_points(c, prompts, levels, a.n_predict, requests=a.requests, rounds=a.rounds,
+                                      trials=a.trials)
             out[name] = {lv: p.speed for lv, p in pts.items()}
             progress(0, 0, f"confirm {name}: " + ", ".join(f"{lv}: {v:.1f}" for lv, v in out[name].items()))
     out["ratio"] = {lv: out["tuned"][lv] / ((out["plain-1"][lv] + out["plain-2"][lv]) / 2) for lv in levels}
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--n-predict", type=int, default=256)
     ap.add_argument("--requests", type=int, default=4, help="requests per point at 1 parallel request")
     ap.add_argument("--rounds", type=int, default=1, help="requests per thread under load")
+    ap.add_argument("--trials", type=int, default=1, help="measure each point N times, keep the median")
     ap.add_argument("-t", "--threads", type=int, help="CPU threads for llama-server")
     ap.add_argument("--out", type=Path, help="write the full result as JSON")
     ap.add_argument("--save-profile", action="store_true", help="also write the serve profile")
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     result = tune.run_tune(a.target, a.draft, rates=rates, acceptance=a.profile,
                            draft_lengths=_ints(a.draft_lengths) if a.draft_lengths else None,
                            concurrency=_ints(a.concurrency), n_predict=a.n_predict, requests=a.requests,
-                           rounds=a.rounds, server=a.server, threads=a.threads, save=a.save_profile,
+                           rounds=a.rounds, trials=a.trials, server=a.server, threads=a.threads, save=a.save_profile,
                            progress=progress)
     res = result.to_dict()
     print(result.text())

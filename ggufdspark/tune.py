@@ -158,6 +158,7 @@ class Point:
     accept_length: float | None
     requests: int
     tokens: int
+    trials: list[float] = field(default_factory=list)  # speeds of every trial (the median is kept)
 
     @property
     def speed(self) -> float:
@@ -254,14 +255,22 @@ def sweep_prompts(client: Any) -> list[list[int]]:
 
 def measure_points(client: Any, prompts: list[Any], levels: list[int], n_predict: int, *,
                    n_max: int | None = None, p_min: float | None = None, requests: int = 4,
-                   rounds: int = bn.ROUNDS, on_level: Any = None) -> dict[int, Point]:
+                   rounds: int = bn.ROUNDS, trials: int = 1, on_level: Any = None) -> dict[int, Point]:
     """One configuration at every load: ``requests`` sequential requests at level 1, ``rounds``
-    per thread above; every request generates exactly ``n_predict`` tokens (``ignore_eos``)."""
+    per thread above; every request generates exactly ``n_predict`` tokens (``ignore_eos``).
+    With ``trials`` > 1 each level is measured that many times and the median trial is kept (the
+    others stay in ``Point.trials``): a busy machine slows single trials, not the median."""
     out = {}
     for lv in levels:
-        lp = bn.measure_load(client, prompts, lv, n_predict, rounds=requests if lv == 1 else rounds,
-                             ignore_eos=True)
-        out[lv] = Point(n_max, p_min, lv, lp.tps, lp.decode_tps, lp.accept_length, lp.requests, lp.tokens)
+        got = []
+        for _ in range(max(1, trials)):
+            lp = bn.measure_load(client, prompts, lv, n_predict, rounds=requests if lv == 1 else rounds,
+                                 ignore_eos=True)
+            got.append(Point(n_max, p_min, lv, lp.tps, lp.decode_tps, lp.accept_length, lp.requests, lp.tokens))
+        got.sort(key=lambda p: p.speed)
+        mid = got[len(got) // 2]
+        mid.trials = [p.speed for p in got]
+        out[lv] = mid
         if on_level:
             on_level(lv)
     return out
@@ -279,7 +288,8 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
              acceptance: str = "measure", from_bench: str | Path | None = None,
              draft_lengths: list[int] | None = None, p_mins: list[float] | None = None,
              concurrency: list[int] | None = None, n_predict: int = bn.DEFAULT_N_PREDICT, requests: int = 4,
-             rounds: int = bn.ROUNDS, server: str | Path | None = None, threads: int | None = None,
+             rounds: int = bn.ROUNDS, trials: int = 1, server: str | Path | None = None,
+             threads: int | None = None,
              log_dir: str | Path | None = None, save: bool = True, min_gain: float = MIN_GAIN,
              progress: bn.Progress | None = None) -> TuneResult:
     """Sweep draft length x p_min x parallel requests under a fixed acceptance profile; recommend.
@@ -328,7 +338,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
 
     def measure(client: Any, n: int | None, p: float | None, label: str) -> dict[int, Point]:
         return measure_points(client, prompts, levels, n_predict, n_max=n, p_min=p, requests=requests,
-                              rounds=rounds, on_level=lambda lv: step(f"{label}, {lv} parallel"))
+                              rounds=rounds, trials=trials, on_level=lambda lv: step(f"{label}, {lv} parallel"))
 
     with bn.running(plain_settings, logs / "plain-1.log") as c:
         prompts = sweep_prompts(c)
@@ -359,7 +369,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     settings = {"target": str(target), "draft": str(draft), "engine": f"{info.commit or info.version} ({info.path})",
                 "backend": decision.backend, "devices": decision.devices, "block_size": limits.block_size,
                 "draft_lengths": lengths, "p_min": p_list, "concurrency": levels, "n_predict": n_predict,
-                "requests_at_1": requests, "rounds": rounds, "prompts": len(prompts),
+                "requests_at_1": requests, "rounds": rounds, "trials": trials, "prompts": len(prompts),
                 "offload": decision.offload, "flash_attn": decision.flash_attn,
                 "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos"}
     result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs))
@@ -375,7 +385,8 @@ def _pool(a: Point, b: Point) -> Point:
     wall = a.tokens / a.tps + b.tokens / b.tps if a.tps and b.tps else 0
     dec = [x for x in (a.decode_tps, b.decode_tps) if x]
     return Point(None, None, a.level, (a.tokens + b.tokens) / wall if wall else 0.0,
-                 sum(dec) / len(dec) if dec else None, None, a.requests + b.requests, a.tokens + b.tokens)
+                 sum(dec) / len(dec) if dec else None, None, a.requests + b.requests, a.tokens + b.tokens,
+                 a.trials + b.trials)
 
 
 # --------------------------------------------------------------------------- show
@@ -404,30 +415,35 @@ def format_tune(d: dict) -> str:
     """Text of a tune result or a stored profile (same layout)."""
     s, acc, rec = d["settings"], d["acceptance"], d["recommendation"]
     levels = s["concurrency"]
+    rates = " ".join(f"{r:.3f}" for r in acc["rates"])
     lines = [f"ggufdspark tune: {Path(s['target']).name} + {Path(s['draft']).name} "
              f"({s['backend']}, engine {s['engine']})",
              f"acceptance profile: {acc['name']}: {acc['source']}",
-             "  rates " + " ".join(f"{r:.3f}" for r in acc["rates"]) + f" (mean length {acc['mean_length']:.2f}); "
-             "truncated per draft length; speeds are synthetic-acceptance speeds",
-             f"n_predict {s['n_predict']}; {s['requests_at_1']} requests at 1, {s['rounds']} per thread under load; "
-             "1 request: decode tok/s; more: aggregate tok/s", ""]
-    head = f"{'draft len':>9} {'p_min':>5} {'accept':>6}" + "".join(f" {str(lv) + ' par t/s':>12} {'x':>5}" for lv in levels)
+             f"  rates {rates} (mean length {acc['mean_length']:.2f}); truncated per draft length; "
+             "speeds are synthetic-acceptance speeds",
+             f"n_predict {s['n_predict']}; {s['requests_at_1']} requests at 1, {s['rounds']} per thread under "
+             f"load; median of {s.get('trials', 1)} trials; 1 request: decode tok/s; more: aggregate tok/s", ""]
+
+    def cell(p: dict | None, ratio: float | None) -> str:
+        return f" {p['speed']:>12.1f} {ratio or 0:>5.2f}" if p else f" {'-':>12} {'-':>5}"
+
+    head = f"{'draft len':>9} {'p_min':>5} {'accept':>6}" + "".join(f" {f'{lv} par t/s':>12} {'x':>5}" for lv in levels)
     lines += [head, "-" * len(head)]
     plain = {p["level"]: p for p in d["plain"]}
-    lines.append(f"{'none':>9} {'-':>5} {'-':>6}" + "".join(f" {plain[lv]['speed']:>12.1f} {'1.00':>5}" for lv in levels))
+    lines.append(f"{'none':>9} {'-':>5} {'-':>6}" + "".join(cell(plain.get(lv), 1.0) for lv in levels))
     rows: dict[tuple, dict] = {}
     for p in d["points"]:
         rows.setdefault((p["n_max"], p["p_min"]), {})[p["level"]] = p
     for (n, pm), by in rows.items():
         al = by.get(1, {}).get("accept_length")
-        cells = "".join(f" {by[lv]['speed']:>12.1f} {by[lv]['ratio'] or 0:>5.2f}" if lv in by else f" {'-':>12} {'-':>5}"
-                        for lv in levels)
-        lines.append(f"{n:>9} {pm:>5g} {'-' if al is None else f'{al:.2f}':>6}" + cells)
+        al_text = "-" if al is None else f"{al:.2f}"
+        lines.append(f"{n:>9} {pm:>5g} {al_text:>6}"
+                     + "".join(cell(by.get(lv), by[lv]["ratio"] if lv in by else None) for lv in levels))
     lines.append("")
     if rec["draft_enabled"]:
-        lines.append(f"RECOMMENDATION: draft length {rec['draft_n_max']}"
-                     + (f", p_min {rec['p_min']:g}" if rec.get("p_min") else "")
-                     + f"; drafting pays up to {rec['max_concurrency_for_draft']} parallel requests")
+        pm = f", p_min {rec['p_min']:g}" if rec.get("p_min") else ""
+        lines.append(f"RECOMMENDATION: draft length {rec['draft_n_max']}{pm}; drafting pays up to "
+                     f"{rec['max_concurrency_for_draft']} parallel requests")
     else:
         lines.append("DRAFTING TURNED OFF: serve will run the target alone on this machine")
     lines.append(f"  because {rec['why']}")
@@ -437,5 +453,5 @@ def format_tune(d: dict) -> str:
 
 
 __all__ = ["PROFILES", "MIN_GAIN", "AcceptanceProfile", "geometric_rates", "expected_accept_length",
-           "profile_from_rates", "profile_from_bench", "measure_profile", "recommend", "run_tune", "sweep_prompts", "measure_points",
-           "show_profile", "format_tune", "TuneResult", "Point"]
+           "profile_from_rates", "profile_from_bench", "measure_profile", "recommend", "run_tune",
+           "sweep_prompts", "measure_points", "show_profile", "format_tune", "TuneResult", "Point"]

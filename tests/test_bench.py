@@ -184,7 +184,8 @@ def test_bad_prompt_files_get_clear_errors(tmp_path, text, message):
 def test_prompt_file_images_and_mmproj(tmp_path):
     (tmp_path / "chart.png").write_bytes(b"\x89PNG fake")
     f = tmp_path / "p.jsonl"
-    f.write_text('{"id": "c1", "images": ["chart.png"], "messages": [{"role": "user", "content": "Tallest bar?"}]}\n'
+    f.write_text('{"id": "c1", "images": ["chart.png"], '
+                 '"messages": [{"role": "user", "content": "Tallest bar?"}]}\n'
                  '{"id": "t1", "category": "text_vqa", "messages": [{"role": "system", "content": "Be brief."}, '
                  '{"role": "user", "content": "Hi"}, {"role": "user", "content": [{"type": "text", "text": "And?"}]}]}\n')
     items = pr.load_prompts(f)

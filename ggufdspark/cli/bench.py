@@ -25,28 +25,37 @@ def number_list(kind: type):
 @click.command(name="bench")
 @click.option("-m", "--model", required=True, type=click.Path(dir_okay=False), help="Target GGUF.")
 @click.option("-md", "--draft", required=True, type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
-@click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector: image prompts are sent as images.")
-@click.option("--prompts", type=click.Path(dir_okay=False), help="JSON Lines prompt file (default: the built-in set).")
+@click.option("--mmproj", type=click.Path(dir_okay=False),
+              help="Vision projector: image prompts are sent as images.")
+@click.option("--prompts", type=click.Path(dir_okay=False),
+              help="JSON Lines prompt file (default: the built-in set).")
 @click.option("--categories", callback=number_list(str), help="Only these categories (comma-separated).")
 @click.option("--limit", type=click.IntRange(1), help="At most N items per category.")
 @click.option("-n", "--n-predict", type=click.IntRange(1), default=bench_lib.DEFAULT_N_PREDICT, show_default=True,
               help="Tokens generated per request.")
-@click.option("--draft-n-max", type=click.IntRange(1, 64), help="Draft length (default: tune profile, else the hardware table).")
-@click.option("--p-min", type=click.FloatRange(0, 1), help="Confidence threshold for truncating drafts (engine default 0).")
-@click.option("--concurrency", callback=number_list(int), help="Parallel-request levels, e.g. 1,8,32 (default per backend).")
+@click.option("--draft-n-max", type=click.IntRange(1, 64),
+              help="Draft length (default: tune profile, else the hardware table).")
+@click.option("--p-min", type=click.FloatRange(0, 1),
+              help="Confidence threshold for truncating drafts (engine default 0).")
+@click.option("--concurrency", callback=number_list(int),
+              help="Parallel-request levels, e.g. 1,8,32 (default per backend).")
 @click.option("--synthetic-accept", "synthetic_len", type=float, help="Synthetic mean accept length L (speed only).")
-@click.option("--synthetic-rates", callback=number_list(float), help="Synthetic per-position rates P0,P1,... (speed only).")
-@click.option("--gate/--no-gate", default=None, help="Run the lossless gate (default: on unless acceptance is synthetic).")
+@click.option("--synthetic-rates", callback=number_list(float),
+              help="Synthetic per-position rates P0,P1,... (speed only).")
+@click.option("--gate/--no-gate", default=None,
+              help="Run the lossless gate (default: on unless acceptance is synthetic).")
 @click.option("--near-tie-gap", type=click.FloatRange(0, 1), default=bench_lib.NEAR_TIE_GAP, show_default=True,
               help="Top-2 probability gap below which a divergence is a near-tie.")
 @click.option("--reference-hf", "--informational-reference", "reference_hf", type=click.Path(file_okay=False),
               help="Target's HF checkpoint: also run it with transformers on CPU (report only).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
 @click.option("-t", "--threads", type=int, help="CPU threads for llama-server.")
-@click.option("--ctx-per-slot", type=click.IntRange(256), help="Context per parallel slot (default 2048 + turns x n_predict).")
+@click.option("--ctx-per-slot", type=click.IntRange(256),
+              help="Context per parallel slot (default 2048 + turns x n_predict).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep server logs (and drawn images) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG: speedup by category, vs concurrency, accept lengths.")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG: speedup by category, vs concurrency, accept lengths.")
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
             log_dir, as_json, plot):

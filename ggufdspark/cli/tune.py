@@ -17,13 +17,18 @@ from ggufdspark.cli.bench import number_list
 @click.option("--acceptance", default="measure", show_default=True,
               help="Acceptance profile to hold fixed: 'measure' (this pair, built-in prompts) or "
                    + ", ".join(tune_lib.PROFILES) + ".")
-@click.option("--rates", callback=number_list(float), help="Per-position acceptance rates P0,P1,... (overrides --acceptance).")
+@click.option("--rates", callback=number_list(float),
+              help="Per-position acceptance rates P0,P1,... (overrides --acceptance).")
 @click.option("--from-bench", type=click.Path(dir_okay=False), help="Take measured rates from a 'bench --json' report.")
 @click.option("--draft-lengths", callback=number_list(int), help="Draft lengths to try (default 1..block size).")
 @click.option("--p-min", "p_mins", callback=number_list(float), help="Confidence thresholds to try (default 0).")
-@click.option("--concurrency", callback=number_list(int), help="Parallel-request levels, e.g. 1,8,32 (default per backend).")
+@click.option("--concurrency", callback=number_list(int),
+              help="Parallel-request levels, e.g. 1,8,32 (default per backend).")
 @click.option("-n", "--n-predict", type=click.IntRange(1), default=bench_lib.DEFAULT_N_PREDICT, show_default=True)
-@click.option("--requests", type=click.IntRange(1), default=4, show_default=True, help="Requests per point at 1 parallel request.")
+@click.option("--requests", type=click.IntRange(1), default=4, show_default=True,
+              help="Requests per point at 1 parallel request.")
+@click.option("--trials", type=click.IntRange(1), default=1, show_default=True,
+              help="Measure each point this many times and keep the median (busy machines).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
 @click.option("-t", "--threads", type=int, help="CPU threads for llama-server.")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep server logs here.")
@@ -32,7 +37,7 @@ from ggufdspark.cli.bench import number_list
 @click.option("--no-save", is_flag=True, help="Measure and print, but do not write the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_mins, concurrency, n_predict,
-            requests, server, threads, log_dir, min_gain, no_save, as_json):
+            requests, trials, server, threads, log_dir, min_gain, no_save, as_json):
     """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile."""
     if show:
         prof = tune_lib.show_profile(model, draft, server=server)
@@ -40,8 +45,9 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
         return
     result = tune_lib.run_tune(
         model, draft, rates=rates, acceptance=acceptance, from_bench=from_bench, draft_lengths=draft_lengths,
-        p_mins=p_mins, concurrency=concurrency, n_predict=n_predict, requests=requests, server=server,
-        threads=threads, log_dir=log_dir, save=not no_save, min_gain=min_gain, progress=ProgressLine("tune"))
+        p_mins=p_mins, concurrency=concurrency, n_predict=n_predict, requests=requests, trials=trials,
+        server=server, threads=threads, log_dir=log_dir, save=not no_save, min_gain=min_gain,
+        progress=ProgressLine("tune"))
     if as_json:
         echo_json(result.to_dict())
     else:

@@ -154,6 +154,9 @@ class GGUFWriter:
             raise OutputExistsError(f"{self.path}: already exists (use --force to overwrite)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; the output gets the usual permissions
         total = self.total_bytes
         done = 0
         try:
