@@ -54,3 +54,18 @@ if [ "$stage" = bench ]; then
         --variants="--no-spec-draft-backend-sampling" \
         --json "$OUT/dspark_speed.json" --log-dir "$W/logs" 2>&1 | tee "$OUT/dspark_speed.txt"
 fi
+
+if [ "$stage" = profile ]; then
+    BIN=$(dirname "$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)")
+    $py benchmarks/profile_step.py --gpu --target "$T" --draft "$D" --server "$BIN/llama-server" \
+        --lengths 6,9 --json "$OUT/profile_step.json" --log-dir "$W/plogs" 2>&1 | tee "$OUT/profile_step.txt"
+fi
+
+if [ "$stage" = tune ]; then
+    BIN=$(dirname "$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)")
+    $py -m ggufdspark tune -m "$T" -md "$D" --server "$BIN/llama-server" --acceptance published \
+        --concurrency 1,8,32 -n 256 --requests 3 2>&1 | tee "$OUT/tune.txt"
+    $py -m ggufdspark tune -m "$T" -md "$D" --show 2>&1 | tee "$OUT/tune-show.txt"
+    $py -m ggufdspark serve -m "$T" -md "$D" --dry-run 2>&1 | tee "$OUT/serve-tuned.txt"
+    $py -m ggufdspark serve -m "$T" -md "$D" --dry-run -np 8 2>&1 | tee -a "$OUT/serve-tuned.txt"
+fi

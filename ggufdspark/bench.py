@@ -131,12 +131,13 @@ def check_rates(rates: list[float], n_max: int, *, what: str = "--synthetic-rate
 
 def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardware.Decision,
                   mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int = 4096,
-                  threads: int | None = None) -> ServerSettings:
-    """The target-only server the arms share (offload and flash attention as ``serve`` decides)."""
+                  threads: int | None = None, extra_args: list[str] | None = None) -> ServerSettings:
+    """The target-only server the arms share (offload and flash attention as ``serve`` decides);
+    ``extra_args`` go to every arm's llama-server unchanged."""
     return ServerSettings(
         server=engine.path, model=target, mmproj=mmproj, spec_type=None, draft_n_min=None,
         n_gpu_layers=99 if decision.offload else None, flash_attn=decision.flash_attn,
-        ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads)
+        ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads, extra_args=list(extra_args or []))
 
 
 def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int | None = None,
@@ -151,11 +152,33 @@ def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int |
         synth_rates=syn.rates, extra_args=list(base.extra_args))
 
 
+# Seen on this project's x86 build machine (AMX-capable Xeon, pinned engine, CPU backend): with two
+# or more parallel requests llama-server dies with SIGSEGV inside ggml-cpu's AMX matmul
+# (ggml_backend_amx_mul_mat, weights repacked at load). On a 320M-parameter pair with the DSpark
+# draft about 2 starts in 3 crash on the first parallel batch; the target alone crashes more rarely;
+# never with --no-repack, never with one request at a time.
+SEGV_HINT = ("on CPUs with AMX the pinned engine's repacked-weight kernels have crashed under parallel "
+             "batches; retry with --server-arg=--no-repack")
+
+
 @contextlib.contextmanager
 def running(settings: ServerSettings, log_path: Path, start_timeout: float = 600.0) -> Iterator[Client]:
-    """A started server's client; the server is stopped on exit, whatever happens."""
+    """A started server's client; the server is stopped on exit, whatever happens.
+
+    Raises:
+        BenchError: the server died while in use (exit code or signal, log path).
+    """
     with ServerProcess(settings, log_path=log_path, start_timeout=start_timeout) as srv:
-        yield srv.client()
+        try:
+            yield srv.client()
+        except EngineError as e:
+            time.sleep(0.2)
+            if srv.alive() or srv.proc is None:
+                raise
+            rc = srv.proc.returncode
+            how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+            hint = f"; {SEGV_HINT}" if rc == -11 and settings.n_gpu_layers is None else ""
+            raise BenchError(f"llama-server died during the measurement ({how}; log: {log_path}): {e}{hint}") from None
 
 
 # --------------------------------------------------------------------------- requests
@@ -675,63 +698,49 @@ def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None 
     return info, devices, decision, draft_limits(draft)
 
 
-def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
-              prompts: str | Path | None = None, categories: list[str] | None = None, limit: int | None = None,
-              n_predict: int = DEFAULT_N_PREDICT, draft_n_max: int | None = None, p_min: float | None = None,
-              concurrency: list[int] | None = None, synthetic_len: float | None = None,
-              synthetic_rates: list[float] | None = None, gate: bool | None = None,
-              near_tie_gap: float = NEAR_TIE_GAP, reference_hf: str | Path | None = None,
-              server: str | Path | None = None, threads: int | None = None, ctx_per_slot: int | None = None,
-              log_dir: str | Path | None = None, progress: Progress | None = None) -> BenchReport:
-    """Measure plain vs speculative decoding and run the lossless gate.
+@dataclass
+class Arms:
+    """Raw results of the three arms (plain, speculative, plain again) over the same turns."""
 
-    Args:
-        gate: None runs the gate unless acceptance is synthetic; True insists (refused with
-            synthetic acceptance); False skips it.
-        concurrency: parallel-request levels for the throughput curve (default per backend).
+    turns: list[Turn]
+    plain: list[Outcome]
+    spec: list[Outcome]
+    plain_again: list[Outcome]
+    load_plain: dict[int, LoadPoint]
+    load_spec: dict[int, LoadPoint]
+    load_plain_again: dict[int, LoadPoint]
+    spec_counters: tm.RequestTimings  # /metrics delta over the speculative arm's one-at-a-time pass
+    gate: GateResult
 
-    Returns:
-        A BenchReport; call ``raise_for_gate()`` to turn defects into an error.
 
-    Raises:
-        BenchError: bad options or prompt file, or the gate requested with synthetic acceptance.
-        InputNotFoundError, PairMismatchError, EngineError: files, pair or engine unusable.
-    """
-    synthetic = None
+def _synthetic(synthetic_len: float | None, synthetic_rates: list[float] | None, gate: bool | None,
+               n_max: int) -> Synthetic | None:
+    """Validate the synthetic-acceptance options (refusing the gate with them)."""
+    if synthetic_len is None and not synthetic_rates:
+        return None
     if synthetic_len is not None and synthetic_rates:
         raise BenchError("--synthetic-accept and --synthetic-rates are mutually exclusive")
-    if synthetic_len is not None or synthetic_rates:
-        synthetic = Synthetic(synthetic_len, list(synthetic_rates) if synthetic_rates else None)
-        if gate:
-            raise BenchError(f"the lossless gate is refused with {synthetic.describe()}: the engine accepts "
-                             "draft tokens at random in that mode, so the output is not valid; drop --gate, "
-                             "or drop the synthetic flags to check the output")
-    if n_predict < 1:
-        raise BenchError(f"--n-predict {n_predict}: expected at least 1")
-    info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server)
-    n_max = draft_n_max or decision.draft_n_max or limits.max_n
-    if n_max > limits.max_n:
-        raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
-                         f"block size {limits.block_size})")
-    if p_min and not limits.confidence_head:
-        raise BenchError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
-    if synthetic and synthetic.rates:
-        synthetic.rates = check_rates(synthetic.rates, n_max)
-    if synthetic and synthetic.length is not None and not (1.0 <= synthetic.length <= n_max + 1):
-        raise BenchError(f"--synthetic-accept {synthetic.length}: expected a mean length in [1, {n_max + 1}] "
+    syn = Synthetic(synthetic_len, list(synthetic_rates) if synthetic_rates else None)
+    if gate:
+        raise BenchError(f"the lossless gate is refused with {syn.describe()}: the engine accepts draft tokens "
+                         "at random in that mode, so the output is not valid; drop --gate, or drop the "
+                         "synthetic flags to check the output")
+    if syn.rates:
+        syn.rates = check_rates(syn.rates, n_max)
+    if syn.length is not None and not 1.0 <= syn.length <= n_max + 1:
+        raise BenchError(f"--synthetic-accept {syn.length}: expected a mean length in [1, {n_max + 1}] "
                          f"for draft length {n_max}")
-    levels = _levels(concurrency, decision.backend)
-    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-bench-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    pset = pr.prompt_set(prompts, mmproj=mmproj, image_dir=logs / "images", categories=categories, limit=limit)
-    n_turns = sum(it.n_turns for it in pset.items)
-    max_turns = max(it.n_turns for it in pset.items)
-    per_slot = ctx_per_slot or 2048 + n_predict * max_turns
-    base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=max(levels),
-                         ctx_per_slot=per_slot, threads=threads)
-    spec_settings = arm_settings(base, draft, n_max=n_max, p_min=p_min, synthetic=synthetic)
-    plain_settings = arm_settings(base, None)
+    return syn
 
+
+def measure_arms(plain_settings: ServerSettings, spec_settings: ServerSettings, items: list[pr.PromptItem], *,
+                 n_predict: int, levels: list[int], logs: Path, gate: str, near_tie_gap: float = NEAR_TIE_GAP,
+                 media: bool = False, progress: Progress | None = None) -> Arms:
+    """Run plain / speculative / plain over the items, then the gate on the last plain server.
+
+    ``gate``: "run", or the status to record without running it ("refused: why", "off: why").
+    """
+    n_turns = sum(it.n_turns for it in items)
     total = 3 * (n_turns + sum(lv * ROUNDS for lv in levels))
     done = [0]
 
@@ -740,12 +749,12 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
         if progress:
             progress(min(done[0], total), total, what)
 
-    def measure_arm(client: Client, turns: list[Turn], label: str) -> tuple[list[Outcome], dict[int, LoadPoint]]:
+    def sequential(client: Client, turns: list[Turn], label: str) -> list[Outcome]:
         outs = []
         for t in turns:
             outs.append(request(client, t.prompt, n_predict))
             tick(f"{label}: {t.item} turn {t.turn + 1}")
-        return outs, load_curve(client, turns, label)
+        return outs
 
     def load_curve(client: Client, turns: list[Turn], label: str) -> dict[int, LoadPoint]:
         prompts_ = [t.prompt for t in turns]
@@ -754,67 +763,142 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
 
     log.info("arm 1/3: target alone (%s)", logs / "plain-1.log")
     with running(plain_settings, logs / "plain-1.log") as c:
-        marker = json.loads(c.get_text("/props")).get("media_marker") if mmproj else None
+        marker = _media_marker(c) if media else None
         _warm(c)
-        turns, plain1 = run_first_arm(c, pset.items, n_predict, marker, lambda w: tick(f"plain: {w}"))
+        turns, plain1 = run_first_arm(c, items, n_predict, marker, lambda w: tick(f"plain: {w}"))
         load1 = load_curve(c, turns, "plain")
-    log.info("arm 2/3: target + draft, n_max %d (%s)", n_max, logs / "spec.log")
+    log.info("arm 2/3: target + draft, n_max %s (%s)", spec_settings.draft_n_max, logs / "spec.log")
     with running(spec_settings, logs / "spec.log") as c:
+        here = _for_server(turns, marker, _media_marker(c) if media else None)
         _warm(c)
         m0 = c.metrics()
-        spec = []
-        for t in turns:
-            spec.append(request(c, t.prompt, n_predict))
-            tick(f"spec: {t.item} turn {t.turn + 1}")
-        delta = tm.metrics_delta(m0, c.metrics())
-        load_s = load_curve(c, turns, "spec")
+        spec = sequential(c, here, "spec")
+        counters = tm.metrics_delta(m0, c.metrics())
+        load_s = load_curve(c, here, "spec")
     log.info("arm 3/3: target alone again (%s)", logs / "plain-2.log")
-    use_gate = gate if gate is not None else synthetic is None
     with running(plain_settings, logs / "plain-2.log") as c:
+        here = _for_server(turns, marker, _media_marker(c) if media else None)
         _warm(c)
-        plain2, load2 = measure_arm(c, turns, "plain again")
-        if synthetic:
-            g = GateResult("refused", f"{synthetic.describe()}: the output is not valid in that mode")
-        elif not use_gate:
-            g = GateResult("off", "--no-gate given")
+        plain2 = sequential(c, here, "plain again")
+        load2 = load_curve(c, here, "plain again")
+        if gate == "run":
+            g = run_gate(c, here, plain1, spec, plain2, near_tie_gap=near_tie_gap)
         else:
-            g = run_gate(c, turns, plain1, spec, plain2, near_tie_gap=near_tie_gap)
-    reference = reference_run(reference_hf, turns, plain1, n_predict) if reference_hf else None
+            status, _, why = gate.partition(": ")
+            g = GateResult(status, why, requests=len(turns), near_tie_gap=near_tie_gap)
+    return Arms(turns, plain1, spec, plain2, load1, load_s, load2, counters, g)
 
+
+def _media_marker(client: Client) -> str | None:
+    return json.loads(client.get_text("/props")).get("media_marker")
+
+
+def _for_server(turns: list[Turn], old: str | None, new: str | None) -> list[Turn]:
+    """The turns with image prompts re-addressed to another server: llama-server picks a random
+    media marker per process (``LLAMA_MEDIA_MARKER`` unset), so the marker rendered into the
+    first server's prompt text is swapped for this server's. Text and images are unchanged."""
+    if not old or not new or old == new:
+        return turns
+    out = []
+    for t in turns:
+        p = t.prompt
+        if isinstance(p, dict):
+            p = {**p, "prompt_string": p["prompt_string"].replace(old, new)}
+        out.append(dataclasses.replace(t, prompt=p))
+    return out
+
+
+def summarize_arms(a: Arms) -> tuple[list[GroupStats], GroupStats, dict, list[dict], dict]:
+    """Per-category and overall stats, plain drift, the concurrency curve, acceptance figures."""
     groups = []
-    for cat in dict.fromkeys(t.category for t in turns):
-        idx = [i for i, t in enumerate(turns) if t.category == cat]
-        groups.append(group_stats(pr.CATEGORIES.get(cat, cat), [plain1[i] for i in idx],
-                                  [plain2[i] for i in idx], [spec[i] for i in idx]))
-    overall = group_stats("overall", plain1, plain2, spec)
-    before, after = _decode_tps(plain1), _decode_tps(plain2)
-    drift = {"before_tps": before, "after_tps": after, "change": _div(after, before) - 1 if before and after else None}
+    for cat in dict.fromkeys(t.category for t in a.turns):
+        idx = [i for i, t in enumerate(a.turns) if t.category == cat]
+        groups.append(group_stats(pr.CATEGORIES.get(cat, cat), [a.plain[i] for i in idx],
+                                  [a.plain_again[i] for i in idx], [a.spec[i] for i in idx]))
+    overall = group_stats("overall", a.plain, a.plain_again, a.spec)
+    before, after = _decode_tps(a.plain), _decode_tps(a.plain_again)
+    drift = {"before_tps": before, "after_tps": after, "change": after / before - 1 if before and after else None}
     load = []
-    for lv in levels:
-        pt = (load1[lv].tokens + load2[lv].tokens) / ((load1[lv].wall_s + load2[lv].wall_s) or 1)
-        sp = load_s[lv]
+    for lv, sp in a.load_spec.items():
+        p1, p2 = a.load_plain[lv], a.load_plain_again[lv]
+        pt = (p1.tokens + p2.tokens) / ((p1.wall_s + p2.wall_s) or 1)
         load.append({"level": lv, "plain_tps": pt, "spec_tps": sp.tps, "ratio": _div(sp.tps, pt),
-                     "plain_before_tps": load1[lv].tps, "plain_after_tps": load2[lv].tps,
+                     "plain_before_tps": p1.tps, "plain_after_tps": p2.tps,
                      "spec_accept_length": sp.accept_length, "requests": sp.requests})
-    acceptance = {"accept_length": delta.accept_length, "passes": delta.passes, "drafted": delta.draft_n,
-                  "accepted": delta.draft_n_accepted, "rates": delta.accept_rate_per_pos,
-                  "per_position": delta.accepted_per_pos,
-                  "histogram": accept_histogram(delta.accepted_per_pos, delta.passes),
+    d = a.spec_counters
+    acceptance = {"accept_length": d.accept_length, "passes": d.passes, "drafted": d.draft_n,
+                  "accepted": d.draft_n_accepted, "rates": d.accept_rate_per_pos, "per_position": d.accepted_per_pos,
+                  "histogram": accept_histogram(d.accepted_per_pos, d.passes),
                   "source": "/metrics counters of the speculative arm, one request at a time"}
+    return groups, overall, drift, load, acceptance
+
+
+def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
+              prompts: str | Path | None = None, categories: list[str] | None = None, limit: int | None = None,
+              n_predict: int = DEFAULT_N_PREDICT, draft_n_max: int | None = None, p_min: float | None = None,
+              concurrency: list[int] | None = None, synthetic_len: float | None = None,
+              synthetic_rates: list[float] | None = None, gate: bool | None = None,
+              near_tie_gap: float = NEAR_TIE_GAP, reference_hf: str | Path | None = None,
+              server: str | Path | None = None, threads: int | None = None, ctx_per_slot: int | None = None,
+              server_args: list[str] | None = None, log_dir: str | Path | None = None,
+              progress: Progress | None = None) -> BenchReport:
+    """Measure plain vs speculative decoding and run the lossless gate.
+
+    Args:
+        gate: None runs the gate unless acceptance is synthetic; True insists (refused with
+            synthetic acceptance); False skips it.
+        concurrency: parallel-request levels for the throughput curve (default per backend).
+        server_args: extra llama-server arguments for every arm.
+
+    Returns:
+        A BenchReport; call ``raise_for_gate()`` to turn defects into an error.
+
+    Raises:
+        BenchError: bad options or prompt file, the gate requested with synthetic acceptance, or
+            a server that died during the run.
+        InputNotFoundError, PairMismatchError, EngineError: files, pair or engine unusable.
+    """
+    if n_predict < 1:
+        raise BenchError(f"--n-predict {n_predict}: expected at least 1")
+    if gate and (synthetic_len is not None or synthetic_rates):
+        _synthetic(synthetic_len, synthetic_rates, gate, 1)  # refuse before anything is loaded
+    info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server)
+    n_max = draft_n_max or decision.draft_n_max or limits.max_n
+    if n_max > limits.max_n:
+        raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
+                         f"block size {limits.block_size})")
+    if p_min and not limits.confidence_head:
+        raise BenchError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
+    synthetic = _synthetic(synthetic_len, synthetic_rates, gate, n_max)
+    levels = _levels(concurrency, decision.backend)
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-bench-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    pset = pr.prompt_set(prompts, mmproj=mmproj, image_dir=logs / "images", categories=categories, limit=limit)
+    per_slot = ctx_per_slot or 2048 + n_predict * max(it.n_turns for it in pset.items)
+    base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=max(levels),
+                         ctx_per_slot=per_slot, threads=threads, extra_args=server_args)
+    spec_settings = arm_settings(base, draft, n_max=n_max, p_min=p_min, synthetic=synthetic)
+    plain_settings = arm_settings(base, None)
+    gate_mode = ("refused: " + f"{synthetic.describe()}: the output is not valid in that mode" if synthetic
+                 else "off: --no-gate given" if gate is False else "run")
+    arms = measure_arms(plain_settings, spec_settings, pset.items, n_predict=n_predict, levels=levels, logs=logs,
+                        gate=gate_mode, near_tie_gap=near_tie_gap, media=bool(mmproj), progress=progress)
+    reference = reference_run(reference_hf, arms.turns, arms.plain, n_predict) if reference_hf else None
+    groups, overall, drift, load, acceptance = summarize_arms(arms)
     settings = {"target": str(target), "draft": str(draft), "mmproj": str(mmproj) if mmproj else None,
                 "engine": f"{info.commit or info.version} ({info.path})", "backend": decision.backend,
                 "devices": decision.devices, "draft_n_max": n_max, "block_size": limits.block_size,
                 "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
                 "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
-                "requests": len(turns), "prompts": pset.source, "prompt_notes": pset.notes,
+                "requests": len(arms.turns), "prompts": pset.source, "images": pset.images,
                 "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,
                 "spec_command": spec_settings.redacted(), "plain_command": plain_settings.redacted()}
     rows = [{"item": t.item, "category": t.category, "turn": t.turn, "prompt_tokens": t.n_prompt,
              "plain": _row(p1), "spec": _row(s), "plain_again": _row(p2)}
-            for t, p1, s, p2 in zip(turns, plain1, spec, plain2)]
-    return BenchReport(settings, synthetic.describe() if synthetic else None, groups, overall, drift, load, g,
-                       acceptance, reference, {k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")},
-                       rows)
+            for t, p1, s, p2 in zip(arms.turns, arms.plain, arms.spec, arms.plain_again)]
+    return BenchReport(settings, synthetic.describe() if synthetic else None, groups, overall, drift, load,
+                       arms.gate, acceptance, reference,
+                       {k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")}, rows)
 
 
 def _row(o: Outcome) -> dict:

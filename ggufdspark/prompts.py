@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -305,7 +305,6 @@ class PromptSet:
     items: list[PromptItem]
     source: str
     images: bool = False
-    notes: list[str] = field(default_factory=list)
 
 
 def prompt_set(path: str | Path | None = None, *, mmproj: str | Path | None = None,
@@ -328,5 +327,6 @@ def prompt_set(path: str | Path | None = None, *, mmproj: str | Path | None = No
     if mmproj and image_dir is None:
         raise ValueError("image_dir is needed to draw the built-in images")
     items = select(builtin_prompts(image_dir=image_dir if mmproj else None), categories=categories, limit=limit)
-    notes = [] if mmproj else ["built-in set, text-only (no --mmproj): pictures are described in text"]
-    return PromptSet(items, "builtin", bool(mmproj), notes)
+    if mmproj:
+        return PromptSet(items, "builtin, pictures drawn and sent as images", True)
+    return PromptSet(items, "builtin, text-only (no --mmproj: pictures described in text)", False)

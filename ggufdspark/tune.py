@@ -235,8 +235,8 @@ def recommend(plain: dict[int, Point], points: list[Point], *, min_gain: float =
     lost = next((r for r in rows if not r["draft_pays"]), None)
     if lost:
         why += (f"; with {lost['parallel']} parallel requests it ran at {lost['chosen_ratio'] or 0:.2f}x of plain "
-                f"throughput, so above {max_c} parallel requests serve without the draft")
-    else:
+                f"throughput, so above {_requests(max_c)} serve without the draft")
+    elif levels[-1] > 1:
         why += f"; it still paid at {levels[-1]} parallel requests"
     rec["why"] = why
     return rec
@@ -276,6 +276,10 @@ def measure_points(client: Any, prompts: list[Any], levels: list[int], n_predict
     return out
 
 
+def _requests(n: int) -> str:
+    return "1 request at a time" if n == 1 else f"{n} parallel requests"
+
+
 def _parse_lengths(values: list[int] | None, max_n: int) -> list[int]:
     ns = sorted(set(values or range(1, max_n + 1)))
     bad = [n for n in ns if not 1 <= n <= max_n]
@@ -289,7 +293,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
              draft_lengths: list[int] | None = None, p_mins: list[float] | None = None,
              concurrency: list[int] | None = None, n_predict: int = bn.DEFAULT_N_PREDICT, requests: int = 4,
              rounds: int = bn.ROUNDS, trials: int = 1, server: str | Path | None = None,
-             threads: int | None = None,
+             threads: int | None = None, server_args: list[str] | None = None,
              log_dir: str | Path | None = None, save: bool = True, min_gain: float = MIN_GAIN,
              progress: bn.Progress | None = None) -> TuneResult:
     """Sweep draft length x p_min x parallel requests under a fixed acceptance profile; recommend.
@@ -325,7 +329,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     max_n = limits.max_n if profile is None else min(limits.max_n, len(profile.rates))
     lengths = _parse_lengths(draft_lengths, max_n)
     base = bn.base_settings(info, target, decision=decision, parallel=max(levels), ctx_per_slot=1024 + n_predict,
-                            threads=threads)
+                            threads=threads, extra_args=server_args)
     plain_settings = bn.arm_settings(base, None)
     configs = [(n, p) for n in lengths for p in p_list]
     total = (len(configs) + 2) * len(levels) + (1 if profile is None else 0)
@@ -370,7 +374,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
                 "backend": decision.backend, "devices": decision.devices, "block_size": limits.block_size,
                 "draft_lengths": lengths, "p_min": p_list, "concurrency": levels, "n_predict": n_predict,
                 "requests_at_1": requests, "rounds": rounds, "trials": trials, "prompts": len(prompts),
-                "offload": decision.offload, "flash_attn": decision.flash_attn,
+                "offload": decision.offload, "flash_attn": decision.flash_attn, "server_args": server_args or [],
                 "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos"}
     result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs))
     if save:
@@ -419,31 +423,33 @@ def format_tune(d: dict) -> str:
     lines = [f"ggufdspark tune: {Path(s['target']).name} + {Path(s['draft']).name} "
              f"({s['backend']}, engine {s['engine']})",
              f"acceptance profile: {acc['name']}: {acc['source']}",
-             f"  rates {rates} (mean length {acc['mean_length']:.2f}); truncated per draft length; "
-             "speeds are synthetic-acceptance speeds",
+             f"  rates {rates} (mean length {acc['mean_length']:.2f}); truncated per draft length "
+             "(expect: 1 + sum of the kept rates; accept: realized); speeds are synthetic-acceptance speeds",
              f"n_predict {s['n_predict']}; {s['requests_at_1']} requests at 1, {s['rounds']} per thread under "
              f"load; median of {s.get('trials', 1)} trials; 1 request: decode tok/s; more: aggregate tok/s", ""]
 
     def cell(p: dict | None, ratio: float | None) -> str:
         return f" {p['speed']:>12.1f} {ratio or 0:>5.2f}" if p else f" {'-':>12} {'-':>5}"
 
-    head = f"{'draft len':>9} {'p_min':>5} {'accept':>6}" + "".join(f" {f'{lv} par t/s':>12} {'x':>5}" for lv in levels)
+    head = (f"{'draft len':>9} {'p_min':>5} {'expect':>6} {'accept':>6}"
+            + "".join(f" {f'{lv} par t/s':>12} {'x':>5}" for lv in levels))
     lines += [head, "-" * len(head)]
     plain = {p["level"]: p for p in d["plain"]}
-    lines.append(f"{'none':>9} {'-':>5} {'-':>6}" + "".join(cell(plain.get(lv), 1.0) for lv in levels))
+    lines.append(f"{'none':>9} {'-':>5} {'-':>6} {'-':>6}" + "".join(cell(plain.get(lv), 1.0) for lv in levels))
     rows: dict[tuple, dict] = {}
     for p in d["points"]:
         rows.setdefault((p["n_max"], p["p_min"]), {})[p["level"]] = p
     for (n, pm), by in rows.items():
         al = by.get(1, {}).get("accept_length")
         al_text = "-" if al is None else f"{al:.2f}"
-        lines.append(f"{n:>9} {pm:>5g} {al_text:>6}"
+        expect = expected_accept_length(acc["rates"][:n])
+        lines.append(f"{n:>9} {pm:>5g} {expect:>6.2f} {al_text:>6}"
                      + "".join(cell(by.get(lv), by[lv]["ratio"] if lv in by else None) for lv in levels))
     lines.append("")
     if rec["draft_enabled"]:
         pm = f", p_min {rec['p_min']:g}" if rec.get("p_min") else ""
         lines.append(f"RECOMMENDATION: draft length {rec['draft_n_max']}{pm}; drafting pays up to "
-                     f"{rec['max_concurrency_for_draft']} parallel requests")
+                     f"{_requests(rec['max_concurrency_for_draft'])}")
     else:
         lines.append("DRAFTING TURNED OFF: serve will run the target alone on this machine")
     lines.append(f"  because {rec['why']}")

@@ -209,6 +209,26 @@ def test_bad_prompt_file_through_the_cli(small_pair, ggufdspark_cli, isolated, t
     assert p.returncode == 2 and "prompt file not found" in p.stderr
 
 
+def test_image_prompts_with_the_mmproj(isolated, tmp_path):
+    """The built-in set with drawn pictures through a generated LFM2-VL pair: every arm gets the
+    same image prompts (each server has its own media marker) and the gate still passes."""
+    from ggufdspark.convert.drafter import convert_drafter
+    from ggufdspark.convert.target import convert_target
+    from ggufdspark.testing import synth, synth_vl
+
+    vl = synth_vl.make_vl_target(tmp_path / "tiny-lfm2-vl")
+    r = convert_target(vl, output=tmp_path)
+    draft = convert_drafter(synth.make_drafter(tmp_path / "tiny-lfm2-vl-DSpark", vl), r.path,
+                            output=tmp_path / "dspark-tiny-lfm2-vl-F16.gguf").path
+    rep = bn.run_bench(r.path, draft, mmproj=r.mmproj.path, categories=["chart_vqa", "multi_turn"], limit=1,
+                       n_predict=12, concurrency=[1, 2], log_dir=tmp_path / "logs")
+    assert rep.settings["images"] and "pictures drawn" in rep.settings["prompts"]
+    assert (tmp_path / "logs" / "images" / "chart-01.png").is_file()
+    assert [r["prompt_tokens"] for r in rep.requests] == [None] * 4  # image prompts are sent whole
+    assert rep.gate.status == "pass" and rep.gate.exact + rep.gate.near_ties == 4
+    assert rep.acceptance["drafted"] > 0
+
+
 def test_informational_reference_never_fails(small_pair, isolated, tmp_path):
     rep = bn.run_bench(small_pair.target, small_pair.draft, categories=["complex_reasoning"], limit=1, n_predict=8,
                        concurrency=[1], reference_hf=small_pair.target_dir, log_dir=tmp_path / "logs")

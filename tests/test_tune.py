@@ -76,6 +76,12 @@ def test_tune_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, isola
     assert f"--spec-draft-n-max {n}" in s.stdout and " -md " in s.stdout
     assert f"draft length {n} measured fastest" in s.stderr
 
+    # drafting was measured up to 2 parallel requests; serving more slots than that runs without it
+    assert rec["max_concurrency_for_draft"] == 2
+    s = ggufdspark_cli("serve", *pair, "--dry-run", "-np", "4", env=isolated)
+    assert s.returncode == 0, s.stderr
+    assert " -md " not in s.stdout and "stops paying above 2" in s.stderr
+
     show = ggufdspark_cli("tune", *pair, "--show", env=isolated)
     assert show.returncode == 0, show.stderr
     assert f"RECOMMENDATION: draft length {n}" in show.stdout and "profile: " in show.stdout

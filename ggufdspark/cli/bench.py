@@ -52,20 +52,22 @@ def number_list(kind: type):
 @click.option("-t", "--threads", type=int, help="CPU threads for llama-server.")
 @click.option("--ctx-per-slot", type=click.IntRange(256),
               help="Context per parallel slot (default 2048 + turns x n_predict).")
+@click.option("--server-arg", "server_args", multiple=True,
+              help="Extra llama-server argument for every arm (repeat; e.g. --server-arg=--no-repack).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep server logs (and drawn images) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: speedup by category, vs concurrency, accept lengths.")
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
-            log_dir, as_json, plot):
+            server_args, log_dir, as_json, plot):
     """Measure decoding with and without the draft on this machine, and check the output is lossless."""
     report = bench_lib.run_bench(
         model, draft, mmproj=mmproj, prompts=prompts, categories=categories, limit=limit, n_predict=n_predict,
         draft_n_max=draft_n_max, p_min=p_min, concurrency=concurrency, synthetic_len=synthetic_len,
         synthetic_rates=synthetic_rates, gate=gate, near_tie_gap=near_tie_gap, reference_hf=reference_hf,
-        server=server, threads=threads, ctx_per_slot=ctx_per_slot, log_dir=log_dir,
-        progress=ProgressLine("bench"))
+        server=server, threads=threads, ctx_per_slot=ctx_per_slot, server_args=list(server_args),
+        log_dir=log_dir, progress=ProgressLine("bench"))
     if as_json:
         echo_json(report.to_dict())
     else:

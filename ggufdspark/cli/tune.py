@@ -31,13 +31,15 @@ from ggufdspark.cli.bench import number_list
               help="Measure each point this many times and keep the median (busy machines).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
 @click.option("-t", "--threads", type=int, help="CPU threads for llama-server.")
+@click.option("--server-arg", "server_args", multiple=True,
+              help="Extra llama-server argument for every arm (repeat; e.g. --server-arg=--no-repack).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep server logs here.")
 @click.option("--min-gain", type=click.FloatRange(0), default=tune_lib.MIN_GAIN, show_default=True,
               help="Drafting is turned on only if at least this many times faster than the target alone.")
 @click.option("--no-save", is_flag=True, help="Measure and print, but do not write the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_mins, concurrency, n_predict,
-            requests, trials, server, threads, log_dir, min_gain, no_save, as_json):
+            requests, trials, server, threads, server_args, log_dir, min_gain, no_save, as_json):
     """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile."""
     if show:
         prof = tune_lib.show_profile(model, draft, server=server)
@@ -46,8 +48,8 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
     result = tune_lib.run_tune(
         model, draft, rates=rates, acceptance=acceptance, from_bench=from_bench, draft_lengths=draft_lengths,
         p_mins=p_mins, concurrency=concurrency, n_predict=n_predict, requests=requests, trials=trials,
-        server=server, threads=threads, log_dir=log_dir, save=not no_save, min_gain=min_gain,
-        progress=ProgressLine("tune"))
+        server=server, threads=threads, server_args=list(server_args), log_dir=log_dir, save=not no_save,
+        min_gain=min_gain, progress=ProgressLine("tune"))
     if as_json:
         echo_json(result.to_dict())
     else:
