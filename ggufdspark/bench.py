@@ -137,7 +137,8 @@ def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardw
     return ServerSettings(
         server=engine.path, model=target, mmproj=mmproj, spec_type=None, draft_n_min=None,
         n_gpu_layers=99 if decision.offload else None, flash_attn=decision.flash_attn,
-        ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads, extra_args=list(extra_args or []))
+        ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads,
+        extra_args=hardware.engine_workarounds(decision.backend, parallel) + list(extra_args or []))
 
 
 def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int | None = None,

@@ -26,11 +26,24 @@ DEFAULTS: dict[str, BackendDefaults] = {
     "cuda": BackendDefaults(9, True, "on", "CUDA: the drafter's trained block size (9), LiquidAI's serving line"),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
-    # Measured here (benchmarks/cpu_draft_length.py, docs/benchmarks.md): on a 2-core x86 CPU the
-    # best draft length at the published acceptance profile was short; see the doc for the sweep.
-    "cpu": BackendDefaults(4, False, None, "CPU: measured sweep on 2 cores (docs/benchmarks.md)"),
+    # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core
+    # x86 CPU, with a 320M LFM2 target and a block-9 drafter, draft lengths 2-3 were fastest
+    # (1.52-1.66x), 8-9 slower than no draft.
+    "cpu": BackendDefaults(3, False, None, "CPU: draft length 2-3 measured fastest on a 2-core x86 CPU (docs/benchmarks.md)"),
 }
 OTHER_GPU = BackendDefaults(8, True, "on", "other GPU backend: Metal's value, untuned")
+
+
+def engine_workarounds(backend: str | None, parallel: int | None) -> list[str]:
+    """llama-server flags that avoid known failures of the pinned engine on this backend.
+
+    CPU with 2+ parallel slots: on CPUs with AMX, ggml-cpu's repacked-weight matmul has crashed
+    (SIGSEGV) on the first parallel batch (seen here: 7 of 10 starts with a 320M pair and a draft);
+    ``--no-repack`` avoided it in every run. Single-slot serving keeps repacking (faster).
+    """
+    if (backend or "cpu") == "cpu" and (parallel or 1) > 1:
+        return ["--no-repack"]
+    return []
 
 
 @dataclass

@@ -87,7 +87,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         draft_n_min=0 if decision.draft_enabled else None,
         n_gpu_layers=99 if decision.offload else None,
         n_gpu_layers_draft=99 if decision.offload and decision.draft_enabled else None,
-        flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel, extra_args=list(extra_args or []))
+        flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,
+        extra_args=hardware.engine_workarounds(decision.backend, parallel) + list(extra_args or []))
     return ServePlan(settings, decision, info, warnings, report)
 
 
