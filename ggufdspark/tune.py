@@ -255,12 +255,15 @@ def sweep_prompts(client: Any) -> list[list[int]]:
 
 def measure_points(client: Any, prompts: list[Any], levels: list[int], n_predict: int, *,
                    n_max: int | None = None, p_min: float | None = None, requests: int = 4,
-                   rounds: int = bn.ROUNDS, trials: int = 1, on_level: Any = None) -> dict[int, Point]:
+                   rounds: int = bn.ROUNDS, trials: int = 1, on_level: Any = None,
+                   out: dict[int, Point] | None = None) -> dict[int, Point]:
     """One configuration at every load: ``requests`` sequential requests at level 1, ``rounds``
     per thread above; every request generates exactly ``n_predict`` tokens (``ignore_eos``).
     With ``trials`` > 1 each level is measured that many times and the median trial is kept (the
-    others stay in ``Point.trials``): a busy machine slows single trials, not the median."""
-    out = {}
+    others stay in ``Point.trials``): a busy machine slows single trials, not the median.
+    Points are added to ``out`` (when given) as each level finishes, so a caller keeps them if the
+    server dies at a higher level."""
+    out = {} if out is None else out
     for lv in levels:
         got = []
         for _ in range(max(1, trials)):
@@ -340,9 +343,11 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
         if progress:
             progress(min(done[0], total), total, what)
 
-    def measure(client: Any, n: int | None, p: float | None, label: str) -> dict[int, Point]:
+    def measure(client: Any, n: int | None, p: float | None, label: str,
+                out: dict[int, Point] | None = None) -> dict[int, Point]:
         return measure_points(client, prompts, levels, n_predict, n_max=n, p_min=p, requests=requests,
-                              rounds=rounds, trials=trials, on_level=lambda lv: step(f"{label}, {lv} parallel"))
+                              rounds=rounds, trials=trials, on_level=lambda lv: step(f"{label}, {lv} parallel"),
+                              out=out)
 
     with bn.running(plain_settings, logs / "plain-1.log") as c:
         prompts = sweep_prompts(c)
@@ -357,12 +362,25 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
         lengths = _parse_lengths(draft_lengths, min(limits.max_n, len(profile.rates)))
         configs = [(n, p) for n in lengths for p in p_list]
     points: list[Point] = []
+    failures: list[dict] = []
     for n, p in configs:
         syn = bn.Synthetic(rates=profile.truncated(n))
         name = f"spec-n{n}-p{p:g}"
-        with bn.running(bn.arm_settings(base, draft, n_max=n, p_min=p, synthetic=syn), logs / f"{name}.log") as c:
-            bn._warm(c)
-            points += measure(c, n, p, f"draft length {n}" + (f", p_min {p:g}" if p else "")).values()
+        got: dict[int, Point] = {}
+        try:
+            with bn.running(bn.arm_settings(base, draft, n_max=n, p_min=p, synthetic=syn), logs / f"{name}.log") as c:
+                bn._warm(c)
+                measure(c, n, p, f"draft length {n}" + (f", p_min {p:g}" if p else ""), out=got)
+        except BenchError as e:
+            if 1 not in got:
+                raise
+            # the engine died under parallel load with the draft: that level (and above) counts as
+            # "drafting does not pay" for this configuration; the sweep goes on
+            failed_at = min(lv for lv in levels if lv not in got)
+            failures.append({"draft_n_max": n, "p_min": p, "parallel": failed_at, "error": str(e)})
+            log.warning("draft length %d: llama-server died at %d parallel requests; counted as not paying (%s)",
+                        n, failed_at, e)
+        points += got.values()
     with bn.running(plain_settings, logs / "plain-2.log") as c:
         bn._warm(c)
         plain2 = measure(c, None, None, "plain again")
@@ -370,12 +388,16 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     drift = {lv: {"before": plain1[lv].speed, "after": plain2[lv].speed,
                   "change": plain2[lv].speed / plain1[lv].speed - 1 if plain1[lv].speed else None} for lv in levels}
     rec = recommend(plain, points, min_gain=min_gain)
+    if failures:
+        rec["why"] += ("; llama-server crashed with the draft under parallel load (" + ", ".join(
+            f"draft length {f['draft_n_max']} at {f['parallel']} parallel" for f in failures) + "): see engine_failures")
     settings = {"target": str(target), "draft": str(draft), "engine": f"{info.commit or info.version} ({info.path})",
                 "backend": decision.backend, "devices": decision.devices, "block_size": limits.block_size,
                 "draft_lengths": lengths, "p_min": p_list, "concurrency": levels, "n_predict": n_predict,
                 "requests_at_1": requests, "rounds": rounds, "trials": trials, "prompts": len(prompts),
                 "offload": decision.offload, "flash_attn": decision.flash_attn, "server_args": server_args or [],
-                "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos"}
+                "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos",
+                "engine_failures": failures}
     result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs))
     if save:
         data = result.to_dict()

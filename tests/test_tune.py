@@ -112,3 +112,45 @@ def test_tune_refuses_bad_inputs(small_pair, isolated, tmp_path):
         tune.profile_from_bench(bad)
     with pytest.raises(BenchError, match="cannot increase"):
         tune.profile_from_rates([0.5, 0.6])
+
+
+def _kill_draft_servers() -> int:
+    """SIGKILL every running llama-server of this user that has a draft (-md) loaded."""
+    import os
+    import signal
+    from pathlib import Path
+
+    killed = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"llama-server") and b"-md" in argv:
+            os.kill(int(d.name), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def test_engine_dying_under_load_counts_as_not_paying(small_pair, isolated):
+    """The real server is killed after its one-request measurement, during the parallel one (as the
+    pinned engine does by itself under load on some machines): tune keeps the one-request point,
+    records the failure, and the recommendation keeps drafting to one request at a time."""
+    kills = []
+
+    def progress(done, total, what):
+        if what == "draft length 2, 1 parallel":
+            kills.append(_kill_draft_servers())
+
+    res = tune.run_tune(small_pair.target, small_pair.draft, acceptance="published", draft_lengths=[2],
+                        concurrency=[1, 2], n_predict=16, requests=1, save=False, progress=progress,
+                        min_gain=0.0)
+    assert kills == [1]
+    failures = res.settings["engine_failures"]
+    assert len(failures) == 1 and failures[0]["draft_n_max"] == 2 and failures[0]["parallel"] == 2
+    assert any(p.n_max == 2 and p.level == 1 for p in res.points)
+    assert not any(p.n_max == 2 and p.level == 2 for p in res.points)
+    assert res.recommendation["max_concurrency_for_draft"] == 1
+    assert "crashed" in res.recommendation["why"]
