@@ -31,23 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from ggufdspark.tune import geometric_rates  # noqa: E402  (llama.cpp's own construction)
 
 PROMPT = ("Describe in detail how speculative decoding works with a small draft model and a large "
           "target model, what acceptance length means, and why the output is unchanged.")
-
-
-def geometric_rates(accept_len: float, block: int) -> list[float]:
-    """Unconditional per-position acceptance rates p, p^2, ... with 1 + sum = accept_len
-    (llama.cpp's own construction for --spec-synth-len at n_max = block)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        p = (lo + hi) / 2
-        if sum(p ** (j + 1) for j in range(block)) < accept_len - 1:
-            lo = p
-        else:
-            hi = p
-    p = (lo + hi) / 2
-    return [p ** (j + 1) for j in range(block)]
 
 
 def one_request(client, tokens, n_predict):

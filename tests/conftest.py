@@ -142,3 +142,12 @@ def start_server(dspark_engine, tmp_path):
         srv.stop()
 
 # ------------------------------------------------------------------ end pairs / servers block
+
+
+@pytest.fixture
+def isolated(dspark_engine, tmp_path, monkeypatch):
+    """Env for CLI runs and library calls: the built engine, a private cache (no stray profiles)."""
+    env = {"GGUFDSPARK_CACHE": str(tmp_path / "cache"), "GGUFDSPARK_SERVER": dspark_engine.path}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env

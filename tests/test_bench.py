@@ -16,13 +16,6 @@ from ggufdspark import prompts as pr
 from ggufdspark.errors import BenchError, InputNotFoundError, LosslessGateError
 
 
-@pytest.fixture
-def isolated(dspark_engine, tmp_path, monkeypatch):
-    """Env for CLI runs and library calls: the built engine, a private cache (no stray profiles)."""
-    env = {"GGUFDSPARK_CACHE": str(tmp_path / "cache"), "GGUFDSPARK_SERVER": dspark_engine.path}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
 
 
 def test_bench_small_pair_passes_lossless_gate(small_pair, ggufdspark_cli, isolated, tmp_path):

@@ -11,12 +11,6 @@ from ggufdspark import tune
 from ggufdspark.errors import BenchError
 
 
-@pytest.fixture
-def isolated(dspark_engine, tmp_path, monkeypatch):
-    env = {"GGUFDSPARK_CACHE": str(tmp_path / "cache"), "GGUFDSPARK_SERVER": dspark_engine.path}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
 
 
 def test_published_profile_is_the_documented_derivation():

@@ -53,17 +53,22 @@ def resolve_checkpoint(spec: str | Path) -> Path:
     raise InputNotFoundError(f"{p}: no such file or directory")
 
 
+def load_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object. Raises CorruptFileError naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorruptFileError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CorruptFileError(f"{path}: not a JSON object")
+    return data
+
+
 def load_config(directory: Path) -> dict[str, Any]:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise InputNotFoundError(f"{directory}: no config.json")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CorruptFileError(f"{path}: invalid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise CorruptFileError(f"{path}: not a JSON object")
-    return cfg
+    return load_json_object(path)
 
 
 @dataclass

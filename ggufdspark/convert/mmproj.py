@@ -10,7 +10,6 @@ converter (``conversion/base.py`` ``MmprojModel`` / ``prepare_tensors``, ``conve
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -20,12 +19,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggufdspark.convert.common import (OUTTYPE_LABEL, VL_TARGET_ARCHS, load_config, outtype_tensor,
+from ggufdspark.convert.common import (OUTTYPE_LABEL, VL_TARGET_ARCHS, load_config, load_json_object, outtype_tensor,
                                        resolve_checkpoint, text_config)
 from ggufdspark.convert.drafter import ConvertResult
 from ggufdspark.convert.safetensors import STensor, open_checkpoint
 from ggufdspark.convert.stream import TensorPlan, write_plans
-from ggufdspark.errors import CorruptFileError, OutputExistsError, UnsupportedModelError
+from ggufdspark.errors import OutputExistsError, UnsupportedModelError
 from ggufdspark.gguffile.constants import (ARCH_CLIP, FILE_TYPE, QUANTIZATION_VERSION, Key, TensorType,
                                            ValueType)
 from ggufdspark.gguffile.reader import GGUFFile
@@ -189,12 +188,7 @@ def _processor_config(directory: Path) -> tuple[dict, list[Path]]:
         path = directory / fname
         if not path.is_file():
             continue
-        try:
-            cfg = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CorruptFileError(f"{path}: invalid JSON ({e})") from None
-        if not isinstance(cfg, dict):
-            raise CorruptFileError(f"{path}: not a JSON object")
+        cfg = load_json_object(path)
         if isinstance(cfg.get(sub), dict):
             cfg = {**cfg, **cfg[sub]}
         merged.update(cfg)
