@@ -504,6 +504,10 @@ class GroupStats:
     accept_length_request_mean: float | None
     accept_length_token_weighted: float | None
     acceptance_rate: float | None
+    # prefill (prompt processing, image encoding included): DSpark does not change it
+    prompt_tokens_mean: float | None = None
+    plain_prefill_ms: float | None = None
+    spec_prefill_ms: float | None = None
 
     @property
     def decode_speedup(self) -> float | None:
@@ -530,14 +534,22 @@ def _e2e_tps(outs: list[Outcome]) -> float | None:
     return sum(o.timings.predicted_n or 0 for o in outs) / wall if wall else None
 
 
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
 def group_stats(name: str, plain: list[Outcome], plain_again: list[Outcome], spec: list[Outcome]) -> GroupStats:
-    """Plain throughput pools both plain runs (the bracket); tokens are counted once."""
+    """Plain throughput pools both plain runs (the bracket); tokens are counted once. Prefill is
+    reported apart (mean ms per request): it includes the vision encoder and is not drafted."""
     s = tm.summarize([o.timings for o in spec])
     both = plain + plain_again
     return GroupStats(name, len(spec), sum(o.timings.predicted_n or 0 for o in plain),
                       s.predicted_n, _decode_tps(both), _decode_tps(spec), _e2e_tps(both), _e2e_tps(spec),
                       s.accept_length.request_mean, s.accept_length.token_weighted,
-                      s.acceptance_rate.token_weighted)
+                      s.acceptance_rate.token_weighted,
+                      _mean([o.timings.prompt_n for o in spec]),
+                      _mean([o.timings.prompt_ms for o in both]), _mean([o.timings.prompt_ms for o in spec]))
 
 
 def accept_histogram(per_pos: list[int] | None, passes: int | None) -> list[int]:
@@ -605,6 +617,11 @@ def format_report(r: BenchReport) -> str:
         lines.append(f"{g.name:<18} {g.requests:>4} {g.spec_tokens:>7} {_f(g.plain_decode_tps):>10} "
                      f"{_f(g.spec_decode_tps):>9} {_f(g.decode_speedup, '{:.2f}x'):>7} "
                      f"{_f(g.e2e_speedup, '{:.2f}x'):>6} {al:>19} {_f(g.acceptance_rate, '{:.2f}'):>8}")
+    lines += ["", "prefill (prompt and images; the draft does not change it): mean per request",
+              f"{'category':<18} {'prompt tok':>10} {'plain ms':>9} {'spec ms':>8}"]
+    for g in r.groups + [r.overall]:
+        lines.append(f"{g.name:<18} {_f(g.prompt_tokens_mean, '{:.0f}'):>10} {_f(g.plain_prefill_ms):>9} "
+                     f"{_f(g.spec_prefill_ms):>8}")
     d = r.drift
     lines += ["", f"plain drift: {_f(d.get('before_tps'))} tok/s before, {_f(d.get('after_tps'))} after "
                   f"({_f(d.get('change'), '{:+.1%}')})"]

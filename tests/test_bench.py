@@ -220,6 +220,11 @@ def test_image_prompts_with_the_mmproj(isolated, tmp_path):
     assert [r["prompt_tokens"] for r in rep.requests] == [None] * 4  # image prompts are sent whole
     assert rep.gate.status == "pass" and rep.gate.exact + rep.gate.near_ties == 4
     assert rep.acceptance["drafted"] > 0
+    # prefill (image encoding included) is reported apart from decode, for both arms
+    o = rep.overall
+    assert o.prompt_tokens_mean and o.prompt_tokens_mean >= 64  # an image is at least 64 tokens
+    assert o.plain_prefill_ms and o.plain_prefill_ms > 0 and o.spec_prefill_ms and o.spec_prefill_ms > 0
+    assert "prefill (prompt and images" in rep.text()
 
 
 def test_informational_reference_never_fails(small_pair, isolated, tmp_path):
