@@ -349,3 +349,22 @@ def test_convert_target_of_vl_checkpoint_without_vision_writes_tower_only(small_
     assert set(a.tensors) == set(b.tensors)
     for n in a.tensors:
         assert np.array_equal(a.tensor_bytes(n), b.tensor_bytes(n)), n
+
+
+def test_generate_then_convert_with_the_cli(ggufdspark_cli, tmp_path):
+    """The user path: generate a (VL) pair, convert target + mmproj and draft, check the pair."""
+    out = tmp_path / "gen"
+    p = ggufdspark_cli("generate", str(out), "--vl")
+    assert p.returncode == 0, p.stderr
+    again = ggufdspark_cli("generate", str(out))
+    assert again.returncode != 0 and "not empty" in again.stderr and "Traceback" not in again.stderr
+    p = ggufdspark_cli("convert-target", str(out / "target"), "-o", str(tmp_path), "--json")
+    assert p.returncode == 0, p.stderr
+    t = tmp_path / "target-F16.gguf"
+    assert t.is_file() and (tmp_path / "mmproj-target-F16.gguf").is_file()
+    p = ggufdspark_cli("convert", str(out / "drafter"), "--target", str(t), "-o", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    d = tmp_path / "dspark-target-F16.gguf"
+    p = ggufdspark_cli("check", str(t), str(d), "--mmproj", str(tmp_path / "mmproj-target-F16.gguf"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "pair OK" in p.stdout

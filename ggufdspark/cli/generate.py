@@ -16,8 +16,9 @@ from ggufdspark.testing import synth
               help="small: tiny test pair; full: the published shapes (2.4B target, 279.5M drafter).")
 @click.option("--only", type=click.Choice(["both", "target", "drafter"]), default="both", show_default=True)
 @click.option("--dtype", type=click.Choice(["BF16", "F16", "F32"]), default="BF16", show_default=True)
+@click.option("--vl", is_flag=True, help="Make the target an LFM2-VL checkpoint (vision tower + projector).")
 @click.option("--force", is_flag=True, help="Write into a non-empty directory.")
-def command(out, size, only, dtype, force):
+def command(out, size, only, dtype, vl, force):
     """Generate a random LFM2 target and/or its DSpark drafter (Hub layout) under OUT."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:
@@ -26,8 +27,14 @@ def command(out, size, only, dtype, force):
     dspec = synth.FULL_DRAFTER if size == "full" else synth.SMALL_DRAFTER
     tdir = out / "target"
     if only in ("both", "target"):
-        click.echo(f"generating target ({size}) in {tdir}", err=True)
-        synth.make_target(tdir, tspec, dtype=dtype)
+        click.echo(f"generating {'LFM2-VL ' if vl else ''}target ({size}) in {tdir}", err=True)
+        if vl:
+            from ggufdspark.testing import synth_vl
+
+            vision = synth_vl.SO400M_VISION if size == "full" else synth_vl.SMALL_VISION
+            synth_vl.make_vl_target(tdir, tspec, vision, dtype=dtype)
+        else:
+            synth.make_target(tdir, tspec, dtype=dtype)
     elif not (tdir / "config.json").is_file():
         click.echo(f"generating target tokenizer/config only is not supported; writing target ({size})", err=True)
         synth.make_target(tdir, tspec, dtype=dtype)
