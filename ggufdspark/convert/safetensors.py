@@ -9,6 +9,7 @@ and each error names the file and the value that disagrees.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -46,10 +47,7 @@ class STensor:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 def read_header(path: Path) -> tuple[dict[str, STensor], dict]:

@@ -7,6 +7,7 @@ read-only numpy views (``GGUFFile.tensor_bytes``).
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -38,10 +39,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass
