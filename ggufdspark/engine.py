@@ -63,6 +63,9 @@ BASE_FLAGS = [
 ]
 
 SERVER_TARGETS = ["llama-server"]
+# Part of every cache key: bump it whenever BASE_FLAGS or BACKEND_FLAGS change, so that a build
+# made with the old recipe is not reused (extra flags and patches are hashed into the key anyway).
+RECIPE = ""
 
 
 def cache_dir() -> Path:
@@ -172,7 +175,7 @@ class BuildSpec:
         extras = list(self.extra_flags)
         if self.patches:
             extras += [f"patch:{p.name}:{_sha256(p)}" for p in patch_files()]
-        key = f"{PIN_COMMIT}-{self.backend}"
+        key = f"{PIN_COMMIT}-{self.backend}{RECIPE}"
         if extras:
             key += "-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:10]
         return key
