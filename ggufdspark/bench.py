@@ -21,7 +21,6 @@ and every draft length needs its own server start (``tune`` does that).
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures as cf
 import contextlib
 import dataclasses
@@ -40,6 +39,7 @@ from ggufdspark import hardware, profiles
 from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
 from ggufdspark.check import check_pair
+from ggufdspark.images import image_b64
 from ggufdspark.errors import BenchError, EngineError, InputNotFoundError, LosslessGateError
 from ggufdspark.gguffile.constants import Key
 from ggufdspark.gguffile.reader import read_gguf
@@ -259,10 +259,6 @@ def measure_load(client: Client, prompts: list[Any], level: int, n_predict: int,
 # --------------------------------------------------------------------------- rendering
 
 
-def _b64(path: str | Path) -> str:
-    return base64.b64encode(Path(path).read_bytes()).decode()
-
-
 def render(client: Client, messages: list[dict], media_marker: str | None) -> tuple[Any, int | None]:
     """Prompt for ``/completion`` and its token count: token ids for text-only conversations
     (chat template, then ``/tokenize`` with BOS, as the chat endpoint does), or a multimodal prompt
@@ -277,7 +273,7 @@ def render(client: Client, messages: list[dict], media_marker: str | None) -> tu
                 if p["type"] == "image":
                     if not media_marker:
                         raise BenchError("an image prompt needs a server started with --mmproj")
-                    images.append(_b64(p["path"]))
+                    images.append(image_b64(p["path"]))
                     text += media_marker + "\n"
                 else:
                     text += p["text"]

@@ -76,7 +76,7 @@ def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: in
     """
     backend = report.backend or "cpu"
     base = DEFAULTS.get(backend, OTHER_GPU)
-    d = Decision(backend, True, base.draft_n_max, base.offload, base.flash_attn, [base.source],
+    d = Decision(backend, True, base.draft_n_max, base.offload, base.flash_attn, [f"default for {base.source}"],
                  [asdict(x) for x in report.devices])
     if report.errors:
         d.reasons.append("device detection: " + "; ".join(report.errors))

@@ -63,6 +63,8 @@ def profile_path(report: DeviceReport, target: str | Path, draft: str | Path) ->
 
 
 def load_profile(report: DeviceReport, target: str | Path, draft: str | Path) -> dict | None:
+    if not (cache_dir() / "profiles" / hardware_key(report)).is_dir():
+        return None  # nothing tuned on this machine: don't hash multi-GB files to find that out
     p = profile_path(report, target, draft)
     if not p.is_file():
         return None

@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ggufdspark import images
 from ggufdspark.errors import BenchError, InputNotFoundError
 
 log = logging.getLogger(__name__)
@@ -92,46 +93,11 @@ def describe(draw: dict) -> str:
 
 
 def draw_image(draw: dict, path: Path, size: int = 448) -> Path:
-    """Render a ``draw`` spec to a PNG at ``path`` (needs Pillow)."""
+    """Render a ``draw`` spec to a PNG at ``path`` (``ggufdspark.images``; needs Pillow)."""
     try:
-        from PIL import Image, ImageDraw
-    except ImportError:
-        raise BenchError("drawing the built-in images needs Pillow: pip install pillow") from None
-    kind = draw["kind"]
-    img = Image.new("RGB", (size, size), draw.get("background", "white"))
-    d = ImageDraw.Draw(img)
-    if kind == "scene":
-        for o in draw["objects"]:
-            cx, cy, r = o["x"] * size, o["y"] * size, o["size"] * size / 2
-            box = (cx - r, cy - r, cx + r, cy + r)
-            if o["shape"] == "circle":
-                d.ellipse(box, fill=o["color"])
-            elif o["shape"] == "square":
-                d.rectangle(box, fill=o["color"])
-            elif o["shape"] == "rectangle":
-                d.rectangle((cx - 1.4 * r, cy - 0.7 * r, cx + 1.4 * r, cy + 0.7 * r), fill=o["color"])
-            else:
-                d.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=o["color"])
-    elif kind == "sign":
-        step = size // (len(draw["lines"]) + 1)
-        for i, line in enumerate(draw["lines"]):
-            d.text((size // 10, step * (i + 1) - 6), line, fill=draw["color"], font_size=size // 14)
-    elif kind == "bars":
-        d.text((size // 10, size // 20), f"{draw['title']} ({draw['unit']})", fill="black", font_size=size // 22)
-        top = max(draw["values"]) or 1
-        n = len(draw["values"])
-        w = (size * 0.8) / n
-        for i, (lab, v) in enumerate(zip(draw["labels"], draw["values"])):
-            x0 = size * 0.1 + i * w + w * 0.15
-            h = (size * 0.65) * v / top
-            d.rectangle((x0, size * 0.85 - h, x0 + w * 0.7, size * 0.85), fill="steelblue")
-            d.text((x0, size * 0.87), str(lab), fill="black", font_size=size // 28)
-            d.text((x0, size * 0.85 - h - size // 20), str(v), fill="black", font_size=size // 28)
-    else:
-        raise ValueError(f"unknown draw kind {kind!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
-    return path
+        return images.render(draw, path, size=size)
+    except ImportError as e:
+        raise BenchError(f"drawing the built-in images needs Pillow and matplotlib: {e}") from None
 
 
 def builtin_prompts(*, image_dir: str | Path | None = None) -> list[PromptItem]:

@@ -58,15 +58,15 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     info = eng.find_engine(server)
     warnings: list[str] = []
     report = None
-    if model and (draft or mmproj):
-        rep = check_pair(model, draft if not no_draft else None, mmproj) if (draft and not no_draft) or mmproj else None
-        if rep is not None:
-            report = rep.to_dict()
-            if not rep.ok:
-                if not force:
-                    rep.raise_for_failures()
-                warnings.append("--force: serving a pair that FAILED check: "
-                                + "; ".join(f"{c.name}: {c.detail}" for c in rep.failures()))
+    checked_draft = None if no_draft else draft
+    if model and (checked_draft or mmproj):
+        rep = check_pair(model, checked_draft, mmproj)
+        report = rep.to_dict()
+        if not rep.ok:
+            if not force:
+                rep.raise_for_failures()
+            warnings.append("--force: serving a pair that FAILED check: "
+                            + "; ".join(f"{c.name}: {c.detail}" for c in rep.failures()))
     use_draft = bool(draft or hfd) and not no_draft
     if use_draft:
         eng.require_dspark(info)

@@ -21,7 +21,9 @@ from ggufdspark.errors import OutputExistsError, PairMismatchError, UnsupportedM
 from ggufdspark.gguffile.reader import read_gguf
 from ggufdspark.runners.server import ServerSettings
 from ggufdspark.serve import plan
-from ggufdspark.testing import images, synth, synth_vl
+from ggufdspark import images
+from ggufdspark.runners.server import image_data_uri
+from ggufdspark.testing import synth, synth_vl
 from ggufdspark.testing.oracle import run_reference
 
 OUTTYPES = ["f32", "f16", "bf16", "q8_0"]
@@ -284,7 +286,7 @@ def test_serve_mmproj_answers_image_chat_with_draft_timings(vl, pictures, start_
     chart = next(p for p in pictures if p.category == "chart_vqa")
     # a local file (sent as a data URI by the client) and an explicit data URI
     for part in ({"type": "image", "path": str(chart.path)},
-                 {"type": "image_url", "image_url": {"url": images.data_uri(chart.path)}}):
+                 {"type": "image_url", "image_url": {"url": image_data_uri(chart.path)}}):
         out = c.chat([{"role": "user", "content": [part, {"type": "text", "text": chart.question}]}], max_tokens=32)
         t = out.timings
         assert t.draft_n and t.draft_n > 0, out.raw.get("timings")
@@ -306,7 +308,7 @@ def test_serve_mmproj_answers_image_chat_with_draft_timings(vl, pictures, start_
     second = c.chat(follow, max_tokens=24)
     assert second.timings.cache_n and second.timings.draft_n, second.raw.get("timings")
     chunks = [ln for ln in c.stream_lines("/v1/chat/completions", {
-        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": images.data_uri(
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_uri(
             pictures[3].path)}}, {"type": "text", "text": pictures[3].question}]}],
         "max_tokens": 24, "temperature": 0}) if ln.startswith("data: {")]
     assert json.loads(chunks[-1][len("data: "):])["timings"]["draft_n"] > 0

@@ -36,7 +36,8 @@ def command(out, size, only, dtype, vl, force):
         else:
             synth.make_target(tdir, tspec, dtype=dtype)
     elif not (tdir / "config.json").is_file():
-        click.echo(f"generating target tokenizer/config only is not supported; writing target ({size})", err=True)
+        # a drafter is made for a target: write the target it needs first
+        click.echo(f"no target in {tdir}: generating one ({size}) for the drafter", err=True)
         synth.make_target(tdir, tspec, dtype=dtype)
     if only in ("both", "drafter"):
         click.echo(f"generating drafter ({size}) in {out / 'drafter'}", err=True)

@@ -51,10 +51,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, no_
         click.echo(shlex.join(p.settings.redacted()))
         return
     log_path = Path(log_file) if log_file else Path(tempfile.gettempdir()) / f"ggufdspark-serve-{int(time.time())}.log"
-    if p.settings.port == 0:
-        from ggufdspark.runners.server import free_port
-
-        p.settings.port = free_port("127.0.0.1" if p.settings.host in ("0.0.0.0", "::") else p.settings.host)
+    p.settings.pick_port()  # so the command printed below names the port actually used
     click.echo(shlex.join(p.settings.redacted()), err=True)
     click.echo(f"log: {log_path}", err=True)
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ggufdspark.errors import CorruptFileError, InputNotFoundError, UnsupportedModelError
-from ggufdspark.gguffile.constants import Key, TensorType
+from ggufdspark.gguffile.constants import OUTTYPE_TENSOR, Key, TensorType
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,6 @@ def default_draft_name(info: TargetInfo, outtype: str) -> str:
 
 
 def outtype_tensor(outtype: str) -> TensorType:
-    from ggufdspark.gguffile.constants import OUTTYPE_TENSOR
-
     if outtype not in OUTTYPE_TENSOR:
         raise UnsupportedModelError(f"unsupported --outtype {outtype!r}; expected one of {', '.join(OUTTYPES)}")
     return OUTTYPE_TENSOR[outtype]

@@ -124,6 +124,12 @@ class ServerSettings:
         a += list(self.extra_args)
         return a
 
+    def pick_port(self) -> int:
+        """Replace port 0 by a free port on this host (loopback for wildcard hosts)."""
+        if self.port == 0:
+            self.port = free_port("127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host)
+        return self.port
+
     def redacted(self) -> list[str]:
         """``args()`` with the API key masked, for printing and logs."""
         out = self.args()
@@ -185,7 +191,7 @@ class ServerProcess:
         """
         s = self.settings
         if s.port == 0:
-            s.port = free_port(s.host if s.host not in ("0.0.0.0", "::") else "127.0.0.1")
+            s.pick_port()
         elif port_in_use(s.host, s.port):
             raise PortInUseError(f"port {s.port} on {s.host} is already in use (use --port 0 to pick a free one)")
         log.debug("starting: %s", " ".join(s.redacted()))
@@ -362,6 +368,7 @@ class Client:
 
 
 def image_data_uri(path: str | Path) -> str:
+    """``data:image/png;base64,...`` for an ``image_url`` part of a chat message."""
     p = Path(path)
     mime = mimetypes.guess_type(p.name)[0] or "image/png"
     return f"data:{mime};base64,{base64.b64encode(p.read_bytes()).decode()}"

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import io
-import mimetypes
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -317,11 +316,5 @@ def image_b64(path: str | Path) -> str:
     return base64.b64encode(Path(path).read_bytes()).decode()
 
 
-def data_uri(path: str | Path) -> str:
-    """``data:image/png;base64,...`` for an ``image_url`` part of a chat message."""
-    p = Path(path)
-    return f"data:{mimetypes.guess_type(p.name)[0] or 'image/png'};base64,{image_b64(p)}"
-
-
 __all__ = ["CATEGORIES", "CHART_KINDS", "SHAPES", "DEFAULT_SIZE", "ImageItem", "render", "describe",
-           "random_chart", "random_sign", "random_scene", "random_items", "image_b64", "data_uri", "png_bytes"]
+           "random_chart", "random_sign", "random_scene", "random_items", "image_b64", "png_bytes"]
