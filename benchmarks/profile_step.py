@@ -48,7 +48,7 @@ def profile(name: str, settings: ServerSettings, args, env: dict[str, str], log_
             toks = c.tokenize(PROMPT)
             for _ in range(args.trials + 1):  # the first is a warm-up; all count in the engine's totals
                 c.complete(toks, n_predict=args.n_predict, ignore_eos=True)
-            srv.wait_for_log(r"eval time", count=args.trials + 1)
+            srv.wait_for_log(EVAL.pattern, count=args.trials + 1)  # decode lines only, not "prompt eval"
         text = srv.log_text()
     finally:
         for k, v in old.items():

@@ -44,9 +44,9 @@ def main() -> int:
             print(f"   verify passes      {t.passes} (from {t.passes_source})")
             print(f"   accept length      {al} (1 + accepted/passes, bonus token included; MAT {t.mat:.2f})")
             print(f"   decode speed       {t.decode_tps:.1f} tok/s")
-            lines = srv.wait_for_log("draft acceptance")
-            if lines:
-                print(f"   engine log         {lines[-1].split('|')[-1].strip()}")
+            # the engine's logger thread may write the request's line after the response
+            lines = srv.wait_for_log(r"draft acceptance = .*mean len = *\d+\.\d\d")
+            print(f"   engine log         {lines[-1].split('|')[-1].strip()}")
     except GgufdsparkError as e:
         print(f"ggufdspark: error: {e}", file=sys.stderr)
         return e.exit_code

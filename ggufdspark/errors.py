@@ -51,6 +51,10 @@ class ServerStartError(EngineError):
     """llama-server exited or never became healthy."""
 
 
+class LogWaitTimeoutError(EngineError, TimeoutError):
+    """An expected line did not reach the llama-server log in time (or the server exited first)."""
+
+
 class PortInUseError(EngineError, OSError):
     """The requested port is already bound."""
 

@@ -120,6 +120,9 @@ def capture_run(run: str, overrides: dict, out: Path, server: str, pair) -> dict
             scrapes.append(_get(srv.url, "/metrics"))
             entries.append({"file": fname, "name": name, "endpoint": endpoint, "stream": stream})
             log.info("%s: %s", run, fname)
+        # the engine's logger thread can lag the responses: every request's block ends with its
+        # "stop processing" line (after the timing lines); wait for the last one before stopping
+        srv.wait_for_log(r"stop processing", count=len(REQUESTS))
     (out / f"{run}.jsonl").write_bytes(b"".join(json.dumps(json.loads(r)).encode() + b"\n" for r in jsonl))
     (out / f"{run}.sse").write_bytes(b"".join(r if r.endswith(b"\n") else r + b"\n" for r in sse))
     (out / f"{run}.metrics").write_text("".join(f"# scrape {i}\n{s}" for i, s in enumerate(scrapes)))

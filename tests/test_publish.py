@@ -428,6 +428,7 @@ def test_llama_server_resolves_and_downloads_published_pair(ggufdspark_cli, smal
     got = downloaded(t_repo) | downloaded(d_repo)
     assert sha256(got["Tiny-LFM2-F16.gguf"]) == sha256(small_pair.target)
     assert sha256(got["dspark-Tiny-LFM2-F16.gguf"]) == sha256(small_pair.draft)
+    srv.wait_for_log(r"dspark-Tiny-LFM2-F16\.gguf")  # logged by the engine's logger thread: may lag /health
     log = srv.log_text()
     assert "dspark-Tiny-LFM2-F16.gguf" in log and "draft-dspark" in log
     out = srv.client().complete("The model draft target", n_predict=32)

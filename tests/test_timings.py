@@ -14,13 +14,14 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ggufdspark import timings as tm
-from ggufdspark.errors import InputNotFoundError, TimingsParseError
+from ggufdspark.errors import InputNotFoundError, LogWaitTimeoutError, TimingsParseError
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "timings"
@@ -28,7 +29,7 @@ CAPTURE = REPO / "scripts" / "capture_timings.py"
 
 # The engine's per-request speculative line, read independently of the parser.
 DRAFT_LINE = re.compile(r"task (\d+) \| draft acceptance = ([\d.]+) \(\s*(\d+) accepted /\s*(\d+) generated\), "
-                        r"mean len =\s*([\d.]+)")
+                        r"mean len =\s*(\d+\.\d\d)")  # %5.2f: two decimals, so a half-written line does not match
 
 
 def manifest(folder: Path = FIXTURES) -> dict:
@@ -355,6 +356,30 @@ def test_client_and_metrics_delta_flow(start_server, small_pair):
     assert out.timings.passes_source == "estimated" and out.timings.drafted
     (exact,) = tm.join([out.timings], [delta])
     assert exact.passes_source == "metrics" and exact.passes == delta.passes
+    # the engine's logger thread can write the request's lines after the response: wait for them
+    srv.wait_for_log(DRAFT_LINE.pattern)
     (logged,) = [r for r in tm.parse(srv.log_text(), name="server.log") if r.drafted]
     assert logged.passes == delta.passes
     assert f"{exact.accept_length:.2f}" == f"{logged.reported_accept_length:.2f}"
+
+
+def test_wait_for_log_raises_when_the_line_does_not_come(start_server, small_pair):
+    """A line the engine never writes, or fewer lines than asked for, is an error naming the pattern,
+    the count and the wait, never a silent short list; once the server has exited, at once."""
+    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=6, ctx_size=1024)
+    srv.client().complete("The quick brown fox", n_predict=16)
+    (line,) = srv.wait_for_log(DRAFT_LINE.pattern)
+    assert DRAFT_LINE.search(line)
+    with pytest.raises(LogWaitTimeoutError, match=r"server-\d+\.log: 0 line\(s\) matching 'no such line', "
+                                                  r"expected at least 1; waited 0\.5s"):
+        srv.wait_for_log("no such line", timeout=0.5)
+    with pytest.raises(LogWaitTimeoutError, match=r"1 line\(s\) matching 'draft acceptance', expected at least 2; "
+                                                  r"waited 0\.5s"):
+        srv.wait_for_log("draft acceptance", timeout=0.5, count=2)
+    assert isinstance(LogWaitTimeoutError("x"), TimeoutError)
+    srv.stop()
+    t0 = time.monotonic()
+    with pytest.raises(LogWaitTimeoutError, match=r"expected at least 2; llama-server exited \(code -?\d+\)"):
+        srv.wait_for_log("draft acceptance", timeout=60, count=2)
+    assert time.monotonic() - t0 < 30
+    assert len(srv.wait_for_log("draft acceptance", timeout=0)) == 1

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ggufdspark import timings as tm
-from ggufdspark.errors import EngineError, PortInUseError, ServerStartError
+from ggufdspark.errors import EngineError, LogWaitTimeoutError, PortInUseError, ServerStartError
 
 log = logging.getLogger(__name__)
 
@@ -237,12 +237,29 @@ class ServerProcess:
             return ""
 
     def wait_for_log(self, pattern: str, timeout: float = 10.0, *, count: int = 1) -> list[str]:
-        """Lines matching ``pattern`` once at least ``count`` exist (the engine logs after replying)."""
+        """The log lines matching ``pattern`` (a regex), once at least ``count`` of them are there.
+
+        llama.cpp's logger writes from its own thread, so the lines about a request (timings,
+        ``draft acceptance``) can reach the log after the HTTP response: after a request, read the
+        log through this, never ``log_text()`` alone. The last line may still be half written:
+        a pattern that must see a whole line should match up to its end.
+
+        Raises:
+            LogWaitTimeoutError: fewer than ``count`` matching lines after ``timeout`` seconds, or
+                the server exited without writing them (the message names pattern, count, log).
+        """
+        rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
         while True:
-            lines = [ln for ln in self.log_text().splitlines() if re.search(pattern, ln)]
-            if len(lines) >= count or time.monotonic() > deadline:
+            exited = self.proc is not None and self.proc.poll() is not None  # before reading: then final
+            lines = [ln for ln in self.log_text().splitlines() if rx.search(ln)]
+            if len(lines) >= count:
                 return lines
+            if exited or time.monotonic() > deadline:
+                why = (f"llama-server exited (code {self.proc.returncode}) without writing more" if exited
+                       else f"waited {timeout:g}s")
+                raise LogWaitTimeoutError(f"{self.log_path}: {len(lines)} line(s) matching {pattern!r}, "
+                                          f"expected at least {count}; {why}")
             time.sleep(0.05)
 
     def alive(self) -> bool:
