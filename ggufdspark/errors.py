@@ -4,6 +4,10 @@ The library raises these; the CLI (``ggufdspark.cli``) turns every one of them i
 line on stderr and a non-zero exit code. Each also subclasses the built-in it resembles, so
 scripts can catch ``FileNotFoundError`` or ``ValueError`` without importing this module.
 Messages name the file and the value found (and expected, where there is one).
+
+Exit codes (``exit_code``): 1 by default; 2 a usage error (click's own code, also for arguments
+and outputs refused before any work); 3 the lossless gate failed; 4 an input file missing or
+unreadable; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ class GgufdsparkError(Exception):
 class InputNotFoundError(GgufdsparkError, FileNotFoundError):
     """A path given by the user does not exist or cannot be read."""
 
-    exit_code = 2
+    exit_code = 4  # not 2: that is a usage error (click's convention)
 
 
 class OutputExistsError(GgufdsparkError, FileExistsError):

@@ -199,7 +199,7 @@ def test_bad_prompt_file_through_the_cli(small_pair, ggufdspark_cli, isolated, t
     assert p.stderr.strip().splitlines()[-1] == (f"ggufdspark: error: {f}:2: 'messages' must be a non-empty list")
     p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--prompts",
                        str(tmp_path / "none.jsonl"), env=isolated)
-    assert p.returncode == 2 and "prompt file not found" in p.stderr
+    assert p.returncode == 4 and "prompt file not found" in p.stderr  # a missing input (2 is a usage error)
 
 
 def test_image_prompts_with_the_mmproj(isolated, tmp_path):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import pty
 import re
 import subprocess
 import sys
@@ -312,12 +314,31 @@ def test_cli_json_csv_stdin_and_log_join(ggufdspark_cli):
 @pytest.mark.parametrize("args, code, message", [
     (["plain.log"], 1, "no speculative line"),
     (["draft-00-completion.json", "--format", "log"], 1, "no llama-server per-request timing lines"),
-    (["nope.json"], 2, "no such file"),
+    (["nope.json"], 4, "nope.json: no such file"),  # 4, not 2: a missing input is not a usage error
+    (["."], 4, "timings: is a directory, expected a file"),
+    (["synth.jsonl", "--log", "nope.log"], 4, "nope.log: no such file"),
 ])
 def test_cli_errors_are_one_line(ggufdspark_cli, args, code, message):
     p = ggufdspark_cli("timings", *[str(FIXTURES / a) if i == 0 else a for i, a in enumerate(args)])
     assert p.returncode == code and message in p.stderr
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+def test_cli_no_file_on_a_terminal_is_a_usage_error():
+    """With no FILE and stdin a terminal (a real pty), the command says so at once (exit 2) instead
+    of waiting for input; with stdin piped, no FILE still reads it."""
+    controller, terminal = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "ggufdspark", "timings"], cwd=REPO, stdin=terminal,
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert p.returncode == 2, p.stderr
+    assert "no FILE given and stdin is a terminal" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, "-m", "ggufdspark", "timings"], cwd=REPO, capture_output=True,
+                       input=(FIXTURES / "synth.sse").read_bytes(), timeout=60)
+    assert p.returncode == 0 and b"3 request(s), 3 drafted" in p.stdout
 
 
 def test_cli_lenient_reports_skipped(ggufdspark_cli, tmp_path):

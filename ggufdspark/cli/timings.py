@@ -45,12 +45,12 @@ SUMMARY_ROWS: list[tuple[str, str, str]] = [
 
 
 @click.command(name="timings")
-@click.argument("file", default="-", metavar="[FILE|-]")
+@click.argument("file", required=False, metavar="[FILE|-]")
 @click.option("--json", "as_json", is_flag=True, help="Print records and summary as JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print one CSV row per request.")
 @click.option("--format", "fmt", type=click.Choice(tm.FORMATS), default="auto", show_default=True,
               help="Force the input kind instead of detecting it.")
-@click.option("--log", "log_file", type=click.Path(dir_okay=False), default=None, metavar="LOG",
+@click.option("--log", "log_file", default=None, metavar="LOG",
               help="The server log (or /metrics scrapes) of the same run: exact verify passes for "
                    "the responses in FILE, matched in order.")
 @click.option("--lenient", is_flag=True, help="Skip unreadable records and report how many.")
@@ -58,10 +58,16 @@ def command(file, as_json, as_csv, fmt, log_file, lenient):
     """Read speculative-decoding timings from llama-server responses (JSON, JSON Lines, SSE),
     logs, /metrics text or SGLang responses, and report acceptance rate, accept length (bonus
     token included), MAT, tokens per pass, speeds and end-to-end time, per request and as
-    request-mean and token-weighted aggregates. FILE '-' (the default) reads stdin.
+    request-mean and token-weighted aggregates. FILE '-' (the default when stdin is not a
+    terminal) reads stdin.
     """
     if as_json and as_csv:
         raise click.UsageError("--json and --csv exclude each other")
+    if file is None:
+        if sys.stdin is None or sys.stdin.isatty():  # nothing piped in: reading would wait silently
+            raise click.UsageError("no FILE given and stdin is a terminal: give a FILE, or pipe the "
+                                   "input in (FILE '-' reads stdin)")
+        file = "-"
     if file == "-":
         records = tm.parse(sys.stdin.buffer.read(), format=fmt, lenient=lenient, name="<stdin>")
     else:

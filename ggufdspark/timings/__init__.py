@@ -115,6 +115,8 @@ def _read_text(source: Any, name: str | None, lenient: bool) -> tuple[str, str]:
             raise InputNotFoundError(f"{path}: no such file") from None
         except IsADirectoryError:
             raise InputNotFoundError(f"{path}: is a directory, expected a file") from None
+        except OSError as e:  # permission denied, I/O error...
+            raise InputNotFoundError(f"{path}: cannot read: {e.strerror or e}") from None
         name = name or str(path)
     elif isinstance(source, (bytes, bytearray)):
         data = bytes(source)
