@@ -31,6 +31,10 @@ class OutputExistsError(GgufdsparkError, FileExistsError):
     exit_code = 2
 
 
+class MissingDependencyError(GgufdsparkError, ImportError):
+    """An optional package a command needs is not installed (the message names the pip extra)."""
+
+
 class CorruptFileError(GgufdsparkError, ValueError):
     """A file is not what it claims to be (truncated, bad header, wrong magic...)."""
 

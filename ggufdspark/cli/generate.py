@@ -19,7 +19,9 @@ from ggufdspark.testing import synth
 @click.option("--vl", is_flag=True, help="Make the target an LFM2-VL checkpoint (vision tower + projector).")
 @click.option("--force", is_flag=True, help="Write into a non-empty directory.")
 def command(out, size, only, dtype, vl, force):
-    """Generate a random LFM2 target and/or its DSpark drafter (Hub layout) under OUT."""
+    """Generate a random LFM2 target and/or its DSpark drafter (Hub layout) under OUT.
+    Needs the 'generate' extra: pip install 'ggufdspark[generate]'."""
+    synth.require_dependencies()  # before anything is written: no half-made OUT to clean up
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:
         raise OutputExistsError(f"{out}: directory is not empty (use --force)")

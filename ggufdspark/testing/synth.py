@@ -18,6 +18,7 @@ makes some drafted tokens get accepted, so acceptance figures are not all zero.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from dataclasses import asdict, dataclass, field, replace
@@ -27,6 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from ggufdspark.convert.safetensors import write_safetensors
+from ggufdspark.errors import MissingDependencyError
 
 SPECIAL_TOKENS = [
     "<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|fim_pre|>", "<|fim_mid|>", "<|fim_suf|>",
@@ -81,6 +83,26 @@ def training_corpus(n_sentences: int = 4000, seed: int = 0) -> list[str]:
             s += " 我想在苹果工作 нещо на Български 🚀"
         out.append(s)
     return out
+
+
+# Packages generating needs beyond the core install, and the pip extra that brings them
+# (pyproject.toml, [project.optional-dependencies]).
+OPTIONAL_DEPENDENCIES: dict[str, str] = {"tokenizers": "generate"}
+
+
+def require_dependencies() -> None:
+    """Check, before anything is written, that the optional packages generating needs import.
+
+    Raises:
+        MissingDependencyError: one does not (the message names it and the install command).
+    """
+    for module, extra in OPTIONAL_DEPENDENCIES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            why = (str(e).splitlines() or ["cannot be imported"])[0]
+            raise MissingDependencyError(f"generating checkpoints needs the Python package {module!r} ({why}): "
+                                         f"pip install 'ggufdspark[{extra}]'") from None
 
 
 def make_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
