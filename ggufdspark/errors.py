@@ -31,6 +31,18 @@ class OutputExistsError(GgufdsparkError, FileExistsError):
     exit_code = 2
 
 
+class UnsafeOutputError(GgufdsparkError, OSError):
+    """An output path cannot be used safely: a symbolic link, one of the inputs, a missing directory."""
+
+    exit_code = 2
+
+
+class InvalidArgumentError(GgufdsparkError, ValueError):
+    """An argument is out of range or malformed (a port, a host, a draft length...)."""
+
+    exit_code = 2
+
+
 class MissingDependencyError(GgufdsparkError, ImportError):
     """An optional package a command needs is not installed (the message names the pip extra)."""
 

@@ -10,8 +10,11 @@ Library API for scripts and tests::
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
+import re
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Callable, Iterator
 from ggufdspark import engine as eng
 from ggufdspark import hardware, profiles
 from ggufdspark.check import check_pair
-from ggufdspark.errors import EngineError, InputNotFoundError
+from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.runners.server import LOOPBACK, Client, ServerProcess, ServerSettings
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,41 @@ class ServePlan:
     engine: eng.EngineInfo
     warnings: list[str] = field(default_factory=list)
     check: dict | None = None
+
+
+# Accepted ranges, shared by the CLI's option types and the Python API.
+PORT_RANGE = (0, 65535)  # 0: pick a free port
+DRAFT_N_MAX_RANGE = (1, 64)
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens, 253 characters at most
+_HOST_NAME = re.compile(r"(?=.{1,253}\.?$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _check_range(name: str, value: int | None, lo: int, hi: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        expected = f"{lo}..{hi}" if hi is not None else f"an integer >= {lo}"
+        raise InvalidArgumentError(f"{name} {value!r}: expected {expected}")
+
+
+def check_host(host: str) -> str:
+    """``host`` if it is an IP address or a host name that resolves.
+
+    Raises:
+        InvalidArgumentError: malformed or unresolvable (the value is named).
+    """
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    if not isinstance(host, str) or not _HOST_NAME.fullmatch(host):
+        raise InvalidArgumentError(f"host {host!r}: not an IP address or a host name")
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise InvalidArgumentError(f"host {host!r}: cannot resolve it ({getattr(e, 'strerror', None) or e})") from None
+    return host
 
 
 def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mmproj: str | Path | None = None,
@@ -52,6 +90,11 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     """
     if not model and not hf:
         raise InputNotFoundError("no target: give -m TARGET.gguf or --hf REPO:QUANT")
+    check_host(host)
+    _check_range("port", port, *PORT_RANGE)
+    _check_range("draft_n_max", draft_n_max, *DRAFT_N_MAX_RANGE)
+    _check_range("ctx_size", ctx_size, 0, None)
+    _check_range("parallel", parallel, 1, None)
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
@@ -77,8 +120,6 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if (hf or hfd) and not (model and draft):
         warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
                         "(download it and run 'ggufdspark check' to see every reason a pair fails)")
-    if host not in LOOPBACK and not api_key:
-        warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
     settings = ServerSettings(
         server=info.path, model=model, draft=draft if decision.draft_enabled else None, mmproj=mmproj,
         hf_repo=hf, hf_draft=hfd if decision.draft_enabled else None, host=host, port=port, api_key=api_key,
@@ -89,16 +130,29 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         n_gpu_layers_draft=99 if decision.offload and decision.draft_enabled else None,
         flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,
         extra_args=hardware.engine_workarounds(decision.backend, parallel) + list(extra_args or []))
+    if host not in LOOPBACK and not settings.api_keys():
+        warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
     return ServePlan(settings, decision, info, warnings, report)
 
 
 @contextlib.contextmanager
 def serving(model: str | Path, draft: str | Path | None = None, **kw) -> Iterator[tuple[ServerProcess, Client]]:
-    """Start a checked, hardware-tuned server on a free loopback port; stop it on exit."""
+    """Start a checked, hardware-tuned server on a free loopback port; stop it on exit.
+
+    Takes ``plan``'s keywords (validated as the CLI validates them) plus ``log_path`` and
+    ``keep_log`` (see ``ServerProcess``). What the CLI would print as a WARNING (``force=True``
+    serving a pair that FAILED check, an open host without a key) is logged as a warning.
+
+    Yields:
+        (ServerProcess, Client); the server dies with this process however it ends.
+    """
     kw.setdefault("port", 0)
     log_path = kw.pop("log_path", None)
+    keep_log = kw.pop("keep_log", None)
     p = plan(model, draft, **kw)
-    srv = ServerProcess(p.settings, log_path=log_path)
+    for w in p.warnings:
+        log.warning("%s", w)
+    srv = ServerProcess(p.settings, log_path=log_path, keep_log=keep_log)
     with srv:
         yield srv, srv.client()
 
@@ -107,10 +161,16 @@ class _Stop(Exception):
     pass
 
 
+# Signals that stop ``supervise``: Ctrl-C, kill / systemd / timeout, and a closed terminal or SSH link.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
               backoff: tuple[float, ...] = (1, 2, 4, 8, 16),
               on_event: Callable[[str], None] = lambda msg: None) -> int:
-    """Run the server until SIGINT/SIGTERM; restart it (bounded backoff) when it crashes.
+    """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes.
+
+    A second such signal while stopping kills the engine at once instead of waiting for it.
 
     Returns:
         0 after a clean stop.
@@ -119,11 +179,20 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
         ServerStartError / PortInUseError: the first start failed.
         EngineError: it crashed more than ``max_restarts`` times.
     """
-    def _raise(signum, frame):
-        raise _Stop()
-
-    old = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGINT)}
     srv = ServerProcess(p.settings, log_path=log_path, start_timeout=start_timeout)
+    stopping = False
+    killed: list[int] = []
+
+    def _on_signal(signum, frame):
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise _Stop()
+        # already stopping: no exception (it would cut the stop short), no printing (not re-entrant)
+        killed.append(signum)
+        srv.kill()
+
+    old = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
     crashes = 0
     try:
         srv.start()
@@ -146,6 +215,11 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
         on_event("stopping")
         return 0
     finally:
-        srv.stop()
-        for s, h in old.items():
-            signal.signal(s, h)
+        stopping = True
+        try:
+            srv.stop()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        if killed:
+            on_event(f"{signal.Signals(killed[0]).name} while stopping: llama-server killed")

@@ -193,7 +193,7 @@ def test_serve_dry_run_prints_command_for_this_hardware(ggufdspark_cli, small_pa
     assert "--spec-type draft-dspark" in cmd and "--spec-draft-n-min 0" in cmd
     assert "--spec-draft-n-max 3" in cmd  # the CPU default (see hardware.DEFAULTS)
     assert "--host 127.0.0.1" in cmd and cmd.endswith("--seed 7")
-    assert "sk-secret-123" not in p.stdout + p.stderr and "--api-key '***'" in cmd
+    assert "sk-secret-123" not in p.stdout + p.stderr and "--api-key-file '<api-key-file>'" in cmd
     assert "backend: cpu" in p.stderr
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
                        "--draft-n-max", "7")

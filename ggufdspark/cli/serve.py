@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import shlex
-import tempfile
-import time
-from pathlib import Path
 
 import click
 
+from ggufdspark import logfiles
 from ggufdspark import serve as serve_lib
+from ggufdspark.errors import InvalidArgumentError
 
 
 @click.command(name="serve", context_settings={"ignore_unknown_options": False})
@@ -18,16 +17,19 @@ from ggufdspark import serve as serve_lib
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (image requests).")
 @click.option("--hf", help="Target from the Hub: REPO[:QUANT].")
 @click.option("--hfd", help="Draft from the Hub: REPO[:QUANT].")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8080, show_default=True, help="0 picks a free port.")
-@click.option("--api-key", envvar="GGUFDSPARK_API_KEY", help="Require this key (or $GGUFDSPARK_API_KEY).")
-@click.option("--draft-n-max", type=click.IntRange(1, 64), help="Override the draft length.")
+@click.option("--host", default="127.0.0.1", show_default=True, callback=lambda ctx, param, v: _host(v))
+@click.option("--port", type=click.IntRange(*serve_lib.PORT_RANGE), default=8080, show_default=True,
+              help="0 picks a free port.")
+@click.option("--api-key", envvar="GGUFDSPARK_API_KEY",
+              help="Require this key (or $GGUFDSPARK_API_KEY); the engine reads it from a private file.")
+@click.option("--draft-n-max", type=click.IntRange(*serve_lib.DRAFT_N_MAX_RANGE), help="Override the draft length.")
 @click.option("--no-draft", is_flag=True, help="Serve the target alone.")
 @click.option("--force", is_flag=True, help="Serve even if 'check' fails (loudly).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
-@click.option("-c", "--ctx-size", type=int, default=4096, show_default=True)
-@click.option("-np", "--parallel", type=int, default=1, show_default=True)
-@click.option("--log", "log_file", type=click.Path(dir_okay=False), help="llama-server log file.")
+@click.option("-c", "--ctx-size", type=click.IntRange(0), default=4096, show_default=True)
+@click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--log", "log_file", type=click.Path(dir_okay=False),
+              help="llama-server log file, appended to (default: a new file in ~/.local/state/ggufdspark/logs).")
 @click.option("--start-timeout", type=float, default=300, show_default=True)
 @click.option("--max-restarts", type=int, default=5, show_default=True)
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
@@ -50,9 +52,24 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, no_
     if dry_run:
         click.echo(shlex.join(p.settings.redacted()))
         return
-    log_path = Path(log_file) if log_file else Path(tempfile.gettempdir()) / f"ggufdspark-serve-{int(time.time())}.log"
+    log_path = logfiles.check_log_path(log_file) if log_file else logfiles.new_log("serve")
     p.settings.pick_port()  # so the command printed below names the port actually used
     click.echo(shlex.join(p.settings.redacted()), err=True)
     click.echo(f"log: {log_path}", err=True)
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
-                        on_event=lambda msg: click.echo(msg, err=True))
+                        on_event=_say)
+
+
+def _host(value: str) -> str:
+    try:
+        return serve_lib.check_host(value)
+    except InvalidArgumentError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _say(msg: str) -> None:
+    """Print a supervision event; a terminal that went away (SIGHUP) must not stop the stopping."""
+    try:
+        click.echo(msg, err=True)
+    except OSError:
+        pass

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from ggufdspark import logfiles
 from ggufdspark import timings as tm
-from ggufdspark.errors import EngineError, LogWaitTimeoutError, PortInUseError, ServerStartError
+from ggufdspark.errors import EngineError, InvalidArgumentError, LogWaitTimeoutError, PortInUseError, ServerStartError
+from ggufdspark.runners import lifeline
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,27 @@ class ServerSettings:
     synth_rates: list[float] | None = None
     extra_args: list[str] = field(default_factory=list)
 
-    def args(self) -> list[str]:
-        """The llama-server command line (the API key is included; see ``redacted``)."""
+    def api_keys(self) -> list[str]:
+        """The API keys: ``api_key`` and any ``--api-key K`` / ``--api-key=K`` in ``extra_args``
+        (comma-separated lists, as llama-server reads them).
+
+        Raises:
+            InvalidArgumentError: a key the engine's key file cannot carry (a line break, a leading '#').
+        """
+        keys = [k for k in (self.api_key or "").split(",") if k] + _split_key_args(self.extra_args)[1]
+        for k in keys:
+            if any(c in k for c in "\r\n\0") or k.startswith("#"):
+                raise InvalidArgumentError("the API key contains a line break, a NUL or starts with '#'; "
+                                           "llama-server's key file cannot hold it")
+        return list(dict.fromkeys(keys))
+
+    def args(self, *, key_file: str | Path | None = None) -> list[str]:
+        """The llama-server command line.
+
+        The API key is never on it (every local user can read a command line): when there is one,
+        the engine reads it from ``--api-key-file KEY_FILE``, which ``ServerProcess`` writes; without
+        ``key_file`` the flag's value is the placeholder ``KEY_FILE_PLACEHOLDER``.
+        """
         a: list[str] = [str(self.server)]
         if self.model:
             a += ["-m", str(self.model)]
@@ -118,10 +139,10 @@ class ServerSettings:
             a += ["-t", str(self.threads)]
         if self.metrics:
             a += ["--metrics"]
-        if self.api_key:
-            a += ["--api-key", self.api_key]
+        if self.api_keys():
+            a += ["--api-key-file", str(key_file or KEY_FILE_PLACEHOLDER)]
         a += ["--host", self.host, "--port", str(self.port)]
-        a += list(self.extra_args)
+        a += _split_key_args(self.extra_args)[0]
         return a
 
     def pick_port(self) -> int:
@@ -131,12 +152,26 @@ class ServerSettings:
         return self.port
 
     def redacted(self) -> list[str]:
-        """``args()`` with the API key masked, for printing and logs."""
-        out = self.args()
-        for i, v in enumerate(out[:-1]):
-            if v == "--api-key":
-                out[i + 1] = "***"
-        return out
+        """The command line for printing and logs (it never holds the key; see ``args``)."""
+        return self.args()
+
+
+KEY_FILE_PLACEHOLDER = "<api-key-file>"
+
+
+def _split_key_args(extra: list[str]) -> tuple[list[str], list[str]]:
+    """``extra`` without ``--api-key K`` / ``--api-key=K``, and the keys those held."""
+    rest: list[str] = []
+    keys: list[str] = []
+    it = iter(extra)
+    for a in it:
+        if a == "--api-key":
+            keys += [k for k in next(it, "").split(",") if k]
+        elif a.startswith("--api-key="):
+            keys += [k for k in a.split("=", 1)[1].split(",") if k]
+        else:
+            rest.append(a)
+    return rest, keys
 
 
 # Log lines that explain a failed start, most specific first.
@@ -144,6 +179,11 @@ _FAILURE_PATTERNS = [
     (r"couldn't bind|address already in use|bind\(\) failed", "port already in use"),
     (r"failed to create.*speculative|speculative.*fail|draft.*(mismatch|incompatible)", "the speculative (draft) context failed"),
     (r"unknown model architecture: '([^']+)'", "unknown model architecture"),
+    # -hf / -hfd: the download fails first and the load failure that follows says nothing useful
+    (r"HTTPS is not supported", "the Hub download failed: this engine was built without TLS "
+                                "(download the files and pass -m/-md, or build llama.cpp with OpenSSL)"),
+    (r"failed to (download|resolve commit|fetch)|could not resolve host|download failed",
+     "the Hub download failed"),
     (r"failed to load model|error loading model", "the model failed to load"),
     (r"invalid argument|unknown argument|error: (.+)", "bad arguments"),
 ]
@@ -162,15 +202,23 @@ class ServerProcess:
     """One llama-server process. Use as a context manager; ``stop()`` is always safe to call."""
 
     def __init__(self, settings: ServerSettings, *, log_path: str | Path | None = None,
-                 start_timeout: float = 300.0):
+                 start_timeout: float = 300.0, keep_log: bool | None = None):
+        """
+        Args:
+            log_path: the engine's log, appended to (never through a symlink). Default: a new
+                private file in the state directory (``ggufdspark.logfiles``).
+            keep_log: keep the log after a clean stop. Default: kept when ``log_path`` was given;
+                a default log is deleted on leaving the ``with`` block unless the engine failed.
+        """
         self.settings = settings
         self.start_timeout = start_timeout
-        if log_path is None:
-            fd, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
-            os.close(fd)
-            log_path = name
-        self.log_path = Path(log_path)
+        self._own_log = log_path is None
+        self.log_path = logfiles.new_log("llama-server") if log_path is None else Path(log_path)
+        self.keep_log = (not self._own_log) if keep_log is None else keep_log
         self.proc: subprocess.Popen | None = None
+        self._lifeline: lifeline.Lifeline | None = None
+        self._log_start = 0  # where this start's lines begin in an appended log
+        self._failed = False
 
     @property
     def url(self) -> str:
@@ -190,24 +238,35 @@ class ServerProcess:
                 or was not healthy within ``start_timeout``.
         """
         s = self.settings
+        keys = s.api_keys()
         if s.port == 0:
             s.pick_port()
         elif port_in_use(s.host, s.port):
             raise PortInUseError(f"port {s.port} on {s.host} is already in use (use --port 0 to pick a free one)")
+        if self.proc is not None:
+            self.stop()  # a restart: reap the last one and dismiss its lifeline
         log.debug("starting: %s", " ".join(s.redacted()))
-        logf = open(self.log_path, "ab")
+        fd = logfiles.open_log(self.log_path)
+        key_dir = _write_key_file(keys) if keys else None
         try:
-            self.proc = subprocess.Popen(s.args(), stdout=logf, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as e:
-            raise EngineError(f"{s.server}: cannot start llama-server: {e.strerror}") from None
+            self._log_start = os.fstat(fd).st_size
+            args = s.args(key_file=key_dir / "api-key" if key_dir else None)
+            try:
+                self.proc, self._lifeline = lifeline.spawn(args, stdout=fd, stderr=subprocess.STDOUT,
+                                                           stdin=subprocess.DEVNULL)
+            except OSError as e:
+                raise EngineError(f"{s.server}: cannot start llama-server: {e.strerror}") from None
+            finally:
+                os.close(fd)
+            try:
+                self._wait_healthy()
+            except BaseException:
+                self._failed = True
+                self.stop()
+                raise
         finally:
-            logf.close()
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+            if key_dir:  # read by the engine while parsing its arguments, long before /health
+                _remove_key_file(key_dir)
         return self
 
     def _wait_healthy(self) -> None:
@@ -216,7 +275,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             rc = self.proc.poll()
             if rc is not None:
-                text = self.log_text()
+                text = self._run_log_text()
                 tail = "\n".join(text.splitlines()[-15:])
                 raise ServerStartError(
                     f"llama-server exited with code {rc} during start ({explain_failure(text)}); "
@@ -229,6 +288,15 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         raise ServerStartError(f"llama-server was not healthy after {self.start_timeout:.0f}s; log: {self.log_path}")
+
+    def _run_log_text(self) -> str:
+        """The log from where this start began (a log given by the user may hold earlier runs)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_text(self) -> str:
         try:
@@ -278,21 +346,57 @@ class ServerProcess:
             try:
                 p.wait(timeout)
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                self.kill()
                 p.wait(5)
+        elif p.returncode != 0:
+            self._failed = True  # it ended on its own, not by our hand: keep its log
+        if self._lifeline is not None:
+            self._lifeline.release()
+            self._lifeline = None
         return p.returncode
 
+    def kill(self) -> None:
+        """SIGKILL the engine's process group now (safe from a signal handler; ``stop`` reaps it)."""
+        p = self.proc
+        if p is not None and p.returncode is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def client(self, timeout: float = 600.0) -> "Client":
-        return Client(self.url, api_key=self.settings.api_key, timeout=timeout)
+        keys = self.settings.api_keys()
+        return Client(self.url, api_key=keys[0] if keys else None, timeout=timeout)
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        if self._own_log and not self.keep_log and not self._failed:
+            self.log_path.unlink(missing_ok=True)
+
+
+def _write_key_file(keys: list[str]) -> Path:
+    """A private directory (0700, unpredictable name) holding ``api-key`` (0600), one key a line."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    d = Path(tempfile.mkdtemp(prefix="ggufdspark-key-", dir=base if base and os.path.isdir(base) else None))
+    try:
+        fd = os.open(d / "api-key", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(k + "\n" for k in keys))
+    except BaseException:
+        _remove_key_file(d)
+        raise
+    return d
+
+
+def _remove_key_file(d: Path) -> None:
+    (d / "api-key").unlink(missing_ok=True)
+    try:
+        d.rmdir()
+    except OSError as e:  # pragma: no cover - nothing else is ever written there
+        log.warning("could not remove the API key directory %s: %s", d, e)
 
 
 @dataclass

@@ -1,0 +1,471 @@
+"""Issue 17: reliability and security of every verb, against real processes and the real engine.
+
+Engines must die with their parent however it dies; stopping survives a second Ctrl-C; logs and
+API keys stay private; an output never overwrites an input; engine builds name the real error
+and wait for each other; OS and argument errors are one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- process helpers
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter, or None when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in (None, "Z", "X")
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids += [int(k) for k in task.read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _engine_of(pid: int, timeout: float = 30) -> int:
+    """The llama-server child of ``pid`` (waiting for it to appear)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = [k for k in _children(pid) if _cmdline(k)[:1] and _cmdline(k)[0].endswith("llama-server")]
+        if kids:
+            assert len(kids) == 1, kids
+            return kids[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no llama-server child of pid {pid} after {timeout}s")
+
+
+def _wait_gone(pid: int, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _kill_if_alive(*pids: int) -> None:
+    """Clean-up after a failed assertion: only processes this test started (or its children)."""
+    for pid in pids:
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Serve:
+    """`ggufdspark serve ...` as a real subprocess, its stderr read line by line."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "ggufdspark", "serve", *args], cwd=REPO,
+                                     env=env or _env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.engine = 0
+
+    def wait_for(self, prefix: str, timeout: float = 120) -> str:
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith(prefix):
+                return line.rstrip("\n")
+        raise AssertionError(f"serve never printed {prefix!r}:\n" + "\n".join(self.lines))
+
+    def ready(self) -> "Serve":
+        self.wait_for("ready")
+        self.engine = _engine_of(self.proc.pid)
+        return self
+
+    def finish(self, timeout: float = 30) -> tuple[int, str]:
+        """Exit code and the rest of stderr."""
+        _, err = self.proc.communicate(timeout=timeout)
+        self.lines += err.splitlines()
+        return self.proc.returncode, "\n".join(self.lines)
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        _kill_if_alive(self.engine)
+
+
+def _one_line(p: subprocess.CompletedProcess, *needles: str) -> str:
+    assert p.returncode != 0, p.stdout
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert lines, "no message"
+    for n in needles:
+        assert n in lines[-1], p.stderr
+    return lines[-1]
+
+
+@pytest.fixture
+def state_home(tmp_path, monkeypatch) -> Path:
+    """A private $XDG_STATE_HOME (logs land in <it>/ggufdspark/logs)."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(d))
+    return d
+
+
+@pytest.fixture
+def serve_cli(small_pair, dspark_engine, state_home):
+    started: list[Serve] = []
+
+    def start(*args: str, pair=True) -> Serve:
+        base = ["-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", "0"] if pair else []
+        s = Serve(*base, *args, env=_env(XDG_STATE_HOME=str(state_home)))
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.cleanup()
+
+
+SCRIPT = """
+import sys, threading
+from ggufdspark.serve import serving
+if {mode!r} != "auto":
+    from ggufdspark.runners import lifeline
+    lifeline.MODE = {mode!r}
+holder = {{}}
+def run():
+    holder["cm"] = serving({target!r}, {draft!r})
+    holder["srv"], holder["client"] = holder["cm"].__enter__()
+if {in_thread!r}:
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()  # the thread that started the engine is gone from here on
+else:
+    run()
+srv = holder["srv"]
+assert holder["client"].health()["status"] == "ok"
+print("ready", srv.proc.pid, flush=True)
+sys.stdin.read()  # until the test kills us
+"""
+
+
+def _script(pair, *, mode: str = "auto", in_thread: bool = False) -> subprocess.Popen:
+    code = SCRIPT.format(mode=mode, target=str(pair.target), draft=str(pair.draft), in_thread=in_thread)
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=_env(), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if not line.startswith("ready"):
+        p.kill()
+        raise AssertionError(f"script did not start a server: {line!r}\n{p.stderr.read()}")
+    return p
+
+
+# ----------------------------------------------------------------------------- 1: orphans
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL], ids=["SIGHUP", "SIGKILL"])
+def test_serve_engine_dies_with_serve(serve_cli, sig):
+    s = serve_cli().ready()
+    try:
+        s.proc.send_signal(sig)
+        assert _wait_gone(s.engine), f"llama-server {s.engine} outlived serve after {sig.name}"
+        rc, err = s.finish()
+        if sig == signal.SIGHUP:  # handled like SIGTERM: a clean stop
+            assert rc == 0 and "Traceback" not in err, err
+            assert "stopping" in err
+    finally:
+        s.cleanup()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("how", ["main-thread", "worker-thread", "watchdog"])
+def test_serving_engine_dies_with_its_script(small_pair, dspark_engine, sig, how):
+    """A script inside serving() killed as timeout/systemd/CI would: no engine left behind.
+
+    worker-thread: the engine was started from a thread that has exited since (the parent-death
+    signal follows the forking thread); watchdog: the mechanism used where there is no prctl.
+    """
+    p = _script(small_pair, mode="watchdog" if how == "watchdog" else "auto", in_thread=how == "worker-thread")
+    engine = _engine_of(p.pid)
+    dogs = [k for k in _children(p.pid) if k != engine]
+    try:
+        assert len(dogs) == (1 if how == "watchdog" else 0), dogs
+        if how == "worker-thread":  # still serving after its starting thread ended
+            assert _alive(engine)
+        p.send_signal(sig)
+        p.wait(30)
+        assert _wait_gone(engine), f"llama-server {engine} outlived its script after {sig.name}"
+        assert all(_wait_gone(d, 10) for d in dogs), "watchdog left behind"
+    finally:
+        _kill_if_alive(p.pid, engine, *dogs)
+        p.communicate()
+
+
+def test_spawn_from_a_thread_survives_the_thread():
+    """lifeline.spawn from a short-lived thread: the child outlives that thread, not this process."""
+    from ggufdspark.runners import lifeline
+
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("p", lifeline.spawn(["sleep", "60"])))
+    t.start()
+    t.join()
+    proc, line = out["p"]
+    try:
+        assert proc.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.5)  # bounded: a child killed on the thread's exit would be reaped by now
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        line.release()
+
+
+# ----------------------------------------------------------------------------- 2: second Ctrl-C
+
+
+def test_second_interrupt_kills_a_hung_engine(serve_cli):
+    s = serve_cli().ready()
+    try:
+        os.kill(s.engine, signal.SIGSTOP)  # a hung engine: SIGTERM alone will not end it
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGINT)
+        s.wait_for("stopping", timeout=10)
+        s.proc.send_signal(signal.SIGINT)
+        rc, err = s.finish(timeout=12)  # well before the 15 s terminate timeout
+        assert time.monotonic() - t0 < 12
+        assert "Traceback" not in err and "_Stop" not in err, err
+        assert rc == 0, err
+        assert "SIGINT while stopping: llama-server killed" in err
+        assert _wait_gone(s.engine, 10)
+    finally:
+        s.cleanup()
+
+
+# ----------------------------------------------------------------------------- 3 + 12: logs
+
+
+def test_serve_log_is_private_and_unpredictable(serve_cli, state_home):
+    s = serve_cli().ready()
+    try:
+        log_line = next(ln for ln in s.lines if ln.startswith("log: "))
+        path = Path(log_line[5:])
+        logs = state_home / "ggufdspark" / "logs"
+        assert path.parent == logs, path
+        assert stat.S_IMODE(logs.stat().st_mode) == 0o700
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert "llama-server" in path.read_text() or path.stat().st_size > 0
+        assert not path.name.startswith("ggufdspark-serve-") and len(path.stem.split("-")[-1]) >= 6
+        s.proc.send_signal(signal.SIGTERM)
+        rc, err = s.finish()
+        assert rc == 0, err
+        assert path.is_file()  # serve keeps its log
+    finally:
+        s.cleanup()
+
+
+def test_new_logs_never_share_a_name(state_home):
+    from ggufdspark import logfiles
+
+    names = {logfiles.new_log("serve") for _ in range(20)}  # all within the same second
+    assert len(names) == 20
+
+
+def test_log_through_planted_symlink_is_refused(serve_cli, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "serve.log"
+    link.symlink_to(victim)
+    s = serve_cli("--log", str(link))
+    rc, err = s.finish(timeout=60)
+    assert rc != 0
+    assert err.strip().splitlines()[-1] == (f"ggufdspark: error: {link}: is a symbolic link; refusing to write "
+                                            f"the log through it (give the real path)"), err
+    assert "Traceback" not in err
+    assert victim.read_text() == "precious\n"
+
+
+def test_serving_leaves_no_temporary_log(small_pair, dspark_engine, state_home, tmp_path, monkeypatch):
+    import tempfile
+
+    from ggufdspark.errors import ServerStartError
+    from ggufdspark.serve import serving
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with serving(small_pair.target, small_pair.draft) as (srv, client):
+        assert client.health()["status"] == "ok"
+        log = srv.log_path
+        assert log.parent == state_home / "ggufdspark" / "logs" and log.is_file()
+    assert not log.exists(), "a clean run's log is deleted"
+    assert list(tmp.iterdir()) == []
+    # a failed start keeps its log (the error names it), in the private directory
+    with pytest.raises(ServerStartError) as e:
+        with serving(small_pair.target, small_pair.draft, extra_args=["--no-such-flag"]):
+            pass
+    kept = [p for p in (state_home / "ggufdspark" / "logs").iterdir()]
+    assert len(kept) == 1 and str(kept[0]) in str(e.value)
+    assert list(tmp.iterdir()) == []
+
+
+def test_log_of_a_failed_start_is_this_runs_only(small_pair, dspark_engine, tmp_path):
+    """An appended --log holding an earlier run's error: the new failure explains itself."""
+    from ggufdspark.errors import ServerStartError
+    from ggufdspark.serve import serving
+
+    log = tmp_path / "shared.log"
+    log.write_text("error: unknown model architecture: 'from-an-earlier-run'\n")
+    with pytest.raises(ServerStartError) as e:
+        with serving(small_pair.target, small_pair.draft, extra_args=["--no-such-flag"], log_path=log):
+            pass
+    assert "from-an-earlier-run" not in str(e.value) and "no-such-flag" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- 5: API key
+
+
+def _get(port: int, path: str, key: str | None = None) -> int:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_api_key_never_on_a_command_line(serve_cli):
+    s = serve_cli("--api-key", "sk-first-secret", "--", "--api-key=sk-second-secret").ready()
+    try:
+        port = int(re.search(r"127\.0\.0\.1:(\d+)", next(ln for ln in s.lines if ln.startswith("ready"))).group(1))
+        cmd = _cmdline(s.engine)
+        assert not any("secret" in a for a in cmd), cmd
+        key_file = Path(cmd[cmd.index("--api-key-file") + 1])
+        assert not key_file.exists() and not key_file.parent.exists(), "the key file outlived the start"
+        assert _get(port, "/v1/models") == 401
+        assert _get(port, "/v1/models", "sk-wrong") == 401
+        assert _get(port, "/v1/models", "sk-first-secret") == 200
+        assert _get(port, "/v1/models", "sk-second-secret") == 200
+        s.proc.send_signal(signal.SIGTERM)
+        rc, err = s.finish()
+        assert rc == 0
+        assert "secret" not in err, err
+        log = Path(next(ln for ln in s.lines if ln.startswith("log: "))[5:])
+        assert "secret" not in log.read_text()
+    finally:
+        s.cleanup()
+
+
+def test_dry_run_masks_a_key_given_to_the_engine(ggufdspark_cli, small_pair):
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
+                       "--", "--api-key", "sk-extra-secret", "--seed", "7")
+    assert p.returncode == 0, p.stderr
+    assert "sk-extra-secret" not in p.stdout + p.stderr
+    assert "--api-key-file '<api-key-file>'" in p.stdout and p.stdout.strip().endswith("--seed 7")
+
+
+def test_key_file_holds_the_keys_privately():
+    from ggufdspark.runners.server import _remove_key_file, _write_key_file
+
+    d = _write_key_file(["a", "b"])
+    try:
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+        assert stat.S_IMODE((d / "api-key").stat().st_mode) == 0o600
+        assert (d / "api-key").read_text() == "a\nb\n"
+    finally:
+        _remove_key_file(d)
+    assert not d.exists()
+
+
+# ----------------------------------------------------------------------------- 14: serving() validates
+
+
+def test_serving_validates_like_the_cli(small_pair, dspark_engine, other_pair, caplog):
+    from ggufdspark.errors import InvalidArgumentError, ServerStartError
+    from ggufdspark.serve import serving
+
+    for kw, needle in (({"draft_n_max": 0}, "draft_n_max 0"), ({"draft_n_max": 65}, "draft_n_max 65"),
+                       ({"port": 70000}, "port 70000"), ({"port": -1}, "port -1"),
+                       ({"host": "bad..host"}, "bad..host"), ({"parallel": 0}, "parallel 0")):
+        with pytest.raises(InvalidArgumentError, match=needle.replace(".", r"\.")):
+            with serving(small_pair.target, small_pair.draft, **kw):
+                pass
+    caplog.set_level(logging.WARNING)
+    try:
+        with serving(small_pair.target, other_pair.draft, force=True):
+            pass
+    except ServerStartError:
+        pass  # the engine may refuse the mismatched draft; the warning came first either way
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("FAILED check" in m and "hidden size" in m for m in warned), warned
+
+
+# ----------------------------------------------------------------------------- 16: messages, docs
+
+
+def test_docs_state_the_cpu_default_serve_uses():
+    from ggufdspark.hardware import DEFAULTS
+
+    row = next(ln for ln in (REPO / "docs" / "serve.md").read_text().splitlines() if ln.strip().startswith("| CPU |"))
+    assert row.split("|")[2].strip() == str(DEFAULTS["cpu"].draft_n_max), row
+
+
+def test_docs_say_where_logs_go_and_how_keys_are_passed():
+    text = (REPO / "README.md").read_text() + (REPO / "docs" / "serve.md").read_text()
+    assert "~/.local/state/ggufdspark/logs" in text
+    assert "--api-key-file" in text
+
+
+def test_hub_download_failure_is_not_called_a_load_failure(ggufdspark_cli, state_home):
+    p = ggufdspark_cli("serve", "--hf", "nobody/nothing-GGUF:F16", "--no-draft", "--port", "0",
+                       "--start-timeout", "120", env={"XDG_STATE_HOME": str(state_home)})
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("ggufdspark: error:"))
+    assert "the model failed to load" not in line, p.stderr
+    assert "download" in line.lower(), p.stderr
