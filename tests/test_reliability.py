@@ -7,6 +7,7 @@ and wait for each other; OS and argument errors are one line, never a traceback.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -421,6 +422,47 @@ def test_key_file_holds_the_keys_privately():
     finally:
         _remove_key_file(d)
     assert not d.exists()
+
+
+# ----------------------------------------------------------------------------- 6: output = input
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_converters_refuse_to_overwrite_an_input(ggufdspark_cli, small_pair):
+    weights = next(small_pair.target_dir.glob("*.safetensors"))
+    config = small_pair.target_dir / "config.json"
+    before = {p: _sha(p) for p in (weights, config, small_pair.target)}
+    cases = [
+        ("convert-target", str(small_pair.target_dir), "-o", str(weights), "--force"),
+        ("convert-target", str(small_pair.target_dir), "-o", str(config), "--force"),
+        # the same file through another spelling of its path
+        ("convert-target", str(small_pair.target_dir), "-o",
+         str(small_pair.target_dir / ".." / small_pair.target_dir.name / weights.name), "--force"),
+        ("convert", str(small_pair.drafter_dir), "--target", str(small_pair.target), "-o",
+         str(small_pair.target), "--force"),
+        ("convert", str(small_pair.drafter_dir), "--target", str(small_pair.target), "-o",
+         str(next(small_pair.drafter_dir.glob("*.safetensors"))), "--force"),
+    ]
+    for args in cases:
+        p = ggufdspark_cli(*args)
+        assert p.returncode != 0, args
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is one of the inputs" in lines[0] and "Traceback" not in p.stderr, p.stderr
+    assert {p: _sha(p) for p in before} == before
+
+
+def test_converter_refuses_a_hard_link_to_an_input(small_pair, tmp_path):
+    from ggufdspark.convert.target import convert_target
+    from ggufdspark.errors import UnsafeOutputError
+
+    weights = next(small_pair.target_dir.glob("*.safetensors"))
+    link = tmp_path / "model.gguf"
+    os.link(weights, link)
+    with pytest.raises(UnsafeOutputError, match="is one of the inputs"):
+        convert_target(small_pair.target_dir, output=link, force=True)
 
 
 # ----------------------------------------------------------------------------- 14: serving() validates

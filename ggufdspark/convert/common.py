@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ggufdspark.errors import CorruptFileError, InputNotFoundError, UnsupportedModelError
+from ggufdspark.errors import CorruptFileError, InputNotFoundError, UnsafeOutputError, UnsupportedModelError
 from ggufdspark.gguffile.constants import OUTTYPE_TENSOR, Key, TensorType
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 
@@ -17,6 +18,44 @@ log = logging.getLogger(__name__)
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 OUTTYPE_LABEL = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
+
+
+# The files of a checkpoint the converters read (and fetch from the Hub).
+CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]
+
+
+def check_output(out: Path, *inputs: Path) -> Path:
+    """Refuse an output that would destroy an input or cannot be written; returns ``out``.
+
+    Args:
+        out: the file about to be written (renamed into place when complete).
+        inputs: checkpoint directories (every file of ``CHECKPOINT_FILES`` in them counts) and
+            input files (a target GGUF).
+
+    Raises:
+        UnsafeOutputError: ``out`` is one of the inputs (same path, or the same file through a
+            link), or its directory is missing, not a directory, or not writable.
+    """
+    out = Path(out)
+    files: list[Path] = []
+    for src in inputs:
+        src = Path(src)
+        if src.is_dir():
+            files += [f for pat in CHECKPOINT_FILES for f in src.glob(pat)]
+        elif src.exists():
+            files.append(src)
+    resolved = out.resolve()
+    for f in files:
+        if f.resolve() == resolved or (out.exists() and os.path.samefile(out, f)):
+            raise UnsafeOutputError(f"{out}: is one of the inputs ({f}); refusing to overwrite it "
+                                    f"(choose another output)")
+    parent = out.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise UnsafeOutputError(f"{out}: cannot write it: {parent} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UnsafeOutputError(f"{out}: cannot write it: {parent} is not writable")
+    return out
 
 
 def resolve_checkpoint(spec: str | Path) -> Path:
@@ -37,7 +76,7 @@ def resolve_checkpoint(spec: str | Path) -> Path:
             from huggingface_hub.errors import LocalEntryNotFoundError
         except ImportError:  # pragma: no cover - huggingface_hub is a dependency
             raise InputNotFoundError(f"{s}: not a local directory and huggingface_hub is not installed") from None
-        patterns = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]
+        patterns = CHECKPOINT_FILES
         try:
             return Path(snapshot_download(s, allow_patterns=patterns, local_files_only=True))
         except LocalEntryNotFoundError:

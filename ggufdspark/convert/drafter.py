@@ -20,8 +20,8 @@ from typing import Callable
 import numpy as np
 
 from ggufdspark.convert import tokenizer as tok
-from ggufdspark.convert.common import (OUTTYPE_LABEL, TargetInfo, default_draft_name, describe_target,
-                                       load_config, outtype_tensor, resolve_checkpoint)
+from ggufdspark.convert.common import (OUTTYPE_LABEL, TargetInfo, check_output, default_draft_name,
+                                       describe_target, load_config, outtype_tensor, resolve_checkpoint)
 from ggufdspark.convert.safetensors import STensor, open_checkpoint
 from ggufdspark.convert.stream import TensorPlan, write_plans
 from ggufdspark.errors import PairMismatchError, UnsupportedModelError
@@ -279,7 +279,8 @@ def convert_drafter(drafter: str | Path, target: str | Path, *, output: str | Pa
 
     Raises:
         InputNotFoundError, CorruptFileError, UnsupportedModelError, PairMismatchError,
-        OutputExistsError. Nothing is left on disk when any of them is raised.
+        OutputExistsError, UnsafeOutputError (the output is an input, or its directory is unusable).
+        Nothing is left on disk when any of them is raised.
     """
     t0 = time.monotonic()
     ttype = outtype_tensor(outtype)
@@ -291,6 +292,7 @@ def convert_drafter(drafter: str | Path, target: str | Path, *, output: str | Pa
     out = Path(output) if output else Path.cwd() / default_draft_name(info, outtype)
     if out.is_dir():
         out = out / default_draft_name(info, outtype)
+    check_output(out, directory, info.source)
 
     w = GGUFWriter(out)
     arch = ARCH_DFLASH

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggufdspark.convert.common import (OUTTYPE_LABEL, VL_TARGET_ARCHS, load_config, load_json_object, outtype_tensor,
-                                       resolve_checkpoint, text_config)
+from ggufdspark.convert.common import (OUTTYPE_LABEL, VL_TARGET_ARCHS, check_output, load_config, load_json_object,
+                                       outtype_tensor, resolve_checkpoint, text_config)
 from ggufdspark.convert.drafter import ConvertResult
 from ggufdspark.convert.safetensors import STensor, open_checkpoint
 from ggufdspark.convert.stream import TensorPlan, write_plans
@@ -350,12 +350,13 @@ def convert_mmproj(target: str | Path, *, output: str | Path | None = None, outt
             embedding is F16 in an f16 file and F32 otherwise, as llama.cpp's converter writes them).
 
     Raises:
-        InputNotFoundError, CorruptFileError, UnsupportedModelError, OutputExistsError.
+        InputNotFoundError, CorruptFileError, UnsupportedModelError, OutputExistsError,
+        UnsafeOutputError (the output is an input, or its directory is unusable).
     """
     directory = resolve_checkpoint(target)
     name = checkpoint_name(target, directory)
     plan = plan_mmproj(directory, load_config(directory), outtype, name=name)
-    out = resolve_output(output, default_mmproj_name(name, outtype))
+    out = check_output(resolve_output(output, default_mmproj_name(name, outtype)), directory)
     if out.exists() and not force:
         raise OutputExistsError(f"{out}: already exists (use --force to overwrite)")
     return write_mmproj(plan, out, force=force, progress=progress)

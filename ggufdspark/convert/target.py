@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from ggufdspark.convert import tokenizer as tok
-from ggufdspark.convert.common import (OUTTYPE_LABEL, TEXT_TARGET_ARCHS, VL_TARGET_ARCHS, load_config,
-                                       outtype_tensor, resolve_checkpoint, text_config)
+from ggufdspark.convert.common import (OUTTYPE_LABEL, TEXT_TARGET_ARCHS, VL_TARGET_ARCHS, check_output,
+                                       load_config, outtype_tensor, resolve_checkpoint, text_config)
 from ggufdspark.convert.drafter import ConvertResult
 from ggufdspark.convert.mmproj import (checkpoint_name, default_mmproj_name, has_vision_part, plan_mmproj,
                                        resolve_output, write_mmproj)
@@ -157,7 +157,8 @@ def convert_target(target: str | Path, *, output: str | Path | None = None, outt
         TargetConvertResult; ``mmproj`` is set when an mmproj was written.
 
     Raises:
-        InputNotFoundError, CorruptFileError, UnsupportedModelError, OutputExistsError. Both inputs
+        InputNotFoundError, CorruptFileError, UnsupportedModelError, OutputExistsError,
+        UnsafeOutputError (an output is an input, or its directory is unusable). Both inputs
         are validated and both outputs checked before anything is written.
     """
     t0 = time.monotonic()
@@ -178,7 +179,7 @@ def convert_target(target: str | Path, *, output: str | Path | None = None, outt
             raise UnsupportedModelError(f"{directory / 'config.json'}: LFM2 config has no {key}")
     plans = plan_target(directory, cfg, ttype)
     name = checkpoint_name(target, directory)
-    out = resolve_output(output, f"{name}-{OUTTYPE_LABEL[outtype]}.gguf")
+    out = check_output(resolve_output(output, f"{name}-{OUTTYPE_LABEL[outtype]}.gguf"), directory)
     notes = []
     mplan = mout = None
     if is_vl and mmproj and not has_vision_part(directory, full):
@@ -188,6 +189,7 @@ def convert_target(target: str | Path, *, output: str | Path | None = None, outt
         mplan = plan_mmproj(directory, full, outtype, name=name)
         mout = resolve_output(mmproj_output if mmproj_output is not None else out.parent,
                               default_mmproj_name(name, outtype))
+        check_output(mout, directory)
         if mout.resolve() == out.resolve():
             raise OutputExistsError(f"{out}: the language tower and the mmproj cannot share one file")
         for path in (out, mout):
