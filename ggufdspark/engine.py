@@ -12,6 +12,8 @@ cached build, then ``llama-server`` on ``PATH``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -25,7 +27,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ggufdspark.errors import EngineBuildError, EngineError
 
@@ -95,6 +97,31 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def locked(path: Path, what: str) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block.
+
+    When another process holds it, says so (naming ``what`` and that process) and waits.
+    Yields whether it had to wait (the other process may have done the work meanwhile).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        waited = False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            log.warning("waiting for another %s (pid %s) to finish ...", what, holder)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            waited = True
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield waited
+    finally:
+        os.close(fd)  # releases the lock
+
+
 # --------------------------------------------------------------------------- source
 
 
@@ -118,6 +145,13 @@ def fetch_source(cache: Path | None = None) -> Path:
         EngineBuildError: the download failed or the archive's sha256 is not the pinned one.
     """
     cache = cache or cache_dir()
+    if os.environ.get(ENV_SOURCE):
+        return _fetch_source(cache)
+    with locked(cache / "src" / "fetch.lock", f"download of {PIN_SDIST}"):
+        return _fetch_source(cache)
+
+
+def _fetch_source(cache: Path) -> Path:
     if env := os.environ.get(ENV_SOURCE):
         tree = Path(env)
         if not (tree / "CMakeLists.txt").is_file():
@@ -225,16 +259,28 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
     """
     spec = spec or BuildSpec()
     cache = cache or cache_dir()
-    exe = built_server(spec, cache)
-    if not force and exe and all((exe.parent / t).is_file() for t in extra_targets):
+
+    def done() -> Path | None:
+        exe = usable_build(spec, cache)
+        return exe if exe and all((exe.parent / t).is_file() for t in extra_targets) else None
+
+    if not force and (exe := done()):
         log.info("engine already built: %s", exe)
         return exe
     for tool in ("cmake", "c++"):
         if not shutil.which(tool):
             raise EngineBuildError(f"'{tool}' not found on PATH: install CMake and a C/C++ compiler")
-    tree = fetch_source(cache)
     d = build_dir(spec, cache)
-    d.mkdir(parents=True, exist_ok=True)
+    with locked(d / "build.lock", f"build of the engine in {d}") as waited:
+        if waited and (exe := done()):
+            log.info("the other build finished: %s", exe)
+            return exe
+        return _build(spec, cache, d, jobs=jobs, progress=progress, extra_targets=extra_targets)
+
+
+def _build(spec: BuildSpec, cache: Path, d: Path, *, jobs: int | None, progress: Progress | None,
+           extra_targets: tuple[str, ...]) -> Path:
+    tree = fetch_source(cache)
     (d / "build.json").unlink(missing_ok=True)
     src = _apply_patches(tree, d)
     logfile = d / "build.log"
@@ -243,6 +289,7 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
     configure = ["cmake", "-S", str(src), "-B", str(d / "build"), *gen, *spec.flags()]
     compile_ = ["cmake", "--build", str(d / "build"), "--target", *SERVER_TARGETS, *extra_targets, "-j", str(jobs)]
     t0 = time.monotonic()
+    failed = None
     with open(logfile, "w") as logf:
         for step, cmd in (("configure", configure), ("compile", compile_)):
             logf.write("$ " + " ".join(cmd) + "\n")
@@ -259,8 +306,11 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
                         progress(int(m.group(1)), 100, "compile")
             rc = proc.wait()
             if rc != 0:
-                raise EngineBuildError(f"engine {step} failed (exit {rc}): {_first_error(logfile)}; "
-                                       f"full log: {logfile}")
+                failed = (step, rc)
+                break
+    if failed:  # read the log only now that it is closed: everything written is on disk
+        raise EngineBuildError(f"engine {failed[0]} failed (exit {failed[1]}): {_first_error(logfile)}; "
+                               f"full log: {logfile}")
     exe = d / "build" / "bin" / "llama-server"
     if not exe.is_file():
         raise EngineBuildError(f"build finished but {exe} is missing; full log: {logfile}")
@@ -273,12 +323,53 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
     return exe
 
 
+# What names the cause of a failed build, most telling first: a compiler or linker diagnostic,
+# a CMake error (its message is on the next line), then any line that says error.
+_ERROR_PATTERNS = [
+    r"(^|[\s:])(fatal )?error:",
+    r"CMake Error",
+    r"undefined reference|ld returned|linker command failed",
+    r"\berror\b",
+]
+
+
 def _first_error(logfile: Path) -> str:
-    lines = logfile.read_text(errors="replace").splitlines()
-    for line in lines:
-        if re.search(r"\berror\b|CMake Error|fatal", line, re.IGNORECASE):
-            return line.strip()[:300]
+    """The first line of the build log that names the cause (skipping the ``$ cmake`` lines)."""
+    lines = [ln for ln in logfile.read_text(errors="replace").splitlines() if not ln.startswith("$ ")]
+    for pat in _ERROR_PATTERNS:
+        for i, line in enumerate(lines):
+            if re.search(pat, line, re.IGNORECASE):
+                text = line.strip()
+                if pat == "CMake Error":
+                    text += " " + next((ln.strip() for ln in lines[i + 1:] if ln.strip()), "")
+                return text[:300]
     return (lines[-1].strip() if lines else "no output")[:300]
+
+
+def engine_problem(exe: Path) -> str | None:
+    """Why ``exe`` does not run (``--version`` fails or hangs), or None when it does."""
+    try:
+        r = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "'--version' did not answer within 60 s"
+    except OSError as e:
+        return e.strerror or str(e)
+    if r.returncode != 0:
+        last = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        return f"'--version' exited with code {r.returncode}: {last[0][:200]}"
+    return None
+
+
+def usable_build(spec: BuildSpec, cache: Path | None = None) -> Path | None:
+    """The cached ``llama-server`` for ``spec`` if its build finished and it runs, else None."""
+    exe = built_server(spec, cache)
+    if exe is None:
+        return None
+    problem = engine_problem(exe)
+    if problem:
+        log.warning("the cached engine %s does not run (%s): it will be rebuilt", exe, problem)
+        return None
+    return exe
 
 
 # --------------------------------------------------------------------------- find + probe

@@ -488,6 +488,106 @@ def test_serving_validates_like_the_cli(small_pair, dspark_engine, other_pair, c
     assert any("FAILED check" in m and "hidden size" in m for m in warned), warned
 
 
+# ----------------------------------------------------------------------------- 7 + 16: engine builds
+
+TINY_CMAKE = """
+cmake_minimum_required(VERSION 3.14)
+project(tiny C)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_executable(llama-server server.c)
+"""
+
+TINY_SERVER = """
+#include <stdio.h>
+int main(void) { printf("version: 1 (0c1e570)\\n"); return 0; }
+"""
+
+
+def _tiny_tree(root: Path, *, broken: bool = False) -> Path:
+    """A real CMake project standing in for the llama.cpp tree ($GGUFDSPARK_LLAMA_SRC)."""
+    root.mkdir(parents=True)
+    (root / "CMakeLists.txt").write_text(TINY_CMAKE)
+    body = TINY_SERVER if not broken else TINY_SERVER.replace("return 0;", "return undeclared_thing;")
+    # pad the log: the real first error must not hide behind an unflushed buffer
+    pad = "".join(f"static int pad_{i} = {i};\n" for i in range(400)) if broken else ""
+    (root / "server.c").write_text(pad + body)
+    return root
+
+
+def _build_env(tmp_path: Path, tree: Path) -> dict[str, str]:
+    return {"GGUFDSPARK_CACHE": str(tmp_path / "cache"), "GGUFDSPARK_LLAMA_SRC": str(tree)}
+
+
+def test_build_error_names_the_compiler_error(ggufdspark_cli, tmp_path):
+    tree = _tiny_tree(tmp_path / "tree", broken=True)
+    p = ggufdspark_cli("build-engine", "--no-patches", "-j", "1", env=_build_env(tmp_path, tree))
+    line = _one_line(p, "engine compile failed")
+    assert "undeclared_thing" in line and "error" in line, p.stderr
+    assert not line.split("failed (exit", 1)[1].split(": ", 1)[1].startswith("$ cmake"), line
+
+
+def test_second_build_waits_for_the_first(ggufdspark_cli, tmp_path, monkeypatch):
+    from ggufdspark import engine
+
+    tree = _tiny_tree(tmp_path / "tree")
+    env = _build_env(tmp_path, tree)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    spec = engine.BuildSpec(patches=False)
+    d = engine.build_dir(spec)
+    cmd = [sys.executable, "-m", "ggufdspark", "build-engine", "--no-patches", "-j", "1"]
+    with engine.locked(d / "build.lock", "test"):  # another build holds the lock
+        p = subprocess.Popen(cmd, cwd=REPO, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        try:
+            first = p.stderr.readline() + p.stderr.readline()
+            deadline = time.monotonic() + 60
+            while "waiting for another build" not in first and time.monotonic() < deadline:
+                line = p.stderr.readline()
+                if not line:
+                    break
+                first += line
+            assert "waiting for another build" in first, first
+            assert not (d / "build.log").exists(), "built while another build held the lock"
+        except BaseException:
+            p.kill()
+            raise
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert Path(out.strip()) == d / "build" / "bin" / "llama-server"
+    # two at once: both succeed, one builds, the other reuses it
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [q.communicate(timeout=300) for q in procs]
+    assert [q.returncode for q in procs] == [0, 0], outs
+
+
+def test_broken_cached_engine_is_rebuilt(ggufdspark_cli, tmp_path, monkeypatch):
+    from ggufdspark import engine
+
+    tree = _tiny_tree(tmp_path / "tree")
+    env = _build_env(tmp_path, tree)
+    monkeypatch.setenv("GGUFDSPARK_CACHE", env["GGUFDSPARK_CACHE"])
+    d = engine.build_dir(engine.BuildSpec(patches=False))
+    exe = d / "build" / "bin" / "llama-server"
+    exe.parent.mkdir(parents=True)
+    exe.write_bytes(b"\x7fELF truncated")
+    exe.chmod(0o755)
+    (d / "build.json").write_text("{}")
+    p = ggufdspark_cli("build-engine", "--no-patches", "--print-path", "-j", "1", env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(exe)
+    assert "does not run" in p.stderr
+    assert subprocess.run([str(exe), "--version"], capture_output=True).returncode == 0
+
+
+def test_build_engine_argument_errors(ggufdspark_cli, tmp_path):
+    env = {"GGUFDSPARK_CACHE": str(tmp_path / "cache")}
+    _one_line(ggufdspark_cli("build-engine", "--cuda", "--metal", env=env), "--cuda and --metal")
+    _one_line(ggufdspark_cli("build-engine", "-j", "-3", env=env), "-3")
+    assert not (tmp_path / "cache" / "engine").exists()
+
+
 # ----------------------------------------------------------------------------- 16: messages, docs
 
 
