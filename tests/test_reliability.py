@@ -465,6 +465,30 @@ def test_converter_refuses_a_hard_link_to_an_input(small_pair, tmp_path):
         convert_target(small_pair.target_dir, output=link, force=True)
 
 
+# ----------------------------------------------------------------------------- 10: one-line errors
+
+
+def test_os_and_argument_errors_are_one_line(ggufdspark_cli, small_pair, tmp_path, state_home):
+    pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    env = {"XDG_STATE_HOME": str(state_home)}
+    _one_line(ggufdspark_cli("serve", *pair, "--port", "70000", "--dry-run"), "70000")
+    _one_line(ggufdspark_cli("serve", *pair, "--port", "-1", "--dry-run"), "-1")
+    _one_line(ggufdspark_cli("serve", *pair, "--host", "bad..host", "--dry-run"), "bad..host")
+    _one_line(ggufdspark_cli("serve", *pair, "--log", "/missing/x.log", env=env), "/missing/x.log")
+    _one_line(ggufdspark_cli("generate", "/dev/null"), "/dev/null")
+    # "unwritable" as root: a directory that cannot exist because its parent is a file
+    _one_line(ggufdspark_cli("generate", str(a_file / "out")), str(a_file))
+    _one_line(ggufdspark_cli("convert-target", str(small_pair.target_dir), "-o", str(a_file / "t.gguf")),
+              str(a_file))
+    _one_line(ggufdspark_cli("convert", str(small_pair.drafter_dir), "--target", str(small_pair.target),
+                             "-o", str(tmp_path / "missing" / "d.gguf")), "does not exist")
+    _one_line(ggufdspark_cli("timings", str(a_file / "x.json")), str(a_file))
+    _one_line(ggufdspark_cli("timings", str(tmp_path)), str(tmp_path))
+    assert not list(tmp_path.glob("**/*.part")), "half-written output left behind"
+
+
 # ----------------------------------------------------------------------------- 14: serving() validates
 
 

@@ -2,14 +2,16 @@
 
 Each verb lives in ``ggufdspark/cli/<verb>.py`` as a click command named ``command`` that calls one
 library function. Verbs are imported lazily so ``ggufdspark --help`` stays fast and a verb's heavy
-imports cost nothing to the others. Library errors (``ggufdspark.errors``) become one line on
-stderr and a non-zero exit here, in one place; ``--debug`` shows the traceback instead.
+imports cost nothing to the others. Library errors (``ggufdspark.errors``) and what the operating
+system refuses (``OSError``: a missing directory, a path under a file, an unreadable input) become
+one line on stderr and a non-zero exit here, in one place; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 import click
@@ -66,6 +68,28 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("ggufdspark: interrupted", err=True)
             sys.exit(130)
+        except BrokenPipeError:
+            # the reader of our output went away (`... | head`): nothing left to tell anyone
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
+        except OSError as e:
+            # what the operating system refused (a missing or unwritable directory, a file where a
+            # directory should be, an unreadable input): one line naming the path, never a traceback
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"ggufdspark: error: {os_error_text(e)}", err=True)
+            sys.exit(1)
+
+
+def os_error_text(e: OSError) -> str:
+    """``PATH: reason`` (both paths for a rename or copy), else the error itself."""
+    reason = e.strerror or str(e)
+    name = lambda f: os.fsdecode(f) if isinstance(f, bytes) else str(f)  # noqa: E731
+    if e.filename is not None and e.filename2 is not None:
+        return f"{name(e.filename)} -> {name(e.filename2)}: {reason}"
+    if e.filename is not None:
+        return f"{name(e.filename)}: {reason}"
+    return reason
 
 
 def _missing(name: str, help_: str) -> click.Command:
