@@ -282,7 +282,7 @@ def _build(spec: BuildSpec, cache: Path, d: Path, *, jobs: int | None, progress:
            extra_targets: tuple[str, ...]) -> Path:
     tree = fetch_source(cache)
     (d / "build.json").unlink(missing_ok=True)
-    src = _apply_patches(tree, d)
+    src = _apply_patches(tree, d) if spec.patches else tree  # --no-patches: the pinned tree as is
     logfile = d / "build.log"
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     jobs = jobs or os.cpu_count() or 2
