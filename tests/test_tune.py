@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
 from ggufdspark import tune
 from ggufdspark.errors import BenchError
-
-
 
 
 def test_published_profile_is_the_documented_derivation():
@@ -108,43 +109,55 @@ def test_tune_refuses_bad_inputs(small_pair, isolated, tmp_path):
         tune.profile_from_rates([0.5, 0.6])
 
 
-def _kill_draft_servers() -> int:
-    """SIGKILL every running llama-server of this user that has a draft (-md) loaded."""
-    import os
-    import signal
-    from pathlib import Path
-
-    killed = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+def _children() -> set[int]:
+    """Pids of this process's children, every thread's: processes this test process started."""
+    lists = list(Path("/proc/self/task").glob("*/children"))
+    if not lists:
+        pytest.fail("/proc/self/task/*/children is missing (a kernel without CONFIG_PROC_CHILDREN): "
+                    "these tests learn the pid of the engine tune started from it")
+    pids: set[int] = set()
+    for f in lists:
         try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"llama-server") and b"-md" in argv:
-            os.kill(int(d.name), signal.SIGKILL)
-            killed += 1
-    return killed
+            pids.update(int(p) for p in f.read_text().split())
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return pids
 
 
-def test_engine_dying_under_load_counts_as_not_paying(small_pair, isolated):
+def _new_engine(before: set[int], engine: str) -> int:
+    """The one llama-server child started since ``before`` (by the code under test)."""
+    new = [p for p in _children() - before if os.path.realpath(f"/proc/{p}/exe") == os.path.realpath(engine)]
+    assert len(new) == 1, f"expected one new llama-server child, found {new}"
+    return new[0]
+
+
+def test_engine_dying_under_load_counts_as_not_paying(small_pair, isolated, dspark_engine, start_server):
     """The real server is killed after its one-request measurement, during the parallel one (as the
     pinned engine does by itself under load on some machines): tune keeps the one-request point,
-    records the failure, and the recommendation keeps drafting to one request at a time."""
+    records the failure, and the recommendation keeps drafting to one request at a time. Only that
+    server dies: a decoy llama-server with a draft, started before, is still serving afterwards."""
+    decoy = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=2, ctx_size=512)
+    before = _children()
+    assert decoy.proc.pid in before
     kills = []
 
     def progress(done, total, what):
         if what == "draft length 2, 1 parallel":
-            kills.append(_kill_draft_servers())
+            pid = _new_engine(before, dspark_engine.path)  # the engine tune started for this arm
+            os.kill(pid, signal.SIGKILL)
+            kills.append(pid)
 
     res = tune.run_tune(small_pair.target, small_pair.draft, acceptance="published", draft_lengths=[2],
                         concurrency=[1, 2], n_predict=16, requests=1, save=False, progress=progress,
                         min_gain=0.0)
-    assert kills == [1]
+    assert len(kills) == 1 and kills[0] != decoy.proc.pid
     failures = res.settings["engine_failures"]
     assert len(failures) == 1 and failures[0]["draft_n_max"] == 2 and failures[0]["parallel"] == 2
+    assert "llama-server died during the measurement (signal 9" in failures[0]["error"]
     assert any(p.n_max == 2 and p.level == 1 for p in res.points)
     assert not any(p.n_max == 2 and p.level == 2 for p in res.points)
     assert res.recommendation["max_concurrency_for_draft"] == 1
     assert "crashed" in res.recommendation["why"]
+    # the decoy: same engine, same user, a draft loaded, never touched
+    assert decoy.alive() and decoy.client().health()["status"] == "ok"
+    assert decoy.client().complete("The model draft target", n_predict=4).timings.predicted_n == 4
