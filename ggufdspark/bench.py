@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import math
+import subprocess
 import tempfile
 import threading
 import time
@@ -162,24 +163,55 @@ SEGV_HINT = ("on CPUs with AMX the pinned engine's repacked-weight kernels have 
              "batches; retry with --server-arg=--no-repack")
 
 
+# How long a server whose request failed may take to exit before it counts as still running: a
+# crashing engine that holds gigabytes can take seconds to go (core dump, unmapping the weights).
+EXIT_WAIT_S = 30.0
+
+
 @contextlib.contextmanager
-def running(settings: ServerSettings, log_path: Path, start_timeout: float = 600.0) -> Iterator[Client]:
+def running(settings: ServerSettings, log_path: Path, start_timeout: float = 600.0,
+            exit_wait: float = EXIT_WAIT_S) -> Iterator[Client]:
     """A started server's client; the server is stopped on exit, whatever happens.
 
+    When a request fails (``EngineError``), the server process is waited on (up to ``exit_wait``
+    seconds, or until ``/health`` answers) to tell a crash from a failed request.
+
     Raises:
-        BenchError: the server died while in use (exit code or signal, log path).
+        BenchError: the server died while in use (exit code or signal, log path), or a request
+            failed while it kept running (the engine's error); never a bare ``EngineError``.
     """
     with ServerProcess(settings, log_path=log_path, start_timeout=start_timeout) as srv:
         try:
             yield srv.client()
         except EngineError as e:
-            time.sleep(0.2)
-            if srv.alive() or srv.proc is None:
-                raise
-            rc = srv.proc.returncode
+            rc = await_exit(srv, exit_wait)
+            if rc is None:
+                raise BenchError(f"a request failed and llama-server kept running (log: {log_path}): {e}") from None
             how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
             hint = f"; {SEGV_HINT}" if rc == -11 and settings.n_gpu_layers is None else ""
             raise BenchError(f"llama-server died during the measurement ({how}; log: {log_path}): {e}{hint}") from None
+
+
+def await_exit(srv: ServerProcess, timeout: float) -> int | None:
+    """Wait for the server to exit: its exit code (negative: the signal), or None when it answers
+    ``/health`` or is still running after ``timeout`` seconds."""
+    assert srv.proc is not None
+    log.debug("a request failed: waiting up to %gs for llama-server (pid %d) to exit or answer /health",
+              timeout, srv.proc.pid)
+    deadline = time.monotonic() + timeout
+    probe = srv.client(timeout=1.0)
+    while True:
+        try:
+            return srv.proc.wait(timeout=0.25)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            probe.health()
+            return None  # alive and serving: the request failed on its own
+        except EngineError:
+            pass
+        if time.monotonic() > deadline:
+            return None
 
 
 # --------------------------------------------------------------------------- requests

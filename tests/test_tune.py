@@ -6,12 +6,16 @@ import json
 import math
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from ggufdspark import bench as bn
 from ggufdspark import tune
-from ggufdspark.errors import BenchError
+from ggufdspark.errors import BenchError, EngineError
+from ggufdspark.runners.server import Client, ServerSettings
 
 
 def test_published_profile_is_the_documented_derivation():
@@ -161,3 +165,36 @@ def test_engine_dying_under_load_counts_as_not_paying(small_pair, isolated, dspa
     # the decoy: same engine, same user, a draft loaded, never touched
     assert decoy.alive() and decoy.client().health()["status"] == "ok"
     assert decoy.client().complete("The model draft target", n_predict=4).timings.predicted_n == 4
+
+
+def test_a_server_that_dies_slowly_is_seen_dead(small_pair, dspark_engine, tmp_path):
+    """A request fails while the engine is still alive; it dies a second later (a crashing engine that
+    holds gigabytes takes that long): bench sees a death, not a failed request of a live server."""
+    settings = ServerSettings(server=dspark_engine.path, model=small_pair.target, spec_type=None, ctx_size=512)
+    before = _children()
+    killer = None
+    with pytest.raises(BenchError, match=r"llama-server died during the measurement \(signal 9; log: .*slow\.log\)"):
+        with bn.running(settings, tmp_path / "slow.log") as c:
+            pid = _new_engine(before, dspark_engine.path)
+            os.kill(pid, signal.SIGSTOP)  # alive, answering nothing
+            try:
+                Client(c.url, timeout=0.5).complete("The model draft target", n_predict=4)
+            except EngineError:  # timed out while the engine is alive: it dies 1 s from now
+                killer = threading.Timer(1.0, os.kill, (pid, signal.SIGKILL))
+                killer.start()
+                raise
+    assert killer is not None
+    killer.join()
+
+
+def test_a_failed_request_of_a_live_server_is_a_bench_error(small_pair, dspark_engine, tmp_path):
+    """The engine refuses a request (HTTP 400) and keeps serving: a BenchError saying so, at once,
+    not a bare EngineError (tune catches BenchError and records it)."""
+    settings = ServerSettings(server=dspark_engine.path, model=small_pair.target, spec_type=None, ctx_size=256)
+    t0 = time.monotonic()
+    with pytest.raises(BenchError, match=r"a request failed and llama-server kept running \(log: .*live\.log\): "
+                                         r".*HTTP 400: .*exceeds the available context size"):
+        with bn.running(settings, tmp_path / "live.log") as c:
+            t0 = time.monotonic()
+            c.complete(list(range(5, 600)), n_predict=4)
+    assert time.monotonic() - t0 < bn.EXIT_WAIT_S / 2  # /health answered: no waiting for an exit
