@@ -29,7 +29,9 @@ def file_sha256(path: str | Path) -> str:
     store = cache_dir() / "hashes.json"
     try:
         known = json.loads(store.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        known = {}
+    if not isinstance(known, dict):  # a damaged cache is rebuilt, never a crash
         known = {}
     if key in known:
         return known[key]
@@ -70,11 +72,42 @@ def load_profile(report: DeviceReport, target: str | Path, draft: str | Path) ->
         return None
     try:
         data = json.loads(p.read_text())
-    except json.JSONDecodeError:
-        log.warning("%s: unreadable tune profile, ignored", p)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        log.warning("%s: unreadable tune profile, ignored (%s)", p, e)
+        return None
+    problem = profile_problem(data)
+    if problem:
+        log.warning("%s: not a tune profile (%s), ignored; run 'ggufdspark tune' again to replace it", p, problem)
         return None
     data["path"] = str(p)
     return data
+
+
+# What serve reads from a profile's "recommendation": key -> (accepted types, check, expected)
+_RECOMMENDATION: dict[str, tuple[tuple[type, ...], object, str]] = {
+    "draft_enabled": ((bool,), lambda v: True, "true or false"),
+    "draft_n_max": ((int,), lambda v: 1 <= v <= 64, "an integer 1..64"),
+    "max_concurrency_for_draft": ((int,), lambda v: v >= 0, "an integer >= 0"),
+    "why": ((str,), lambda v: True, "a string"),
+}
+
+
+def profile_problem(data: object) -> str | None:
+    """Why ``data`` is not a usable profile (wrong shape or values), or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, expected an object"
+    rec = data.get("recommendation")
+    if rec is None:
+        return None
+    if not isinstance(rec, dict):
+        return f"recommendation is a JSON {type(rec).__name__}, expected an object"
+    for key, (types, ok, expected) in _RECOMMENDATION.items():
+        v = rec.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, types) or (bool not in types and isinstance(v, bool)) or not ok(v):
+            return f"recommendation.{key} is {v!r}, expected {expected}"
+    return None
 
 
 def save_profile(report: DeviceReport, target: str | Path, draft: str | Path, data: dict) -> Path:

@@ -8,6 +8,7 @@ and wait for each other; OS and argument errors are one line, never a traceback.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -635,3 +636,35 @@ def test_hub_download_failure_is_not_called_a_load_failure(ggufdspark_cli, state
     line = next(ln for ln in p.stderr.splitlines() if ln.startswith("ggufdspark: error:"))
     assert "the model failed to load" not in line, p.stderr
     assert "download" in line.lower(), p.stderr
+
+
+# ----------------------------------------------------------------------------- 11: saved profiles
+
+
+@pytest.mark.parametrize("content", ["[]", '{"recommendation": []}', '{"recommendation": {"draft_n_max": "9"}}',
+                                     '{"recommendation": {"draft_n_max": 0}}', '"text"', "\xff\xfe"])
+def test_a_damaged_tune_profile_is_ignored(ggufdspark_cli, small_pair, isolated, content, caplog):
+    from ggufdspark import hardware, profiles
+    from ggufdspark.engine import find_engine
+    from ggufdspark.serve import plan
+
+    path = profiles.profile_path(hardware.detect(find_engine()), small_pair.target, small_pair.draft)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content.encode("latin-1"))
+    caplog.set_level(logging.WARNING)
+    p = plan(small_pair.target, small_pair.draft)
+    assert p.decision.draft_n_max == 3 and p.decision.draft_enabled  # the table default
+    assert any(str(path) in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
+    cli = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
+                         env=isolated)
+    assert cli.returncode == 0 and "Traceback" not in cli.stderr, cli.stderr
+    assert "--spec-draft-n-max 3" in cli.stdout
+
+
+def test_a_damaged_hash_cache_is_rebuilt(small_pair, isolated):
+    from ggufdspark import profiles
+    from ggufdspark.engine import cache_dir
+
+    (cache_dir()).mkdir(parents=True, exist_ok=True)
+    (cache_dir() / "hashes.json").write_text("[]")
+    assert profiles.file_sha256(small_pair.draft) == _sha(small_pair.draft)
