@@ -668,3 +668,42 @@ def test_a_damaged_hash_cache_is_rebuilt(small_pair, isolated):
     (cache_dir()).mkdir(parents=True, exist_ok=True)
     (cache_dir() / "hashes.json").write_text("[]")
     assert profiles.file_sha256(small_pair.draft) == _sha(small_pair.draft)
+
+
+# ----------------------------------------------------------------------------- 13: terminal escapes
+
+HOSTILE_NAME = "Tiny\x1b]0;pwned\x07\x1b[2J\x1b[31mred\u202eevil\r"
+
+
+def _renamed(src: Path, dst: Path, name: str) -> Path:
+    from ggufdspark.gguffile.constants import TensorType
+    from ggufdspark.gguffile.reader import read_gguf
+    from ggufdspark.gguffile.writer import GGUFWriter
+
+    g = read_gguf(src)
+    w = GGUFWriter(dst)
+    for k, v in g.metadata.items():
+        vt, it = g.value_types[k]
+        w.add(k, name if k == "general.name" else v, vt, it)
+    for n, t in g.tensors.items():
+        w.add_tensor(n, t.shape, TensorType(t.type))
+    w.write(lambda n: [g.tensor_bytes(n).tobytes()])
+    return dst
+
+
+def test_strings_from_files_cannot_drive_the_terminal(ggufdspark_cli, small_pair, tmp_path):
+    f = _renamed(small_pair.target, tmp_path / "t.gguf", HOSTILE_NAME)
+    p = ggufdspark_cli("inspect", str(f))
+    assert p.returncode == 0, p.stderr
+    for bad in ("\x1b", "\x07", "\u202e", "\r"):
+        assert bad not in p.stdout, repr(p.stdout)
+    assert "Tiny\\x1b]0;pwned\\x07\\x1b[2J\\x1b[31mred\\u202eevil\\x0d" in p.stdout
+    j = ggufdspark_cli("inspect", str(f), "--json")
+    assert "\x1b" not in j.stdout and json.loads(j.stdout)["name"] == HOSTILE_NAME
+
+
+def test_error_messages_are_escaped(ggufdspark_cli, tmp_path):
+    bad = tmp_path / "x\x1b[2J.gguf"
+    bad.write_bytes(b"not a gguf at all" * 4)
+    p = ggufdspark_cli("inspect", str(bad))
+    assert p.returncode != 0 and "\x1b" not in p.stderr and "x\\x1b[2J.gguf" in p.stderr, repr(p.stderr)

@@ -17,6 +17,7 @@ import sys
 import click
 
 from ggufdspark import __version__
+from ggufdspark.cli._common import safe_text
 from ggufdspark.errors import GgufdsparkError
 
 # verb -> (module, one-line help)
@@ -63,7 +64,8 @@ class LazyGroup(click.Group):
         except GgufdsparkError as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo(f"ggufdspark: error: {e}", err=True)
+            # messages quote files and engine logs: escaped, so they cannot drive the terminal
+            click.echo(f"ggufdspark: error: {safe_text(str(e))}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("ggufdspark: interrupted", err=True)
@@ -77,7 +79,7 @@ class LazyGroup(click.Group):
             # directory should be, an unreadable input): one line naming the path, never a traceback
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo(f"ggufdspark: error: {os_error_text(e)}", err=True)
+            click.echo(f"ggufdspark: error: {safe_text(os_error_text(e))}", err=True)
             sys.exit(1)
 
 

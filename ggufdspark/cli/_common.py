@@ -39,5 +39,23 @@ class ProgressLine:
             click.echo(f"{self.label}: {pct}% {what}", err=True)
 
 
+# Bidirectional-text controls: they reorder what a terminal shows without being visible themselves.
+_BIDI = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def safe_text(text: str, keep: str = "\n\t") -> str:
+    """``text`` with control characters (C0, DEL, C1: terminal escapes, bells, carriage returns)
+    and bidi overrides written as ``\\xNN`` / ``\\uNNNN``, for printing strings that come from files
+    (a GGUF's ``general.name``, an engine's log) to a terminal. Characters in ``keep`` stay."""
+    out = []
+    for c in str(text):
+        o = ord(c)
+        if c in keep or not (o < 0x20 or 0x7f <= o < 0xa0 or c in _BIDI):
+            out.append(c)
+        else:
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
+    return "".join(out)
+
+
 def echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ggufdspark.check import check_pair
-from ggufdspark.cli._common import echo_json
+from ggufdspark.cli._common import echo_json, safe_text
 
 
 @click.command(name="check")
@@ -24,7 +24,7 @@ def command(target, draft, mmproj, as_json):
         echo_json(report.to_dict())
     else:
         for c in report.checks:
-            click.echo(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
+            click.echo(safe_text(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}", keep=""))
         n_bad = len(report.failures())
         click.echo("pair OK" if report.ok else f"pair REFUSED: {n_bad} check(s) failed")
     sys.exit(0 if report.ok else 1)

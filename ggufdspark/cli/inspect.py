@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ggufdspark.cli._common import echo_json
+from ggufdspark.cli._common import echo_json, safe_text
 from ggufdspark.inspect import inspect_gguf
 
 
@@ -15,12 +15,14 @@ def command(path, as_json):
     """Describe a GGUF file (arch, tensors, key metadata) from its header."""
     s = inspect_gguf(path)
     if as_json:
-        echo_json(s.to_dict())
+        echo_json(s.to_dict())  # JSON escapes control characters itself
         return
-    click.echo(f"{s.path}")
-    click.echo(f"  kind       {s.kind} (arch {s.arch})")
-    click.echo(f"  name       {s.name}")
-    click.echo(f"  size       {s.file_size / 1e6:.1f} MB, {s.n_tensors} tensors: "
-               + ", ".join(f"{n} {t}" for t, n in s.tensor_types.items()))
+    # every string below may come from the file: escaped, so a crafted one cannot drive the terminal
+    out = lambda line: click.echo(safe_text(line, keep=""))  # noqa: E731
+    out(f"{s.path}")
+    out(f"  kind       {s.kind} (arch {s.arch})")
+    out(f"  name       {s.name}")
+    out(f"  size       {s.file_size / 1e6:.1f} MB, {s.n_tensors} tensors: "
+        + ", ".join(f"{n} {t}" for t, n in s.tensor_types.items()))
     for k, v in s.details.items():
-        click.echo(f"  {k:<18} {v}")
+        out(f"  {k:<18} {v}")
