@@ -14,13 +14,14 @@ therefore commits nothing anywhere; files whose sha256 already matches on the Hu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ggufdspark import __version__, hardware
 from ggufdspark.check import PairReport, check_pair
@@ -155,6 +156,10 @@ def quant_label(g: GGUFFile) -> str:
     return label
 
 
+def _valid_repo_id(r: str) -> bool:
+    return bool(REPO_ID_RE.fullmatch(r)) and len(r.split("/")[1]) <= MAX_REPO_NAME
+
+
 def repo_names(repo: str, draft_repo: str | None = None, single_repo: bool = False) -> tuple[str, str, str]:
     """``(model name, target repo, draft repo)`` for ``--repo ORG/NAME``.
 
@@ -169,7 +174,7 @@ def repo_names(repo: str, draft_repo: str | None = None, single_repo: bool = Fal
     target_repo = f"{org}/{name}{TARGET_SUFFIX}"
     draft_repo = target_repo if single_repo else (draft_repo or f"{org}/{name}{DRAFT_SUFFIX}")
     for r in (repo, target_repo, draft_repo):
-        if not REPO_ID_RE.fullmatch(r) or len(r.split("/")[1]) > MAX_REPO_NAME:
+        if not _valid_repo_id(r):
             raise PublishError(f"{r!r} is not a valid repo id (ORG/NAME of letters, digits and _, joined "
                                f"by single '.' or '-', name at most {MAX_REPO_NAME} characters)")
     bad = [k for k in SIDECAR_KEYWORDS if k in name]
@@ -499,6 +504,11 @@ def plan_publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: st
     from huggingface_hub import constants as hf_constants
 
     name, target_repo, draft_repo = repo_names(repo, draft_repo, single_repo)
+    for what, value in (("base model", base_model), ("draft base model", draft_base_model)):
+        # it lands in the card's YAML front matter and in markdown links: a repo id and nothing else
+        if value is not None and not _valid_repo_id(value):
+            raise PublishError(f"{what} {value!r} is not a valid repo id (ORG/NAME of letters, digits and _, "
+                               f"joined by single '.' or '-')")
     report = check_pair(target, draft, mmproj)
     report.raise_for_failures()
     paths = {"target": Path(target), **({"mmproj": Path(mmproj)} if mmproj else {}), "draft": Path(draft)}
@@ -675,7 +685,57 @@ def publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: str | P
     token = token or get_token()
     if not token:
         raise PublishError("no Hugging Face token: run 'hf auth login' or set HF_TOKEN")
-    api = HfApi(endpoint=plan.endpoint, token=token)
+    with _masked_in_logs(token):  # a misbehaving endpoint may reflect it into a URL or header
+        _publish(HfApi(endpoint=plan.endpoint, token=token), plan, result, local, message, token, on_plan)
+    return result
+
+
+class _MaskSecret(logging.Filter):
+    """Replaces a secret by ``***`` in every record a handler emits (message, args, traceback)."""
+
+    def __init__(self, secret: str):
+        super().__init__()
+        # a token's body alone is as good as the token ("hf_" is only its prefix)
+        self.secrets = [secret] + ([secret[3:]] if secret.startswith("hf_") and len(secret) > 11 else [])
+
+    def _mask(self, text: str) -> str:
+        for s in self.secrets:
+            text = text.replace(s, "***")
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is the logging module's business
+            return True
+        if any(s in msg for s in self.secrets):
+            record.msg, record.args = self._mask(msg), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self._mask(record.exc_text)
+        return True
+
+
+@contextlib.contextmanager
+def _masked_in_logs(secret: str) -> Iterator[None]:
+    """Mask ``secret`` in everything logged while the block runs, by any logger (the Hub client and
+    its HTTP library log URLs and headers at debug level)."""
+    f = _MaskSecret(secret)
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    handlers = {h for lg in loggers for h in lg.handlers} | ({logging.lastResort} if logging.lastResort else set())
+    for h in handlers:
+        h.addFilter(f)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(f)
+
+
+def _publish(api, plan: PublishPlan, result: PublishResult, local: dict[str, list[str]], message: str | None,
+             token: str, on_plan: Callable[[PublishPlan], None] | None) -> None:
     current = plan.repos[0].repo_id
     try:
         remote = {}
@@ -693,7 +753,6 @@ def publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: str | P
     _upload(api, plan, result, message, token)
     for rp in plan.repos:
         result.commits.setdefault(rp.repo_id, None)
-    return result
 
 
 def _upload(api, plan: PublishPlan, result: PublishResult, message: str | None, token: str) -> None:

@@ -707,3 +707,75 @@ def test_error_messages_are_escaped(ggufdspark_cli, tmp_path):
     bad.write_bytes(b"not a gguf at all" * 4)
     p = ggufdspark_cli("inspect", str(bad))
     assert p.returncode != 0 and "\x1b" not in p.stderr and "x\\x1b[2J.gguf" in p.stderr, repr(p.stderr)
+
+
+# ----------------------------------------------------------------------------- 15: publish
+
+
+class _ReflectingHub:
+    """A misbehaving Hub endpoint: every request is redirected to a URL holding the caller's token,
+    which then fails with the token in a header and in the body."""
+
+    def __init__(self):
+        import http.server
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def _any(self):
+                tok = self.headers.get("Authorization", "").split(" ", 1)[-1]
+                n = int(self.headers.get("Content-Length") or 0)
+                if n:
+                    self.rfile.read(n)
+                if "/reflected/" not in self.path:
+                    self.send_response(302)
+                    self.send_header("Location", f"/reflected/{tok}?token={tok}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = json.dumps({"error": f"token {tok} rejected"}).encode()
+                self.send_response(500)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("X-Error-Message", f"token {tok} rejected")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_HEAD = do_PUT = _any
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+def test_publish_debug_never_prints_a_reflected_token(ggufdspark_cli, small_pair, tmp_path):
+    token = "hf_ReflectedTokenMustNeverBePrinted0123456789"
+    with _ReflectingHub() as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HOME": str(tmp_path / "hf"),
+               "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", "HUGGING_FACE_HUB_TOKEN": ""}
+        p = ggufdspark_cli("--debug", "publish", "--target", str(small_pair.target), "--draft",
+                           str(small_pair.draft), "--repo", "org/Tiny-LFM2", env=env, timeout=120)
+    assert p.returncode != 0
+    assert "rejected" in p.stderr  # the endpoint's answer did reach the output, masked
+    assert token not in p.stdout + p.stderr and token[3:] not in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("value", ["org/x\n# injected heading", "org/x) [click](http://evil", "not-a-repo-id",
+                                   "org/x\nlicense: mit"])
+def test_publish_base_model_must_be_a_repo_id(ggufdspark_cli, small_pair, value):
+    for opt in ("--base-model", "--draft-base-model"):
+        p = ggufdspark_cli("publish", "--target", str(small_pair.target), "--draft", str(small_pair.draft),
+                           "--repo", "org/Tiny-LFM2", "--dry-run", opt, value)
+        _one_line(p, "not a valid repo id")
+        assert "injected" not in p.stdout
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
