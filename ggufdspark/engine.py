@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ggufdspark.errors import EngineBuildError, EngineError
+from ggufdspark.runners import lifeline
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ BASE_FLAGS = [
 ]
 
 SERVER_TARGETS = ["llama-server"]
+# Seconds an engine gets to answer --version / --help; a hung one is killed with all it started.
+PROBE_TIMEOUT = 60.0
 # Part of every cache key: bump it whenever BASE_FLAGS or BACKEND_FLAGS change, so that a build
 # made with the old recipe is not reused (extra flags and patches are hashed into the key anyway).
 RECIPE = ""
@@ -349,9 +352,9 @@ def _first_error(logfile: Path) -> str:
 def engine_problem(exe: Path) -> str | None:
     """Why ``exe`` does not run (``--version`` fails or hangs), or None when it does."""
     try:
-        r = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+        r = lifeline.run([str(exe), "--version"], timeout=PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return "'--version' did not answer within 60 s"
+        return f"'--version' did not answer within {PROBE_TIMEOUT:g} s"
     except OSError as e:
         return e.strerror or str(e)
     if r.returncode != 0:
@@ -437,9 +440,12 @@ def probe_engine(path: Path, source: str) -> EngineInfo:
         raise EngineError(f"{path}: not an executable file (source: {source})")
     info = EngineInfo(path=str(path), source=source)
     try:
-        ver = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
-        hlp = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        ver = lifeline.run([str(path), "--version"], timeout=PROBE_TIMEOUT)
+        hlp = lifeline.run([str(path), "--help"], timeout=PROBE_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        raise EngineError(f"{path}: cannot run it: '{e.cmd[-1]}' did not answer within {PROBE_TIMEOUT:g} s "
+                          f"(stopped, with everything it started)") from None
+    except OSError as e:
         raise EngineError(f"{path}: cannot run it: {e}") from None
     m = re.search(r"version:\s*(\S+)\s*\((?:build\s+\S+,\s*commit\s+)?(\w+)\)", ver.stdout + ver.stderr)
     if m:

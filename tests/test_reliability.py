@@ -779,3 +779,34 @@ def test_publish_base_model_must_be_a_repo_id(ggufdspark_cli, small_pair, value)
         _one_line(p, "not a valid repo id")
         assert "injected" not in p.stdout
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+# ----------------------------------------------------------------------------- 12: hung engines
+
+HANGING_SERVER = """#!/bin/sh
+# answers nothing: starts a child that holds our output open, writes its pid, and waits forever
+sleep 600 &
+echo $! > "$(dirname "$0")/child-$1.pid"
+wait
+"""
+
+
+def test_a_hung_engine_probe_leaves_nothing_behind(tmp_path, monkeypatch):
+    from ggufdspark import engine
+    from ggufdspark.errors import EngineError
+
+    d = tmp_path / "hung"
+    d.mkdir()
+    exe = d / "llama-server"
+    exe.write_text(HANGING_SERVER)
+    exe.chmod(0o755)
+    monkeypatch.setattr(engine, "PROBE_TIMEOUT", 2.0)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="did not answer within 2 s"):
+        engine.probe_engine(exe, "explicit")
+    assert time.monotonic() - t0 < 30
+    child = int((d / "child---version.pid").read_text())
+    try:
+        assert _wait_gone(child, 10), f"the hung engine's child {child} was left running"
+    finally:
+        _kill_if_alive(child)

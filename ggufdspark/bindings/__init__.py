@@ -25,6 +25,7 @@ from typing import Literal
 
 from ggufdspark.bindings._loader import ENV_LIB_PATH, BindingsLoadError, resolve_lib_dir
 from ggufdspark.bindings.ggml_backend import DevType, GgmlBackend
+from ggufdspark.runners import lifeline
 from ggufdspark.errors import GgufdsparkError
 
 log = logging.getLogger(__name__)
@@ -193,8 +194,7 @@ def run_list_devices(server: str | os.PathLike, timeout: float = 120) -> str:
     Raises:
         OSError, subprocess.SubprocessError: it could not run, or it failed.
     """
-    proc = subprocess.run([str(server), "--list-devices"], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = lifeline.run([str(server), "--list-devices"], timeout=timeout)  # a hung one: killed, group and all
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise subprocess.SubprocessError(f"exit {proc.returncode}: {tail[0]}")

@@ -171,3 +171,36 @@ def spawn(args: list[str], **popen_kw: Any) -> tuple[subprocess.Popen, Lifeline]
     if threading.current_thread() is threading.main_thread():
         return fork(), Lifeline()
     return _SPAWNER.call(fork), Lifeline()
+
+
+def run(args: list[str], *, timeout: float, **popen_kw: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(args, capture_output=True, text=True, timeout=timeout)`` for a program that
+    may hang: the child runs in its own process group, tied to this process, and a timeout kills the
+    whole group (``subprocess.run`` kills only the child, leaving whatever it started).
+
+    Raises:
+        OSError: it could not be started.
+        subprocess.TimeoutExpired: it did not finish in ``timeout`` seconds (everything it started
+            has been killed and reaped).
+    """
+    proc, line = spawn(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, **popen_kw)
+    try:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            _killpg(proc.pid)
+            proc.communicate()  # the pipes close once the whole group is dead
+            raise
+    except subprocess.TimeoutExpired:
+        raise subprocess.TimeoutExpired(args, timeout) from None
+    finally:
+        line.release()
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
