@@ -810,3 +810,52 @@ def test_a_hung_engine_probe_leaves_nothing_behind(tmp_path, monkeypatch):
         assert _wait_gone(child, 10), f"the hung engine's child {child} was left running"
     finally:
         _kill_if_alive(child)
+
+
+# ----------------------------------------------------------------------------- 8: impossible timings
+
+
+GOOD_TIMINGS = ('"prompt_n": 5, "prompt_ms": 10.0, "predicted_n": 64, "predicted_ms": 100.0, '
+                '"draft_n": 10, "draft_n_accepted": 5')
+# case -> (the timings object's fields as JSON text, what the one-line error says)
+IMPOSSIBLE = {
+    "accepted > drafted": (GOOD_TIMINGS.replace('"draft_n_accepted": 5', '"draft_n_accepted": 50'),
+                           "50 drafted tokens accepted of 10 drafted"),
+    "negative count": (GOOD_TIMINGS.replace('"draft_n": 10', '"draft_n": -3'),
+                       "'draft_n' is -3"),
+    "negative time": (GOOD_TIMINGS.replace("100.0", "-1.5"), "'predicted_ms' is -1.5"),
+    "NaN": (GOOD_TIMINGS.replace("100.0", "NaN"), "'predicted_ms' is nan"),
+    "Infinity": (GOOD_TIMINGS.replace("10.0", "Infinity"), "'prompt_ms' is inf"),
+    "400 digits": (GOOD_TIMINGS.replace('"draft_n": 10', '"draft_n": 1' + "0" * 400), "'draft_n' is 1000000"),
+    "400 digits as time": (GOOD_TIMINGS.replace("100.0", "1" + "0" * 400), "401-digit number"),
+}
+
+
+def _line(timings: str) -> str:
+    return '{"content": "x", "stop": true, "timings": {' + timings + "}}"
+
+
+@pytest.mark.parametrize("case", list(IMPOSSIBLE), ids=list(IMPOSSIBLE))
+def test_impossible_timings_are_errors(ggufdspark_cli, tmp_path, case):
+    bad, needle = IMPOSSIBLE[case]
+    f = tmp_path / "r.jsonl"
+    f.write_text("\n".join([_line(GOOD_TIMINGS), _line(bad), _line(GOOD_TIMINGS)]) + "\n")
+    assert json.loads(_line(GOOD_TIMINGS))["timings"]["draft_n"] == 10
+    p = ggufdspark_cli("timings", str(f))
+    line = _one_line(p, needle)
+    assert f"{f}:2" in line, line
+    lenient = ggufdspark_cli("timings", str(f), "--lenient", "--json")
+    assert lenient.returncode == 0, lenient.stderr
+    out = json.loads(lenient.stdout, parse_constant=lambda c: pytest.fail(f"--json wrote {c}"))
+    assert len(out["records"]) == 2 and len(out["skipped"]) == 1 and needle in out["skipped"][0]["reason"]
+    assert all(r["acceptance_rate"] == 0.5 for r in out["records"])
+    assert "skipped 1" in lenient.stderr
+
+
+def test_deeply_nested_json_is_one_line(ggufdspark_cli, tmp_path):
+    f = tmp_path / "deep.json"
+    f.write_text("[" * 200_000 + "]" * 200_000)
+    _one_line(ggufdspark_cli("timings", str(f)), str(f), "nested too deeply")
+    g = tmp_path / "deep.jsonl"
+    g.write_text(_line(GOOD_TIMINGS) + "\n" + "[" * 200_000 + "]" * 200_000 + "\n")
+    _one_line(ggufdspark_cli("timings", str(g)), "nested too deeply")

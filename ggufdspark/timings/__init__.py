@@ -44,9 +44,11 @@ from ggufdspark.timings.records import (  # noqa: F401
     RequestTimings,
     Skipped,
     estimate_passes,
+    json_loads,
     parse_response,
     parse_sglang_response,
     parse_timings_object,
+    record_problem,
 )
 from ggufdspark.timings.formats import (  # noqa: F401
     MetricsScrape,
@@ -91,12 +93,12 @@ def detect_format(text: str) -> str:
                 return "metrics"
     if head.startswith(("{", "[")):
         try:
-            json.loads(text)
+            json_loads(text)
             return "json"
         except json.JSONDecodeError:
             pass
         try:
-            json.loads(head)
+            json_loads(head)
             return "jsonl"
         except json.JSONDecodeError:
             return "json"  # a document cut short or broken: the JSON reader says where
@@ -182,12 +184,28 @@ def parse(source: str | bytes | os.PathLike | IO, *, format: str = "auto", lenie
         recs = _parse_log(text, name, lenient, skipped, allow_plain=allow_plain)
     else:
         recs = _parse_metrics_records(text, name)
+    recs = _possible(recs, lenient, skipped)
     if not recs:
         why = f" ({len(skipped)} unreadable, skipped; first: {skipped[0].reason})" if skipped else ""
         raise TimingsParseError(f"{name}: no timings records found{why}")
     for s in skipped:
         log.debug("skipped %s: %s", s.where, s.reason)
     return Records(recs, format=fmt if format != "sglang" else "sglang", name=name, skipped=skipped)
+
+
+def _possible(recs: list[RequestTimings], lenient: bool, skipped: list[Skipped]) -> list[RequestTimings]:
+    """The records that can be real (``record_problem``), whatever format they came from; an
+    impossible one is an error, or skipped (and counted) when ``lenient``."""
+    out = []
+    for r in recs:
+        problem = record_problem(r)
+        if problem is None:
+            out.append(r)
+        elif lenient:
+            skipped.append(Skipped(r.where or "?", problem))
+        else:
+            raise TimingsParseError(f"{r.where or 'record'}: {problem}")
+    return out
 
 
 def read(path: str | os.PathLike, **kw: Any) -> Records:

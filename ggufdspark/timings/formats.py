@@ -23,6 +23,7 @@ from ggufdspark.timings.records import (  # noqa: F401
     _llama_kind,
     _records_from_value,
     estimate_passes,
+    json_loads,
 )
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def _lines(text: str) -> Iterator[_Line]:
 
 def _json_error(e: json.JSONDecodeError, name: str, doc: str, line: _Line | None = None,
                 offset: int = 0) -> TimingsParseError:
-    """A message naming the line, column and byte where ``json.loads(doc)`` failed. ``doc`` is a
+    """A message naming the line, column and byte where ``json_loads(doc)`` failed. ``doc`` is a
     whole document (``line`` None) or starts at character ``offset`` of ``line``."""
     # an unterminated string runs to the end of the document: cut short as well
     cut = e.pos >= len(doc.rstrip()) or e.msg.startswith("Unterminated string")
@@ -74,7 +75,7 @@ def _json_error(e: json.JSONDecodeError, name: str, doc: str, line: _Line | None
 def _parse_json(text: str, name: str, engine: str, lenient: bool, skipped: list[Skipped],
                 source: str = "response") -> list[RequestTimings]:
     try:
-        value = json.loads(text)
+        value = json_loads(text)
     except json.JSONDecodeError as e:
         raise _json_error(e, name, text) from None
     items = value if isinstance(value, list) else [value]
@@ -99,7 +100,7 @@ def _parse_jsonl(text: str, name: str, engine: str, lenient: bool, skipped: list
         where = f"{name}:{ln.no}"
         try:
             try:
-                value = json.loads(ln.text)
+                value = json_loads(ln.text)
             except json.JSONDecodeError as e:
                 raise _json_error(e, name, ln.text, ln) from None
             out.extend(_records_from_value(value, where, engine))
@@ -172,7 +173,7 @@ def _parse_sse(text: str, name: str, engine: str, lenient: bool, skipped: list[S
             finish()
             continue
         try:
-            obj = json.loads(payload)
+            obj = json_loads(payload)
         except json.JSONDecodeError as e:
             if ln.ended:
                 fail(ln, str(_json_error(e, name, payload, ln, len(s) - len(payload))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -197,6 +198,48 @@ class Records(list):
 # Responses (llama-server and SGLang JSON objects)
 # ---------------------------------------------------------------------------------------------
 
+def json_loads(text: str) -> Any:
+    """``json.loads`` for untrusted input: nesting too deep for the parser and integers too long to
+    convert fail as JSONDecodeError, like any other broken JSON (the caller names the place)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # Python's limit on integer digits
+        raise json.JSONDecodeError(str(e).split(";")[0], text, 0) from None
+
+
+# The largest count taken at face value: beyond it float arithmetic (rates, lengths) is inexact.
+MAX_COUNT = 2**53
+_COUNT_FIELDS = ("prompt_n", "predicted_n", "draft_n", "draft_n_accepted", "cache_n", "passes")
+_AMOUNT_FIELDS = ("prompt_ms", "predicted_ms", "predicted_per_second", "prompt_per_second", "e2e_ms",
+                  "reported_acceptance_rate", "reported_accept_length")
+
+
+def record_problem(r: RequestTimings) -> str | None:
+    """Why ``r`` cannot be a real request's timings, or None.
+
+    Counts are whole numbers 0..MAX_COUNT, times and speeds finite and not negative, and no more
+    drafted tokens are accepted than were drafted.
+    """
+    for k in _COUNT_FIELDS:
+        v = getattr(r, k)
+        if v is not None and not (0 <= v <= MAX_COUNT):
+            return f"'{k}' is {str(v)[:40]}, expected a count 0..{MAX_COUNT}"
+    for k in _AMOUNT_FIELDS:
+        v = getattr(r, k)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            return f"'{k}' is {v}, expected a finite number >= 0"
+    for i, v in enumerate(r.accepted_per_pos or []):
+        if not (0 <= v <= MAX_COUNT):
+            return f"accepted_per_pos[{i}] is {str(v)[:40]}, expected a count 0..{MAX_COUNT}"
+    if r.draft_n is not None and r.draft_n_accepted is not None and r.draft_n_accepted > r.draft_n:
+        return f"{r.draft_n_accepted} drafted tokens accepted of {r.draft_n} drafted: impossible"
+    return None
+
+
 _INT_FIELDS = ("prompt_n", "predicted_n", "draft_n", "draft_n_accepted", "cache_n")
 _FLOAT_FIELDS = ("prompt_ms", "predicted_ms", "predicted_per_second", "prompt_per_second")
 
@@ -204,11 +247,16 @@ _FLOAT_FIELDS = ("prompt_ms", "predicted_ms", "predicted_per_second", "prompt_pe
 def _number(value: Any, cast: type, key: str, where: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TimingsParseError(f"{where}: '{key}' is {json.dumps(value)[:40]}, expected a number")
+    if isinstance(value, float) and not math.isfinite(value):  # NaN / Infinity, which JSON lacks
+        raise TimingsParseError(f"{where}: '{key}' is {value}, expected a finite number")
     if cast is int:
         if isinstance(value, float) and not value.is_integer():
             raise TimingsParseError(f"{where}: '{key}' is {value}, expected a whole number")
         return int(value)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise TimingsParseError(f"{where}: '{key}' is a {len(str(value))}-digit number, too large") from None
 
 
 def estimate_passes(predicted_n: int | None, accepted: int | None) -> int | None:
