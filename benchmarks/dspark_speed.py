@@ -91,6 +91,8 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=9)
     ap.add_argument("--lengths", default="1,2,3,4,5,6,7,8,9")
     ap.add_argument("--concurrency", default="8,32")
+    ap.add_argument("--engine-arg", action="append", default=[],
+                    help="extra llama-server argument for every arm, plain included (repeat; e.g. --engine-arg=-bs)")
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
     ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"))
     ap.add_argument("--log-dir", type=Path, default=Path("dspark_speed_logs"))
@@ -103,7 +105,7 @@ def main() -> None:
 
     def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1):
         s = ServerSettings(server=server, model=args.target, ctx_size=parallel * (args.n_predict + 256),
-                           parallel=parallel, metrics=False, extra_args=list(extra or []))
+                           parallel=parallel, metrics=False, extra_args=list(args.engine_arg) + list(extra or []))
         if args.gpu:
             s.n_gpu_layers, s.flash_attn = 99, "on"
         if draft_n:

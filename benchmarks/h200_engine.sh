@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The engine issues (12: no abort under parallel load; 13: speed) measured on one H200, in as few
+# device calls as the machine allows (it has no network; a CUDA build costs about 5 minutes).
+#
+#   stage "setup":   extract the carried pinned tree (.carry/llama.cpp.tar.xz), build the patched
+#                    CUDA engine with `ggufdspark build-engine` (patches from
+#                    ggufdspark/data/patches), generate and convert the full-size pair meanwhile;
+#   stage "abort":   benchmarks/parallel_load.py at 8 slots, 420-500-token prompts, synthetic
+#                    acceptance at the published profile: the drafted tokens sampled through the
+#                    old cub::DeviceTopK path, through the patched top-k, and the greedy drafts;
+#                    then 32 slots, and real acceptance (greedy output equal to the plain server's);
+#   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
+#                    patched engine, and the sampled-drafts layout for comparison;
+#   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted.
+#
+# Environment: WORK (work dir, default .devwork: kept between calls on a warm machine), OUT (results),
+# STAGES (default: all of them).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+W=${WORK:-$PWD/.devwork}
+OUT=${OUT:-$W/out}
+mkdir -p "$W" "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GGUFDSPARK_CACHE=$W/cache
+py=${PYTHON:-python3}
+T=$W/full/target-F16.gguf
+D=$W/full/dspark-target-F16.gguf
+STAGES=${STAGES:-setup abort speed profile}
+BUILD_ARGS=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90)
+
+if [ ! -f "$W/src/llama.cpp/CMakeLists.txt" ]; then
+    mkdir -p "$W/src" && tar -xJf .carry/llama.cpp.tar.xz -C "$W/src"
+fi
+export GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
+
+for stage in $STAGES; do
+case $stage in
+setup)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+    if [ ! -f "$D" ]; then
+        (
+            set -e
+            $py -m ggufdspark generate "$W/full" --size full --force
+            $py -m ggufdspark convert-target "$W/full/target" -o "$T" --force
+            $py -m ggufdspark convert "$W/full/drafter" --target "$T" -o "$D" --force
+        ) > "$W/gen.log" 2>&1 &
+        gen=$!
+    fi
+    t0=$SECONDS
+    $py -m ggufdspark build-engine "${BUILD_ARGS[@]}" > "$OUT/build.log" 2>&1
+    echo "build rc=$? in $((SECONDS - t0)) s"; tail -n 2 "$OUT/build.log"
+    if [ -n "${gen:-}" ]; then wait "$gen"; echo "generate+convert rc=$? at $((SECONDS - t0)) s"; tail -n 3 "$W/gen.log"; fi
+    ;;
+abort)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    common=(--target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 --n-predict 64-256)
+    for arm in "old-topk:LLAMA_DSPARK_SAMPLED=1,GGML_CUDA_TOPK_CUB=1" "new-topk:LLAMA_DSPARK_SAMPLED=1" "greedy:"; do
+        name=${arm%%:*}; env=${arm#*:}
+        echo "== 8 slots, n_max 6, synthetic 4.22, drafts: $name"
+        $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 6 --runs 2 --synthetic 4.22 \
+            --env "$env" --json "$OUT/abort-$name.json" --log-dir "$W/plogs-$name" 2>&1 | tail -n 8
+    done
+    echo "== 32 slots, n_max 4,9, synthetic 4.22, greedy drafts"
+    $py benchmarks/parallel_load.py "${common[@]}" --slots 32 --n-max 4,9 --runs 1 --synthetic 4.22 \
+        --json "$OUT/abort-32.json" --log-dir "$W/plogs-32" 2>&1 | tail -n 6
+    echo "== 8 slots, n_max 6, real acceptance: greedy output vs the plain server"
+    $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 6 --runs 1 \
+        --json "$OUT/lossless-8.json" --log-dir "$W/plogs-real" 2>&1 | tail -n 6
+    ;;
+speed)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    sp=(--gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3)
+    echo "== patched engine"
+    $py benchmarks/dspark_speed.py "${sp[@]}" --lengths 4,5,6,9 --concurrency 8,32 \
+        --json "$OUT/speed.json" --log-dir "$W/slogs" 2>&1 | tee "$OUT/speed.txt" | tail -n 16
+    echo "== patched engine, target backend sampling (-bs) in every arm"
+    $py benchmarks/dspark_speed.py "${sp[@]}" --engine-arg=-bs --lengths 5 --concurrency 8,32 \
+        --json "$OUT/speed-bs.json" --log-dir "$W/slogs-bs" 2>&1 | tail -n 10
+    echo "== drafts sampled as pinned (LLAMA_DSPARK_SAMPLED=1), and GGML_CUDA_GRAPH_OPT=1"
+    LLAMA_DSPARK_SAMPLED=1 $py benchmarks/dspark_speed.py "${sp[@]}" --lengths 5 --concurrency "" \
+        --json "$OUT/speed-sampled.json" --log-dir "$W/slogs-s" 2>&1 | tail -n 4
+    GGML_CUDA_GRAPH_OPT=1 $py benchmarks/dspark_speed.py "${sp[@]}" --lengths 5 --concurrency "" \
+        --json "$OUT/speed-graphopt.json" --log-dir "$W/slogs-g" 2>&1 | tail -n 4
+    ;;
+profile)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    LLAMA_SPEC_PROFILE=1 $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" \
+        --n-predict 1024 --trials 1 --lengths 5 --concurrency "" \
+        --json "$OUT/profile.json" --log-dir "$W/prof" > "$OUT/profile-run.txt" 2>&1
+    for f in "$W"/prof/*.log; do echo "$(basename "$f"): $(grep "spec profile" "$f" | tail -n 1)"; done | tee "$OUT/profile.txt"
+    ;;
+esac
+done

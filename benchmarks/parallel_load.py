@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Many slots with the draft on: does the engine survive, and is every answer the plain one?
+
+Issue 12's reproducer. One llama-server with ``--slots`` parallel slots and the DSpark draft
+serves ``--requests`` requests in waves of ``--slots``; prompts and generation lengths differ per
+request (``--prompt-tokens``, ``--n-predict`` ranges), so slots finish at different times and new
+prompts are batched together with other slots' drafts, the situation in which the pinned engine
+aborted (``get_sub_batch: failed to add token <garbage id>``) on CUDA.
+
+For each draft length and run it reports whether the server died (and the engine's own last
+lines), how many ``invalid draft token`` warnings the patched engine logged (drafts it cut short
+instead of aborting), and, with real acceptance (no ``--synthetic``), whether every request's
+greedy tokens equal a plain server's (same slots, same prompts); a difference is classified as a
+near-tie or a defect by the plain run's top-2 probabilities at the first differing position.
+
+    python benchmarks/parallel_load.py --target T.gguf --draft D.gguf --slots 8 --n-max 4,6,9 \
+        --runs 3 [--synthetic 4.22] [--gpu] [--server PATH] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from ggufdspark import engine  # noqa: E402
+from ggufdspark.bench import NEAR_TIE_GAP, first_difference  # noqa: E402
+from ggufdspark.errors import GgufdsparkError  # noqa: E402
+from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from ggufdspark.tune import geometric_rates  # noqa: E402
+
+INVALID_MARKERS = ("invalid draft token", "invalid drafted token")
+ABORT_MARKERS = ("get_sub_batch", "GGML_ABORT", "GGML_ASSERT", "Aborted", "Segmentation fault")
+
+
+@dataclass
+class RunResult:
+    arm: str
+    run: int
+    answered: int = 0
+    requests: int = 0
+    died: bool = False
+    error: str = ""
+    invalid_drafts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+    equal: int | None = None
+    near_ties: int | None = None
+    defects: list[str] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+
+
+def make_workload(n: int, vocab: int, prompt_range: tuple[int, int], gen_range: tuple[int, int],
+                  seed: int) -> list[tuple[list[int], int]]:
+    """``n`` (prompt token ids, n_predict) pairs, deterministic for ``seed``."""
+    rng = random.Random(seed)
+    lo_id = min(16, vocab // 4)  # stay clear of the special tokens at the start of the vocabulary
+    out = []
+    for _ in range(n):
+        plen = rng.randint(*prompt_range)
+        out.append(([rng.randrange(lo_id, vocab) for _ in range(plen)], rng.randint(*gen_range)))
+    return out
+
+
+def drive(srv: ServerProcess, work: list[tuple[list[int], int]], slots: int, n_probs: int = 0):
+    """Send ``work`` in waves of ``slots`` concurrent requests; returns per-request outcomes."""
+    client = srv.client(timeout=900)
+    results: list[dict | None] = [None] * len(work)
+
+    def one(i: int) -> None:
+        prompt, n_predict = work[i]
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
+                "cache_prompt": False, "return_tokens": True}
+        if n_probs:
+            body["n_probs"] = n_probs
+        try:
+            results[i] = client.post_json("/completion", body)
+        except Exception as e:  # noqa: BLE001 - a dead server shows up here as any transport error
+            results[i] = {"error": f"{type(e).__name__}: {e}"}
+
+    for wave in range(0, len(work), slots):
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(wave, min(wave + slots, len(work)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if not srv.alive():
+            break
+    return results
+
+
+def run_arm(name: str, settings: ServerSettings, work, slots: int, run: int, log_dir: Path,
+            n_probs: int = 0) -> tuple[RunResult, list]:
+    res = RunResult(arm=name, run=run, requests=len(work))
+    log = log_dir / f"{name}-run{run}.log"
+    t0 = time.monotonic()
+    outs: list = []
+    try:
+        with ServerProcess(settings, log_path=log, start_timeout=900) as srv:
+            outs = drive(srv, work, slots, n_probs)
+            res.died = not srv.alive()
+    except GgufdsparkError as e:
+        res.died, res.error = True, str(e)
+    res.seconds = round(time.monotonic() - t0, 1)
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    lines = text.splitlines()
+    res.invalid_drafts = sum(any(m in ln for m in INVALID_MARKERS) for ln in lines)
+    res.tail = [ln for ln in lines if any(m in ln for m in ABORT_MARKERS + INVALID_MARKERS)][-6:]
+    for o in outs:
+        if o and "error" not in o and "content" in o:
+            res.answered += 1
+            t = o.get("timings", {})
+            res.drafted += int(t.get("draft_n", 0) or 0)
+            res.accepted += int(t.get("draft_n_accepted", 0) or 0)
+        elif o and "error" in o and not res.error:
+            res.error = str(o["error"])[:200]
+    res.died = res.died or res.answered < len(work)
+    return res, outs
+
+
+def compare(res: RunResult, plain: list, spec: list, gap: float) -> None:
+    res.equal, res.near_ties = 0, 0
+    for i, (p, s) in enumerate(zip(plain, spec)):
+        if not (p and s and "tokens" in p and "tokens" in s):
+            continue
+        k = first_difference(p["tokens"], s["tokens"])
+        if k is None:
+            res.equal += 1
+            continue
+        probs = (p.get("completion_probabilities") or [])
+        top = probs[k].get("top_logprobs") if k < len(probs) else None
+        if top and len(top) >= 2 and math.exp(top[0]["logprob"]) - math.exp(top[1]["logprob"]) < gap:
+            res.near_ties += 1
+        else:
+            res.defects.append(f"request {i}: first difference at token {k}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
+    ap.add_argument("--gpu", action="store_true", help="-ngl 99 -ngld 99 -fa on")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=0, help="default: 2 waves of --slots")
+    ap.add_argument("--n-max", default="4,6,9")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--prompt-tokens", default="420-500")
+    ap.add_argument("--n-predict", default="64-256")
+    ap.add_argument("--synthetic", type=float, default=None,
+                    help="llama.cpp's synthetic acceptance at this mean length (block 9, held fixed)")
+    ap.add_argument("--ctx-per-slot", type=int, default=1024)
+    ap.add_argument("--extra", default="", help="extra llama-server flags for the drafted arms")
+    ap.add_argument("--env", default="", help="NAME=VALUE,... for the drafted arms' engine")
+    ap.add_argument("--repack", action="store_true",
+                    help="CPU: keep repacked weights (by default --no-repack, see hardware.engine_workarounds)")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--log-dir", type=Path, default=Path("parallel_load_logs"))
+    a = ap.parse_args()
+
+    exe = a.server or engine.find_engine().path
+    a.log_dir.mkdir(parents=True, exist_ok=True)
+    lo, hi = (int(x) for x in a.prompt_tokens.split("-"))
+    glo, ghi = (int(x) for x in a.n_predict.split("-"))
+    n_req = a.requests or 2 * a.slots
+    probe = ServerSettings(server=exe, model=a.target, spec_type=None, ctx_size=512, parallel=1)
+    with ServerProcess(probe, log_path=a.log_dir / "probe.log") as srv:
+        vocab = _n_vocab(srv)
+    base = dict(server=exe, model=a.target, ctx_size=a.ctx_per_slot * a.slots, parallel=a.slots,
+                extra_args=[] if a.gpu or a.repack else ["--no-repack"])
+    if a.gpu:
+        base.update(n_gpu_layers=99, n_gpu_layers_draft=99, flash_attn="on")
+    env = dict(kv.split("=", 1) for kv in a.env.split(",") if kv)
+    results: list[RunResult] = []
+    for run in range(a.runs):
+        work = make_workload(n_req, vocab, (lo, hi), (glo, ghi), seed=run)
+        plain_outs = None
+        if a.synthetic is None:
+            r, plain_outs = run_arm("plain", ServerSettings(spec_type=None, **base), work, a.slots, run,
+                                    a.log_dir, n_probs=2)
+            results.append(r)
+        for n in (int(x) for x in a.n_max.split(",")):
+            s = ServerSettings(draft=a.draft, draft_n_max=n, **base)
+            s.extra_args = s.extra_args + a.extra.split()
+            if a.synthetic is not None:
+                s.synth_rates = geometric_rates(a.synthetic, 9)[:n]
+            with _environ(env):  # the engine inherits it
+                r, outs = run_arm(f"n{n}", s, work, a.slots, run, a.log_dir)
+            if plain_outs is not None:
+                compare(r, plain_outs, outs, NEAR_TIE_GAP)
+            results.append(r)
+            print(_line(r), flush=True)
+    print()
+    print(f"{'arm':6} {'runs':>4} {'died':>4} {'answered':>9} {'invalid':>7} {'acc rate':>8} "
+          f"{'equal':>6} {'near-tie':>8} {'defects':>7}")
+    for arm in dict.fromkeys(r.arm for r in results):
+        rs = [r for r in results if r.arm == arm]
+        acc = sum(r.accepted for r in rs)
+        drafted = sum(r.drafted for r in rs)
+        eq = [r.equal for r in rs if r.equal is not None]
+        print(f"{arm:6} {len(rs):>4} {sum(r.died for r in rs):>4} "
+              f"{sum(r.answered for r in rs):>4}/{sum(r.requests for r in rs):<4} "
+              f"{sum(r.invalid_drafts for r in rs):>7} "
+              f"{'-' if not drafted else f'{acc / drafted:.2f}':>8} "
+              f"{sum(eq) if eq else '-':>6} {sum(r.near_ties or 0 for r in rs) if eq else '-':>8} "
+              f"{sum(len(r.defects) for r in rs) if eq else '-':>7}")
+    if a.json:
+        a.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 1 if any(r.died or r.defects for r in results) else 0
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]):
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _n_vocab(srv: ServerProcess) -> int:
+    props = srv.client().get_text("/v1/models")
+    meta = json.loads(props)["data"][0].get("meta", {})
+    return int(meta["n_vocab"])
+
+
+def _line(r: RunResult) -> str:
+    state = "DIED" if r.died else "ok"
+    extra = f", equal {r.equal}/{r.requests}, near-ties {r.near_ties}, defects {len(r.defects)}" \
+        if r.equal is not None else ""
+    return (f"{r.arm} run {r.run}: {state}, answered {r.answered}/{r.requests}, invalid drafts "
+            f"{r.invalid_drafts}, drafted {r.drafted}, accepted {r.accepted}, {r.seconds} s{extra}"
+            + (f"\n   {r.error}" if r.error else "") + "".join(f"\n   | {t}" for t in r.tail if r.died))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
