@@ -8,7 +8,8 @@
 #   stage "abort":   benchmarks/parallel_load.py at 8 slots, 420-500-token prompts, synthetic
 #                    acceptance at the published profile: the drafted tokens sampled through the
 #                    old cub::DeviceTopK path, through the patched top-k, and the greedy drafts;
-#                    then 32 slots, and real acceptance (greedy output equal to the plain server's);
+#   stage "matrix":  the same load at 8 and 32 slots, draft lengths 4, 6, 9, and real acceptance
+#                    (greedy output equal to the plain server's);
 #   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
 #                    patched engine, and the sampled-drafts layout for comparison;
 #   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted.
@@ -24,7 +25,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GGUFDSPARK_CACHE=$W/cache
 py=${PYTHON:-python3}
 T=$W/full/target-F16.gguf
 D=$W/full/dspark-target-F16.gguf
-STAGES=${STAGES:-setup abort speed profile}
+STAGES=${STAGES:-setup abort matrix speed profile}
 BUILD_ARGS=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90)
 
 if [ ! -f "$W/src/llama.cpp/CMakeLists.txt" ]; then
@@ -59,9 +60,16 @@ abort)
         $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 6 --runs 2 --synthetic 4.22 \
             --env "$env" --json "$OUT/abort-$name.json" --log-dir "$W/plogs-$name" 2>&1 | tail -n 8
     done
-    echo "== 32 slots, n_max 4,9, synthetic 4.22, greedy drafts"
-    $py benchmarks/parallel_load.py "${common[@]}" --slots 32 --n-max 4,9 --runs 1 --synthetic 4.22 \
-        --json "$OUT/abort-32.json" --log-dir "$W/plogs-32" 2>&1 | tail -n 6
+    ;;
+matrix)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    common=(--target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 --n-predict 64-256)
+    echo "== 8 slots, n_max 4,9, synthetic 4.22 (n_max 6: stage abort)"
+    $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 4,9 --runs 2 --synthetic 4.22 \
+        --json "$OUT/matrix-8.json" --log-dir "$W/plogs-m8" 2>&1 | tail -n 5
+    echo "== 32 slots, n_max 4,6,9, synthetic 4.22"
+    $py benchmarks/parallel_load.py "${common[@]}" --slots 32 --n-max 4,6,9 --runs 1 --synthetic 4.22 \
+        --json "$OUT/matrix-32.json" --log-dir "$W/plogs-m32" 2>&1 | tail -n 6
     echo "== 8 slots, n_max 6, real acceptance: greedy output vs the plain server"
     $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 6 --runs 1 \
         --json "$OUT/lossless-8.json" --log-dir "$W/plogs-real" 2>&1 | tail -n 6
