@@ -12,7 +12,8 @@
 #                    (greedy output equal to the plain server's);
 #   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
 #                    patched engine, and the sampled-drafts layout for comparison;
-#   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted.
+#   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted;
+#   stage "kernels": Nsight Compute's device time per kernel over a window of drafted decode steps.
 #
 # Environment: WORK (work dir, default .devwork: kept between calls on a warm machine), OUT (results),
 # STAGES (default: all of them).
@@ -95,6 +96,48 @@ profile)
         --n-predict 1024 --trials 1 --lengths 5 --concurrency "" \
         --json "$OUT/profile.json" --log-dir "$W/prof" > "$OUT/profile-run.txt" 2>&1
     for f in "$W"/prof/*.log; do echo "$(basename "$f"): $(grep "spec profile" "$f" | tail -n 1)"; done | tee "$OUT/profile.txt"
+    ;;
+kernels)
+    # Nsight Compute's per-kernel device time over a window of one draft-dspark server's decode
+    # steps (CUDA graphs off so every kernel is its own launch); the CSV lists kernels in launch
+    # order, so a step reads as: draft block, target verify, draft injection.
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    rates=$($py -c "from ggufdspark.tune import geometric_rates as g; print(','.join(f'{x:.4f}' for x in g(4.22, 9)[:5]))")
+    port=18777
+    GGML_CUDA_DISABLE_GRAPHS=1 ncu --clock-control none --launch-skip ${NCU_SKIP:-6000} --launch-count ${NCU_COUNT:-2500} \
+        --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \
+        "$BIN" -m "$T" -md "$D" --spec-type draft-dspark --spec-draft-n-max 5 --spec-synth-rates "$rates" \
+        -ngl 99 -ngld 99 -fa on -c 4096 --host 127.0.0.1 --port $port > "$W/ncu-server.log" 2>&1 &
+    srv=$!
+    $py - $port <<'PY'
+import json, sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(1200):  # the engine loads under the profiler: wait for health
+    try:
+        urllib.request.urlopen(url + "/health", timeout=2).read(); break
+    except OSError:
+        time.sleep(0.5)
+body = json.dumps({"prompt": "Describe speculative decoding in detail.", "n_predict": 256,
+                   "ignore_eos": True, "temperature": 0}).encode()
+for _ in range(3):
+    t = json.load(urllib.request.urlopen(urllib.request.Request(url + "/completion", body), timeout=900))["timings"]
+    print("request", t["predicted_n"], "drafted", t.get("draft_n"), "accepted", t.get("draft_n_accepted"))
+PY
+    kill $srv; wait $srv
+    $py - "$OUT/ncu.csv" <<'PY'
+import csv, collections, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]; rows = rows[1:]
+ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+scale = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6}
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows:
+    v = float(r[vi].replace(",", "")) * scale.get(r[ui], 1.0); tot[r[ki][:70]] += v; cnt[r[ki][:70]] += 1
+all_ns = sum(tot.values())
+print(f"{len(rows)} kernels, {all_ns / 1e6:.2f} ms device time")
+for k, v in tot.most_common(25):
+    print(f"{v / 1e3:10.1f} us {100 * v / all_ns:5.1f}% {cnt[k]:6d}x  {k}")
+PY
     ;;
 esac
 done

@@ -62,18 +62,22 @@ class RunResult:
 
 
 def make_workload(n: int, vocab: int, prompt_range: tuple[int, int], gen_range: tuple[int, int],
-                  seed: int) -> list[tuple[list[int], int]]:
-    """``n`` (prompt token ids, n_predict) pairs, deterministic for ``seed``."""
+                  seed: int, shared_prefix: int = 0) -> list[tuple[list[int], int]]:
+    """``n`` (prompt token ids, n_predict) pairs, deterministic for ``seed``; the first
+    ``shared_prefix`` tokens are the same in every prompt (a system prompt: slots are then picked
+    by prompt similarity and only the rest is processed when prompts are cached)."""
     rng = random.Random(seed)
     lo_id = min(16, vocab // 4)  # stay clear of the special tokens at the start of the vocabulary
+    prefix = [rng.randrange(lo_id, vocab) for _ in range(shared_prefix)]
     out = []
     for _ in range(n):
-        plen = rng.randint(*prompt_range)
-        out.append(([rng.randrange(lo_id, vocab) for _ in range(plen)], rng.randint(*gen_range)))
+        plen = max(rng.randint(*prompt_range) - len(prefix), 1)
+        out.append((prefix + [rng.randrange(lo_id, vocab) for _ in range(plen)], rng.randint(*gen_range)))
     return out
 
 
-def drive(srv: ServerProcess, work: list[tuple[list[int], int]], slots: int, n_probs: int = 0):
+def drive(srv: ServerProcess, work: list[tuple[list[int], int]], slots: int, n_probs: int = 0,
+          cache_prompt: bool = False):
     """Send ``work`` in waves of ``slots`` concurrent requests; returns per-request outcomes."""
     client = srv.client(timeout=900)
     results: list[dict | None] = [None] * len(work)
@@ -81,7 +85,7 @@ def drive(srv: ServerProcess, work: list[tuple[list[int], int]], slots: int, n_p
     def one(i: int) -> None:
         prompt, n_predict = work[i]
         body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
-                "cache_prompt": False, "return_tokens": True}
+                "cache_prompt": cache_prompt, "return_tokens": True}
         if n_probs:
             body["n_probs"] = n_probs
         try:
@@ -101,14 +105,14 @@ def drive(srv: ServerProcess, work: list[tuple[list[int], int]], slots: int, n_p
 
 
 def run_arm(name: str, settings: ServerSettings, work, slots: int, run: int, log_dir: Path,
-            n_probs: int = 0) -> tuple[RunResult, list]:
+            n_probs: int = 0, cache_prompt: bool = False) -> tuple[RunResult, list]:
     res = RunResult(arm=name, run=run, requests=len(work))
     log = log_dir / f"{name}-run{run}.log"
     t0 = time.monotonic()
     outs: list = []
     try:
         with ServerProcess(settings, log_path=log, start_timeout=900) as srv:
-            outs = drive(srv, work, slots, n_probs)
+            outs = drive(srv, work, slots, n_probs, cache_prompt)
             res.died = not srv.alive()
     except GgufdsparkError as e:
         res.died, res.error = True, str(e)
@@ -161,6 +165,8 @@ def main() -> int:
     ap.add_argument("--synthetic", type=float, default=None,
                     help="llama.cpp's synthetic acceptance at this mean length (block 9, held fixed)")
     ap.add_argument("--ctx-per-slot", type=int, default=1024)
+    ap.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
+    ap.add_argument("--cache-prompt", action="store_true", help="let the server reuse cached prompt prefixes")
     ap.add_argument("--extra", default="", help="extra llama-server flags for the drafted arms")
     ap.add_argument("--env", default="", help="NAME=VALUE,... for the drafted arms' engine")
     ap.add_argument("--repack", action="store_true",
@@ -184,11 +190,11 @@ def main() -> int:
     env = dict(kv.split("=", 1) for kv in a.env.split(",") if kv)
     results: list[RunResult] = []
     for run in range(a.runs):
-        work = make_workload(n_req, vocab, (lo, hi), (glo, ghi), seed=run)
+        work = make_workload(n_req, vocab, (lo, hi), (glo, ghi), seed=run, shared_prefix=a.shared_prefix)
         plain_outs = None
         if a.synthetic is None:
             r, plain_outs = run_arm("plain", ServerSettings(spec_type=None, **base), work, a.slots, run,
-                                    a.log_dir, n_probs=2)
+                                    a.log_dir, n_probs=2, cache_prompt=a.cache_prompt)
             results.append(r)
         for n in (int(x) for x in a.n_max.split(",")):
             s = ServerSettings(draft=a.draft, draft_n_max=n, **base)
@@ -196,7 +202,7 @@ def main() -> int:
             if a.synthetic is not None:
                 s.synth_rates = geometric_rates(a.synthetic, 9)[:n]
             with _environ(env):  # the engine inherits it
-                r, outs = run_arm(f"n{n}", s, work, a.slots, run, a.log_dir)
+                r, outs = run_arm(f"n{n}", s, work, a.slots, run, a.log_dir, cache_prompt=a.cache_prompt)
             if plain_outs is not None:
                 compare(r, plain_outs, outs, NEAR_TIE_GAP)
             results.append(r)
