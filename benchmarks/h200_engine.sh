@@ -55,10 +55,13 @@ setup)
 abort)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
     common=(--target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 --n-predict 64-256)
-    for arm in "old-topk:LLAMA_DSPARK_SAMPLED=1,GGML_CUDA_TOPK_CUB=1" "new-topk:LLAMA_DSPARK_SAMPLED=1" "greedy:"; do
-        name=${arm%%:*}; env=${arm#*:}
-        echo "== 8 slots, n_max 6, synthetic 4.22, drafts: $name"
-        $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 6 --runs 2 --synthetic 4.22 \
+    # a shared 200-token system prompt with prompt caching: slots chosen by similarity, only the
+    # rest of each prompt processed, batched with other slots' drafts (the original abort's setting)
+    for arm in "old-topk:3:LLAMA_DSPARK_SAMPLED=1,GGML_CUDA_TOPK_CUB=1" "new-topk:2:LLAMA_DSPARK_SAMPLED=1" "greedy:2:"; do
+        name=${arm%%:*}; rest=${arm#*:}; runs=${rest%%:*}; env=${rest#*:}
+        echo "== 8 slots, n_max 6, synthetic 4.22, cached shared prefix, drafts: $name"
+        $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 6 --runs "$runs" --synthetic 4.22 \
+            --shared-prefix 200 --cache-prompt \
             --env "$env" --json "$OUT/abort-$name.json" --log-dir "$W/plogs-$name" 2>&1 | tail -n 8
     done
     ;;
@@ -66,7 +69,7 @@ matrix)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
     common=(--target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 --n-predict 64-256)
     echo "== 8 slots, n_max 4,9, synthetic 4.22 (n_max 6: stage abort)"
-    $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 4,9 --runs 2 --synthetic 4.22 \
+    $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 4,9 --runs 1 --synthetic 4.22 \
         --json "$OUT/matrix-8.json" --log-dir "$W/plogs-m8" 2>&1 | tail -n 5
     echo "== 32 slots, n_max 4,6,9, synthetic 4.22"
     $py benchmarks/parallel_load.py "${common[@]}" --slots 32 --n-max 4,6,9 --runs 1 --synthetic 4.22 \
@@ -79,7 +82,7 @@ speed)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
     sp=(--gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3)
     echo "== patched engine"
-    $py benchmarks/dspark_speed.py "${sp[@]}" --lengths 4,5,6,9 --concurrency 8,32 \
+    $py benchmarks/dspark_speed.py "${sp[@]}" --lengths ${LENGTHS:-4,5,6,9} --concurrency 8,32 \
         --json "$OUT/speed.json" --log-dir "$W/slogs" 2>&1 | tee "$OUT/speed.txt" | tail -n 16
     echo "== patched engine, target backend sampling (-bs) in every arm"
     $py benchmarks/dspark_speed.py "${sp[@]}" --engine-arg=-bs --lengths 5 --concurrency 8,32 \
