@@ -112,10 +112,10 @@ kernels)
         "$BIN" -m "$T" -md "$D" --spec-type draft-dspark --spec-draft-n-max 5 --spec-synth-rates "$rates" \
         -ngl 99 -ngld 99 -fa on -c 4096 --host 127.0.0.1 --port $port > "$W/ncu-server.log" 2>&1 &
     srv=$!
-    $py - $port <<'PY'
+    timeout 420 $py - $port <<'PY'
 import json, sys, time, urllib.request
 url = f"http://127.0.0.1:{sys.argv[1]}"
-for _ in range(1200):  # the engine loads under the profiler: wait for health
+for _ in range(480):  # the engine loads under the profiler: wait for health
     try:
         urllib.request.urlopen(url + "/health", timeout=2).read(); break
     except OSError:
