@@ -126,10 +126,14 @@ for _ in range(3):
     t = json.load(urllib.request.urlopen(urllib.request.Request(url + "/completion", body), timeout=900))["timings"]
     print("request", t["predicted_n"], "drafted", t.get("draft_n"), "accepted", t.get("draft_n_accepted"))
 PY
-    kill $srv; wait $srv
+    # stop the engine itself (ncu's child), so that ncu writes its results as the application exits
+    for child in $(pgrep -P $srv); do kill "$child"; done
+    wait $srv
     $py - "$OUT/ncu.csv" <<'PY'
 import csv, collections, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("ncu profiled no kernel (see the CSV)")
 head = rows[0]; rows = rows[1:]
 ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
 scale = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6}
