@@ -22,8 +22,10 @@ class BackendDefaults:
 
 # The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
 DEFAULTS: dict[str, BackendDefaults] = {
-    # Liquid AI's recommended serving line for CUDA: the trained block size of the published drafter.
-    "cuda": BackendDefaults(9, True, "on", "CUDA: the drafter's trained block size (9), LiquidAI's serving line"),
+    # Measured on one H200 with the patched engine (docs/engine-patches.md, docs/benchmarks.md),
+    # full-size pair, published acceptance profile: lengths 4-6 at 1.15-1.38x in two runs (5: 1.26x
+    # and 1.29x), the trained block size 9 at 1.11x; under load at 32 slots 5 held 1.02x, 9 lost.
+    "cuda": BackendDefaults(5, True, "on", "CUDA: draft length 5 measured best on an H200 (docs/benchmarks.md)"),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core

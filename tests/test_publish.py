@@ -16,6 +16,7 @@ import yaml
 
 from fakehub import FakeHub
 from ggufdspark.errors import PairMismatchError, PublishError, ServerStartError
+from ggufdspark.hardware import DEFAULTS
 from ggufdspark.gguffile.constants import TensorType
 from ggufdspark.gguffile.reader import GGUFFile
 from ggufdspark.gguffile.writer import GGUFWriter
@@ -120,8 +121,9 @@ def test_publish_puts_pair_on_hub_with_cards(ggufdspark_cli, small_pair, mmproj,
         assert sha256(f) in card
     assert "`dspark-Tiny-LFM2-F16.gguf` goes with `Tiny-LFM2-F16.gguf`" in card
     cuda = ("llama-server -hf org/Tiny-LFM2-GGUF:F16 -hfd org/Tiny-LFM2-DSpark-GGUF:F16 "
-            "--spec-type draft-dspark --spec-draft-n-max 9 -ngl 99 -ngld 99 -fa on")
-    metal = cuda.replace("--spec-draft-n-max 9", "--spec-draft-n-max 8")
+            f"--spec-type draft-dspark --spec-draft-n-max {DEFAULTS['cuda'].draft_n_max} -ngl 99 -ngld 99 -fa on")
+    metal = cuda.replace(f"--spec-draft-n-max {DEFAULTS['cuda'].draft_n_max}",
+                         f"--spec-draft-n-max {DEFAULTS['metal'].draft_n_max}")
     assert cuda in card and metal in card
     # the draft card
     dcard = dfiles["README.md"].decode()
@@ -292,7 +294,8 @@ def test_dry_run_sends_nothing_and_shows_everything(ggufdspark_cli, small_pair, 
                     (small_pair.draft, "dspark-Tiny-LFM2-F16.gguf")):
         line = next(ln for ln in out.splitlines() if f"  {name} " in ln)
         assert sha256(f) in line and "kB" in line
-    assert "--spec-draft-n-max 9" in out and "--spec-draft-n-max 8" in out
+    assert f"--spec-draft-n-max {DEFAULTS['cuda'].draft_n_max}" in out
+    assert f"--spec-draft-n-max {DEFAULTS['metal'].draft_n_max}" in out
     assert "dry run: nothing was sent" in out
 
 
