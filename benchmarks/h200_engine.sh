@@ -13,7 +13,8 @@
 #   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
 #                    patched engine, and the sampled-drafts layout for comparison;
 #   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted;
-#   stage "kernels": Nsight Compute's device time per kernel over a window of drafted decode steps.
+#   stage "kernels": Nsight Compute's device time per kernel over a window of drafted decode steps;
+#   stage "small-shapes": patch 0008's kernels (GGML_CUDA_SMALL_SHAPES=1) against the default.
 #
 # Environment: WORK (work dir, default .devwork: kept between calls on a warm machine), OUT (results),
 # STAGES (default: all of them).
@@ -26,7 +27,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GGUFDSPARK_CACHE=$W/cache
 py=${PYTHON:-python3}
 T=$W/full/target-F16.gguf
 D=$W/full/dspark-target-F16.gguf
-STAGES=${STAGES:-setup abort matrix speed profile}
+STAGES=${STAGES:-setup abort matrix speed profile small-shapes}
 BUILD_ARGS=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90)
 
 if [ ! -f "$W/src/llama.cpp/CMakeLists.txt" ]; then
@@ -99,6 +100,17 @@ profile)
         --n-predict 1024 --trials 1 --lengths 5 --concurrency "" \
         --json "$OUT/profile.json" --log-dir "$W/prof" > "$OUT/profile-run.txt" 2>&1
     for f in "$W"/prof/*.log; do echo "$(basename "$f"): $(grep "spec profile" "$f" | tail -n 1)"; done | tee "$OUT/profile.txt"
+    ;;
+small-shapes)
+    # patch 0008 (GGML_CUDA_SMALL_SHAPES=1): speed against the default in one run, and greedy output
+    # with the patch's argmax doing the target's sampling on the device (-bs) against a plain server
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    sp=(--gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 --lengths 5 --concurrency "")
+    $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/ss-off.json" --log-dir "$W/ss-off" 2>&1 | tail -n 3
+    GGML_CUDA_SMALL_SHAPES=1 $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/ss-on.json" --log-dir "$W/ss-on" 2>&1 | tail -n 3
+    $py benchmarks/parallel_load.py --target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 \
+        --n-predict 64-256 --slots 8 --n-max 5 --runs 1 --env GGML_CUDA_SMALL_SHAPES=1 --extra=-bs \
+        --json "$OUT/ss-lossless.json" --log-dir "$W/ss-real" 2>&1 | tail -n 5
     ;;
 kernels)
     # Nsight Compute's per-kernel device time over a window of one draft-dspark server's decode
