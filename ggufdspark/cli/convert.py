@@ -20,10 +20,10 @@ def command(drafter, target, output, outtype, force, as_json):
     """Convert the safetensors DSpark DRAFTER (directory or Hub repo id) to a GGUF draft."""
     r = convert_drafter(drafter, target, output=output, outtype=outtype, force=force,
                         progress=ProgressLine("convert"))
-    _report(r, as_json)
+    report(r, as_json)
 
 
-def _report(r, as_json: bool) -> None:
+def report(r, as_json: bool) -> None:
     if as_json:
         echo_json({"path": str(r.path), "sha256": r.sha256, "tensors": r.n_tensors, "bytes": r.nbytes,
                    "seconds": round(r.seconds, 3), "outtype": r.outtype, "notes": r.notes})

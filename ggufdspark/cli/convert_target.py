@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from ggufdspark.cli._common import ProgressLine, echo_json
-from ggufdspark.cli.convert import _report
+from ggufdspark.cli.convert import report
 from ggufdspark.convert.common import OUTTYPES
 from ggufdspark.convert.target import convert_target
 
@@ -32,6 +32,6 @@ def command(target, output, outtype, mmproj, mmproj_output, force, as_json):
                    "mmproj": None if m is None else {"path": str(m.path), "sha256": m.sha256, "tensors": m.n_tensors,
                                                      "bytes": m.nbytes, "seconds": round(m.seconds, 3)}})
         return
-    _report(r, False)
+    report(r, False)
     if r.mmproj is not None:
-        _report(r.mmproj, False)
+        report(r.mmproj, False)

@@ -187,7 +187,7 @@ FULL_DRAFTER = DrafterSpec(num_hidden_layers=4, num_attention_heads=32, num_key_
 # --------------------------------------------------------------------------- weights
 
 
-class _Weights:
+class Weights:
     """Seeded random tensors in a given safetensors dtype, produced in bounded chunks."""
 
     CHUNK = 1 << 22  # elements
@@ -259,7 +259,7 @@ def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF1
     if tokenizer_from:
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             shutil.copy(Path(tokenizer_from) / f, out / f)
-        ids = {t: i for t, i in _added_ids(out / "tokenizer.json").items()}
+        ids = {t: i for t, i in added_ids(out / "tokenizer.json").items()}
     else:
         ids = make_tokenizer(out, min(spec.vocab_size, 1024))
     h, kv, nh = spec.hidden_size, spec.num_key_value_heads, spec.num_attention_heads
@@ -278,7 +278,7 @@ def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF1
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD]}, indent=2))
-    w = _Weights(dtype, seed)
+    w = Weights(dtype, seed)
     items = [("model.embed_tokens.weight", dtype, (spec.vocab_size, h), w.normal((spec.vocab_size, h), 1.0))]
     for i, kind in enumerate(spec.layer_types()):
         p = f"model.layers.{i}."
@@ -304,7 +304,7 @@ def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF1
     return out
 
 
-def _added_ids(tokenizer_json: Path) -> dict[str, int]:
+def added_ids(tokenizer_json: Path) -> dict[str, int]:
     data = json.loads(tokenizer_json.read_text())
     return {t["content"]: t["id"] for t in data.get("added_tokens", [])}
 
@@ -340,13 +340,13 @@ def make_drafter(out: Path, target_dir: Path, spec: DrafterSpec = SMALL_DRAFTER,
     out.mkdir(parents=True, exist_ok=True)
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
     tcfg = tcfg.get("text_config", tcfg) if "hidden_size" not in tcfg else tcfg
-    ids = _added_ids(Path(target_dir) / "tokenizer.json")
+    ids = added_ids(Path(target_dir) / "tokenizer.json")
     mask_id = ids.get(MASK_TOKEN, tcfg["vocab_size"] - 1)
     cfg = drafter_config(tcfg, spec, mask_id)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     h, nh, kv, hd = cfg["hidden_size"], spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
     ff, vocab, r = spec.intermediate_size, cfg["vocab_size"], spec.markov_rank
-    w = _Weights(dtype, seed)
+    w = Weights(dtype, seed)
     items = []
     for i in range(spec.num_hidden_layers):
         p = f"{prefix}layers.{i}."

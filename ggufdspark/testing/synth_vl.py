@@ -92,7 +92,7 @@ def preprocessor_config(spec: VisionSpec) -> dict:
 
 
 def _vision_items(spec: VisionSpec, text_hidden: int, layout: str, dtype: str,
-                  w: "synth._Weights") -> list[tuple]:
+                  w: "synth.Weights") -> list[tuple]:
     """(name, dtype, shape, data) for the vision encoder and the projector."""
     h, ff, s = spec.hidden_size, spec.intermediate_size, spec.downsample_factor
     v = VISION_PREFIX[layout]
@@ -157,7 +157,7 @@ def make_vl_target(out: Path, text: synth.TargetSpec = synth.SMALL_TARGET, visio
     out = Path(out)
     synth.make_target(out, text, dtype=dtype, seed=seed, tokenizer_from=tokenizer_from)
     tcfg = json.loads((out / "config.json").read_text())
-    ids = synth._added_ids(out / "tokenizer.json")
+    ids = synth.added_ids(out / "tokenizer.json")
     text_cfg = {**tcfg, "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2"}
     config = {
         "architectures": ["Lfm2VlForConditionalGeneration"], "model_type": "lfm2_vl",
@@ -176,7 +176,7 @@ def make_vl_target(out: Path, text: synth.TargetSpec = synth.SMALL_TARGET, visio
     tensors, _ = read_header(src)
     items = [(TEXT_PREFIX + name.removeprefix("model."), t.dtype, t.shape, _copy_chunks(src, t.begin, t.end))
              for name, t in sorted(tensors.items(), key=lambda kv: kv[1].begin)]
-    items += _vision_items(vision, tcfg["hidden_size"], layout, dtype, synth._Weights(dtype, seed + 1000))
+    items += _vision_items(vision, tcfg["hidden_size"], layout, dtype, synth.Weights(dtype, seed + 1000))
     tmp = out / "model.vl.safetensors.part"
     write_safetensors(tmp, items)
     os.replace(tmp, src)

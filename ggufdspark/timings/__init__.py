@@ -52,15 +52,15 @@ from ggufdspark.timings.records import (  # noqa: F401
 )
 from ggufdspark.timings.formats import (  # noqa: F401
     MetricsScrape,
-    _LOG_SLOT,
-    _SAMPLE,
-    _lines,
-    _parse_json,
-    _parse_jsonl,
-    _parse_log,
-    _parse_metrics_records,
-    _parse_sse,
-    _passes_from_log,
+    LOG_SLOT,
+    SAMPLE,
+    numbered_lines,
+    parse_json,
+    parse_jsonl,
+    parse_log,
+    parse_metrics_records,
+    parse_sse,
+    passes_from_log,
     metrics_delta,
     metrics_totals,
     parse_metrics,
@@ -80,16 +80,16 @@ def detect_format(text: str) -> str:
     Raises:
         TimingsParseError: none of them (the message quotes the first line).
     """
-    first = next((ln for ln in _lines(text) if ln.text.strip()), None)
+    first = next((ln for ln in numbered_lines(text) if ln.text.strip()), None)
     if first is None:
         raise TimingsParseError("empty input")
     head = first.text.strip()
     if head.startswith(("data:", "event:")):
         return "sse"
     if head.startswith("#") or head.startswith(METRICS_PREFIX):
-        for ln in _lines(text[:20_000]):
+        for ln in numbered_lines(text[:20_000]):
             s = ln.text.strip()
-            if s.startswith(("# HELP", "# TYPE")) or (s.startswith(METRICS_PREFIX) and _SAMPLE.match(s)):
+            if s.startswith(("# HELP", "# TYPE")) or (s.startswith(METRICS_PREFIX) and SAMPLE.match(s)):
                 return "metrics"
     if head.startswith(("{", "[")):
         try:
@@ -102,7 +102,7 @@ def detect_format(text: str) -> str:
             return "jsonl"
         except json.JSONDecodeError:
             return "json"  # a document cut short or broken: the JSON reader says where
-    if _LOG_SLOT.search(text[:2_000_000]) or "print_timing" in text or "llama_server" in text[:100_000]:
+    if LOG_SLOT.search(text[:2_000_000]) or "print_timing" in text or "llama_server" in text[:100_000]:
         return "log"
     raise TimingsParseError(f"line {first.no}: cannot tell what this is (not JSON, JSON Lines, "
                             f"server-sent events, a llama-server log or /metrics text): {head[:60]!r}")
@@ -175,15 +175,15 @@ def parse(source: str | bytes | os.PathLike | IO, *, format: str = "auto", lenie
         raise TimingsParseError(f"{name}: --format sglang reads JSON, JSON Lines or SSE; this looks like {fmt}")
     skipped: list[Skipped] = []
     if fmt == "json":
-        recs = _parse_json(text, name, engine, lenient, skipped)
+        recs = parse_json(text, name, engine, lenient, skipped)
     elif fmt == "jsonl":
-        recs = _parse_jsonl(text, name, engine, lenient, skipped)
+        recs = parse_jsonl(text, name, engine, lenient, skipped)
     elif fmt == "sse":
-        recs = _parse_sse(text, name, engine, lenient, skipped)
+        recs = parse_sse(text, name, engine, lenient, skipped)
     elif fmt == "log":
-        recs = _parse_log(text, name, lenient, skipped, allow_plain=allow_plain)
+        recs = parse_log(text, name, lenient, skipped, allow_plain=allow_plain)
     else:
-        recs = _parse_metrics_records(text, name)
+        recs = parse_metrics_records(text, name)
     recs = _possible(recs, lenient, skipped)
     if not recs:
         why = f" ({len(skipped)} unreadable, skipped; first: {skipped[0].reason})" if skipped else ""
@@ -250,7 +250,7 @@ def join(records: list[RequestTimings], exact: list[RequestTimings]) -> list[Req
         if x.passes is not None and x.passes_source in ("log", "metrics", "reported"):
             new.passes, new.passes_source = x.passes, x.passes_source
         elif x.passes_source == "log-approx" and x.reported_accept_length is not None:
-            _passes_from_log(new, x.reported_accept_length)
+            passes_from_log(new, x.reported_accept_length)
         for f in ("task_id", "slot_id", "reported_acceptance_rate", "reported_accept_length",
                   "accepted_per_pos", "accept_rate_per_pos"):
             if getattr(new, f) is None:

@@ -17,11 +17,11 @@ from ggufdspark.timings.records import (  # noqa: F401
     METRICS_PREFIX,
     RequestTimings,
     Skipped,
-    _COUNTERS,
-    _PER_POS,
-    _error_text,
-    _llama_kind,
-    _records_from_value,
+    COUNTERS,
+    PER_POS,
+    error_text,
+    llama_kind,
+    records_from_value,
     estimate_passes,
     json_loads,
 )
@@ -41,7 +41,7 @@ class _Line:
     ended: bool  # a newline follows (False: the input stops inside this line)
 
 
-def _lines(text: str) -> Iterator[_Line]:
+def numbered_lines(text: str) -> Iterator[_Line]:
     byte = 0
     parts = text.split("\n")
     for i, part in enumerate(parts):
@@ -72,7 +72,7 @@ def _json_error(e: json.JSONDecodeError, name: str, doc: str, line: _Line | None
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse_json(text: str, name: str, engine: str, lenient: bool, skipped: list[Skipped],
+def parse_json(text: str, name: str, engine: str, lenient: bool, skipped: list[Skipped],
                 source: str = "response") -> list[RequestTimings]:
     try:
         value = json_loads(text)
@@ -83,7 +83,7 @@ def _parse_json(text: str, name: str, engine: str, lenient: bool, skipped: list[
     for i, item in enumerate(items):
         where = f"{name}[{i}]" if isinstance(value, list) else name
         try:
-            out.extend(_records_from_value(item, where, engine))
+            out.extend(records_from_value(item, where, engine))
         except TimingsParseError as e:
             if not lenient:
                 raise
@@ -91,9 +91,9 @@ def _parse_json(text: str, name: str, engine: str, lenient: bool, skipped: list[
     return out
 
 
-def _parse_jsonl(text: str, name: str, engine: str, lenient: bool, skipped: list[Skipped]) -> list[RequestTimings]:
+def parse_jsonl(text: str, name: str, engine: str, lenient: bool, skipped: list[Skipped]) -> list[RequestTimings]:
     out = []
-    for ln in _lines(text):
+    for ln in numbered_lines(text):
         body = ln.text.strip()
         if not body:
             continue
@@ -103,7 +103,7 @@ def _parse_jsonl(text: str, name: str, engine: str, lenient: bool, skipped: list
                 value = json_loads(ln.text)
             except json.JSONDecodeError as e:
                 raise _json_error(e, name, ln.text, ln) from None
-            out.extend(_records_from_value(value, where, engine))
+            out.extend(records_from_value(value, where, engine))
         except TimingsParseError as e:
             if not lenient:
                 raise
@@ -123,7 +123,7 @@ class _Stream:
     damage: str | None = None  # the first unreadable line (lenient mode)
 
 
-def _parse_sse(text: str, name: str, engine: str, lenient: bool, skipped: list[Skipped]) -> list[RequestTimings]:
+def parse_sse(text: str, name: str, engine: str, lenient: bool, skipped: list[Skipped]) -> list[RequestTimings]:
     """Streamed responses, one after another. A request ends at ``[DONE]``, at a llama-server
     ``/completion`` chunk with ``"stop": true``, or at the end of the input; its record comes
     from the last chunk that carried ``timings`` (or ``meta_info``). In lenient mode a request
@@ -152,7 +152,7 @@ def _parse_sse(text: str, name: str, engine: str, lenient: bool, skipped: list[S
                 raise TimingsParseError(
                     f"{name}: lines {cur.first.no}-{cur.last.no}: the streamed request has no chunk with "
                     f"{'meta_info' if cur.sglang else 'timings'} (the last chunk carries them: cut short?)")
-            (rec,) = _records_from_value(cur.final, where, "sglang" if cur.sglang else "llama.cpp")
+            (rec,) = records_from_value(cur.final, where, "sglang" if cur.sglang else "llama.cpp")
             rec.source, rec.kind = "stream", (rec.kind if cur.sglang else cur.kind)
             out.append(rec)
         except TimingsParseError as e:
@@ -161,7 +161,7 @@ def _parse_sse(text: str, name: str, engine: str, lenient: bool, skipped: list[S
             skipped.append(Skipped(where, str(e)))
         cur = None
 
-    for ln in _lines(text):
+    for ln in numbered_lines(text):
         s = ln.text
         if not s.strip() or s.startswith(":") or s.startswith(("event:", "id:", "retry:")):
             continue
@@ -186,7 +186,7 @@ def _parse_sse(text: str, name: str, engine: str, lenient: bool, skipped: list[S
                      f"{type(obj).__name__}, expected an object")
             continue
         if "error" in obj and "timings" not in obj:
-            fail(ln, f"{name}: line {ln.no}: the server answered with an error: {_error_text(obj)}")
+            fail(ln, f"{name}: line {ln.no}: the server answered with an error: {error_text(obj)}")
             continue
         if cur is None:
             cur = _Stream(first=ln, last=ln)
@@ -197,7 +197,7 @@ def _parse_sse(text: str, name: str, engine: str, lenient: bool, skipped: list[S
             if "timings" in obj:
                 cur.final = obj
             if obj.get("object") or "content" in obj:
-                cur.kind = _llama_kind(obj)
+                cur.kind = llama_kind(obj)
             if obj.get("stop") is True:  # /completion: the final chunk, no [DONE] follows
                 finish()
     finish()
@@ -212,7 +212,7 @@ _NUM = r"[-+]?(?:\d+(?:\.\d*)?|inf|nan)"
 # tools/server/server-context.cpp print_timings(): SLT_INF lines "slot print_timing: id %2d |
 # task %d | ...". The draft line has two spellings: this engine's "mean len = L" and other
 # builds' "mean acceptance length = L, acceptance rate per position = (r0, r1, ...)".
-_LOG_SLOT = re.compile(r"\bid\s+(?P<slot>\d+)\s*\|\s*task\s+(?P<task>-?\d+)\s*\|\s*(?P<msg>.*)$")
+LOG_SLOT = re.compile(r"\bid\s+(?P<slot>\d+)\s*\|\s*task\s+(?P<task>-?\d+)\s*\|\s*(?P<msg>.*)$")
 _LOG_LINES = {
     "prompt": re.compile(rf"^prompt eval time\s*=\s*(?P<ms>{_NUM})\s*ms\s*/\s*(?P<n>\d+)\s*tokens\s*"
                          rf"\(\s*{_NUM}\s*ms per token,\s*(?P<tps>{_NUM})\s*tokens per second\)"),
@@ -248,7 +248,7 @@ def passes_from_mean_len(accepted: int, mean_len: float, drafted: int, *, decima
     return [v for v in range(lo, hi + 1) if f"{1.0 + accepted / v:.{decimals}f}" == want]
 
 
-def _passes_from_log(r: RequestTimings, mean_len: float) -> None:
+def passes_from_log(r: RequestTimings, mean_len: float) -> None:
     est = estimate_passes(r.predicted_n, r.draft_n_accepted)
     cands = passes_from_mean_len(r.draft_n_accepted or 0, mean_len, r.draft_n or 0)
     if len(cands) == 1:
@@ -267,15 +267,15 @@ def _floats(text: str, where: str) -> list[float]:
         raise TimingsParseError(f"{where}: per-position rates '({text[:60]})' are not numbers") from None
 
 
-def _parse_log(text: str, name: str, lenient: bool, skipped: list[Skipped], *,
+def parse_log(text: str, name: str, lenient: bool, skipped: list[Skipped], *,
                allow_plain: bool = False) -> list[RequestTimings]:
     """Per-request records from a llama-server log (one per slot/task timing block, in order)."""
     recs: list[RequestTimings] = []
     open_: dict[tuple[int, int], RequestTimings] = {}
     bad: set[int] = set()
     n_spec = 0
-    for ln in _lines(text):
-        m = _LOG_SLOT.search(ln.text)
+    for ln in numbered_lines(text):
+        m = LOG_SLOT.search(ln.text)
         if not m:
             continue
         msg = m.group("msg").strip()
@@ -314,7 +314,7 @@ def _parse_log(text: str, name: str, lenient: bool, skipped: list[Skipped], *,
             rec.reported_acceptance_rate, rec.reported_accept_length = float(g["rate"]), float(g["len"])
             if g.get("pos"):
                 rec.accept_rate_per_pos = _floats(g["pos"], where)
-            _passes_from_log(rec, rec.reported_accept_length)
+            passes_from_log(rec, rec.reported_accept_length)
         elif what == "per_pos" and g["pos"].strip():
             rec.accept_rate_per_pos = _floats(g["pos"], where)
     if not recs:
@@ -333,7 +333,7 @@ def _parse_log(text: str, name: str, lenient: bool, skipped: list[Skipped], *,
 # /metrics (Prometheus text)
 # ---------------------------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$")
+SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$")
 _LABEL = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
@@ -355,7 +355,7 @@ class MetricsScrape:
     def per_pos(self) -> list[float]:
         pos = {}
         for (n, labels), v in self.values.items():
-            if n == METRICS_PREFIX + _PER_POS:
+            if n == METRICS_PREFIX + PER_POS:
                 lab = dict(labels)
                 if lab.get("position", "").isdigit():
                     pos[int(lab["position"])] = v
@@ -372,11 +372,11 @@ def parse_metrics(text: str, *, name: str = "metrics") -> list[MetricsScrape]:
     scrapes: list[MetricsScrape] = []
     cur: dict = {}
     start = 0
-    for ln in _lines(text):
+    for ln in numbered_lines(text):
         s = ln.text.strip()
         if not s or s.startswith("#"):
             continue
-        m = _SAMPLE.match(s)
+        m = SAMPLE.match(s)
         if not m:
             raise TimingsParseError(f"{name}: line {ln.no} (byte {ln.byte}): not a Prometheus sample "
                                     f"line: {s[:60]!r}")
@@ -394,8 +394,8 @@ def parse_metrics(text: str, *, name: str = "metrics") -> list[MetricsScrape]:
         cur[key] = value
     if cur:
         scrapes.append(MetricsScrape(cur, name, start))
-    if not scrapes or any(s.get(_COUNTERS["passes"]) is None for s in scrapes):
-        raise TimingsParseError(f"{name}: no '{METRICS_PREFIX}{_COUNTERS['passes']}' counter: not "
+    if not scrapes or any(s.get(COUNTERS["passes"]) is None for s in scrapes):
+        raise TimingsParseError(f"{name}: no '{METRICS_PREFIX}{COUNTERS['passes']}' counter: not "
                                 "llama-server /metrics output (start it with --metrics), or a build "
                                 "without speculative counters")
     return scrapes
@@ -425,7 +425,7 @@ def _metrics_record(values: dict[str, float], per_pos: list[float], where: str, 
 
 
 def _counter_values(s: MetricsScrape) -> dict[str, float]:
-    return {k: (s.get(name) or 0.0) for k, name in _COUNTERS.items()}
+    return {k: (s.get(name) or 0.0) for k, name in COUNTERS.items()}
 
 
 def metrics_totals(scrape: str | MetricsScrape, *, name: str = "metrics") -> RequestTimings:
@@ -447,18 +447,18 @@ def metrics_delta(before: str | MetricsScrape, after: str | MetricsScrape, *,
     """
     b, a = _scrape(before, f"{name} (before)"), _scrape(after, f"{name} (after)")
     vb, va = _counter_values(b), _counter_values(a)
-    for k, name_ in _COUNTERS.items():
+    for k, name_ in COUNTERS.items():
         if va[k] < vb[k]:
             raise TimingsParseError(f"{name}: counter {METRICS_PREFIX}{name_} went down from {vb[k]:g} "
                                     f"to {va[k]:g}: the server restarted between the scrapes")
     pb, pa = b.per_pos(), a.per_pos()
     pb += [0.0] * (len(pa) - len(pb))
-    delta = {k: va[k] - vb[k] for k in _COUNTERS}
+    delta = {k: va[k] - vb[k] for k in COUNTERS}
     where = f"{b.name}:{b.line}..{a.line}" if a.name == b.name else f"{b.where}..{a.where}"
     return _metrics_record(delta, [x - y for x, y in zip(pa, pb)], where, "metrics-delta")
 
 
-def _parse_metrics_records(text: str, name: str) -> list[RequestTimings]:
+def parse_metrics_records(text: str, name: str) -> list[RequestTimings]:
     scrapes = parse_metrics(text, name=name)
     if len(scrapes) == 1:
         return [metrics_totals(scrapes[0], name=name)]

@@ -50,7 +50,7 @@ FORMATS = ("auto", "json", "jsonl", "sse", "log", "metrics", "sglang")
 
 # llama-server /metrics counters (tools/server/server-task.cpp, to_metrics), prefix "llamacpp:".
 METRICS_PREFIX = "llamacpp:"
-_COUNTERS = {
+COUNTERS = {
     "draft_n": "spec_decode_num_draft_tokens_total",
     "draft_n_accepted": "spec_decode_num_accepted_tokens_total",
     "passes": "spec_decode_num_drafts_total",
@@ -60,7 +60,7 @@ _COUNTERS = {
     "predicted_n": "tokens_predicted_total",
     "predicted_s": "tokens_predicted_seconds_total",
 }
-_PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
+PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
 
 # SGLang meta_info names (python/sglang/srt/managers/tokenizer_manager.py; they moved between
 # versions, so every spelling seen there is listed, first found wins).
@@ -294,7 +294,7 @@ def parse_timings_object(t: dict, *, where: str = "response") -> RequestTimings:
     return _with_estimate(r)
 
 
-def _llama_kind(obj: dict) -> str:
+def llama_kind(obj: dict) -> str:
     kind = {"chat.completion": "chat", "chat.completion.chunk": "chat",
             "text_completion": "v1-completion"}.get(obj.get("object"))
     if kind:
@@ -309,12 +309,12 @@ def parse_response(obj: dict, *, where: str = "response") -> RequestTimings:
         TimingsParseError: the response carries no ``timings`` object (an error response says so).
     """
     if isinstance(obj, dict) and "error" in obj and "timings" not in obj:
-        raise TimingsParseError(f"{where}: the server answered with an error: {_error_text(obj)}")
+        raise TimingsParseError(f"{where}: the server answered with an error: {error_text(obj)}")
     if not isinstance(obj, dict) or "timings" not in obj:
         keys = ", ".join(list(obj)[:8]) if isinstance(obj, dict) else type(obj).__name__
         raise TimingsParseError(f"{where}: no 'timings' object in the response (found: {keys})")
     r = parse_timings_object(obj["timings"], where=where)
-    r.kind = _llama_kind(obj)
+    r.kind = llama_kind(obj)
     return r
 
 
@@ -372,23 +372,23 @@ def parse_sglang_response(obj: dict, *, where: str = "response") -> RequestTimin
     return r
 
 
-def _error_text(obj: dict) -> str:
+def error_text(obj: dict) -> str:
     err = obj.get("error")
     if isinstance(err, dict):
         return f"{err.get('message', err)} (code {err.get('code', '?')})"
     return str(err)[:200]
 
 
-def _records_from_value(value: Any, where: str, engine: str) -> Iterator[RequestTimings]:
+def records_from_value(value: Any, where: str, engine: str) -> Iterator[RequestTimings]:
     """Records of one JSON value: a response, a bare timings object, or a list of those."""
     if isinstance(value, list):
         for i, v in enumerate(value):
-            yield from _records_from_value(v, f"{where}[{i}]", engine)
+            yield from records_from_value(v, f"{where}[{i}]", engine)
         return
     if not isinstance(value, dict):
         raise TimingsParseError(f"{where}: a JSON {type(value).__name__}, expected a response object")
     if "error" in value and "timings" not in value and "meta_info" not in value:
-        raise TimingsParseError(f"{where}: the server answered with an error: {_error_text(value)}")
+        raise TimingsParseError(f"{where}: the server answered with an error: {error_text(value)}")
     if engine == "sglang" or (engine == "any" and "meta_info" in value):
         yield parse_sglang_response(value, where=where)
     elif "timings" in value:
