@@ -390,6 +390,7 @@ class EngineInfo:
     spec_types: list[str] = field(default_factory=list)
     lib_dir: str | None = None
     backend: str | None = None  # from the cache record when known
+    patches: list[str] = field(default_factory=list)  # the patch series it was built with (cache record)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -459,8 +460,10 @@ def probe_engine(path: Path, source: str) -> EngineInfo:
     record = path.parent.parent.parent / "build.json"
     if record.is_file():
         try:
-            info.backend = json.loads(record.read_text()).get("backend")
-        except json.JSONDecodeError:
+            rec = json.loads(record.read_text())
+            info.backend = rec.get("backend")
+            info.patches = [str(p) for p in rec.get("patches") or []]
+        except (json.JSONDecodeError, AttributeError):
             pass
     return info
 

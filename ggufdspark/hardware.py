@@ -36,16 +36,24 @@ DEFAULTS: dict[str, BackendDefaults] = {
 OTHER_GPU = BackendDefaults(8, True, "on", "other GPU backend: Metal's value, untuned")
 
 
-def engine_workarounds(backend: str | None, parallel: int | None) -> list[str]:
+# The patch of ggufdspark's series that fixes the AMX crash below (docs/engine-patches.md, 0009).
+AMX_BATCH_FIX = "ggml-cpu-amx-batched-mul_mat-offsets"
+
+
+def engine_workarounds(backend: str | None, parallel: int | None, engine: EngineInfo | None = None) -> list[str]:
     """llama-server flags that avoid known failures of the pinned engine on this backend.
 
-    CPU with 2+ parallel slots: on CPUs with AMX, ggml-cpu's repacked-weight matmul has crashed
-    (SIGSEGV) on the first parallel batch (seen here: 7 of 10 starts with a 320M pair and a draft);
-    ``--no-repack`` avoided it in every run. Single-slot serving keeps repacking (faster).
+    CPU with 2+ parallel slots: on CPUs with AMX, the pinned ggml-cpu's repacked-weight matmul
+    crashed (SIGSEGV) on the first batch holding several sequences (seen here: 7 of 10 starts with a
+    320M pair and a draft): batched offsets were bytes added to typed pointers and 2-D weights were
+    not broadcast. Patch 0009 fixes it; an engine built with it (``engine.patches``) keeps repacking,
+    any other one (an unknown ``--server``, or no ``engine`` given) gets ``--no-repack``.
     """
-    if (backend or "cpu") == "cpu" and (parallel or 1) > 1:
-        return ["--no-repack"]
-    return []
+    if (backend or "cpu") != "cpu" or (parallel or 1) <= 1:
+        return []
+    if engine is not None and any(AMX_BATCH_FIX in p for p in engine.patches):
+        return []
+    return ["--no-repack"]
 
 
 @dataclass

@@ -129,7 +129,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         n_gpu_layers=99 if decision.offload else None,
         n_gpu_layers_draft=99 if decision.offload and decision.draft_enabled else None,
         flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,
-        extra_args=hardware.engine_workarounds(decision.backend, parallel) + list(extra_args or []))
+        extra_args=hardware.engine_workarounds(decision.backend, parallel, info) + list(extra_args or []))
     if host not in LOOPBACK and not settings.api_keys():
         warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
     return ServePlan(settings, decision, info, warnings, report)
