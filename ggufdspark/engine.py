@@ -239,10 +239,19 @@ def _apply_patches(tree: Path, work: Path) -> Path:
     patched = work / "src"
     if patched.exists():
         shutil.rmtree(patched)
+    if shutil.which("patch"):
+        tool = ["patch", "-p1", "--forward", "-i"]
+    elif shutil.which("git"):
+        tool = ["git", "apply", "-p1"]
+    else:
+        raise EngineBuildError("applying ggufdspark's engine patches needs 'patch' or 'git' on PATH "
+                               "(Debian/Ubuntu: apt install patch; or build-engine --no-patches)")
     shutil.copytree(tree, patched, symlinks=True)
+    dotgit = patched / ".git"  # the sdist's tree is a submodule checkout: a .git file pointing nowhere
+    if dotgit.is_file() or dotgit.is_symlink():
+        dotgit.unlink()
     for p in patches:
-        proc = subprocess.run(["patch", "-p1", "--forward", "-i", str(p)], cwd=patched,
-                              capture_output=True, text=True)
+        proc = subprocess.run([*tool, str(p)], cwd=patched, capture_output=True, text=True)
         if proc.returncode != 0:
             raise EngineBuildError(f"patch {p.name} does not apply to the pinned tree: "
                                    f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
