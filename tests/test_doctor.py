@@ -43,6 +43,19 @@ def test_doctor_default_lookup_finds_the_same_engine(dspark_engine, ggufdspark_c
     assert json.loads(proc.stdout)["engine"]["path"] == dspark_engine.path
 
 
+def test_doctor_names_the_patch_series_of_the_engine(dspark_engine, ggufdspark_cli):
+    """The engine built here carries the package's patch series, and doctor says so (from build.json)."""
+    from ggufdspark.engine import patch_files
+
+    series = [p.name for p in patch_files()]
+    assert series, "the package ships no engine patches"
+    proc = ggufdspark_cli("doctor", "--json", "--server", dspark_engine.path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["engine"]["patches"] == series
+    text = ggufdspark_cli("doctor", "--server", dspark_engine.path).stdout
+    assert f"patches:      {len(series)} (" in text
+
+
 def test_doctor_text(dspark_engine, ggufdspark_cli):
     proc = ggufdspark_cli("doctor", "--server", dspark_engine.path)
     assert proc.returncode == 0, proc.stderr

@@ -38,6 +38,8 @@ def render(report: DoctorReport) -> list[str]:
         ("draft-dspark", "yes" if info.dspark else "NO"),
         ("spec types", ", ".join(info.spec_types) or "?"),
         ("backend", report.backend or "unknown"),
+        ("patches", f"{len(info.patches)} ({', '.join(p[:4] for p in info.patches)}; docs/engine-patches.md)"
+                    if info.patches else "none (the pinned tree as is, or not a ggufdspark build)"),
     ]
     rows += _device_rows(report)
     rows.append(("bindings", _bindings_text(report)))
