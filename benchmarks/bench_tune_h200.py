@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from ggufdspark import bench as bn
+from ggufdspark import measure as ms
 from ggufdspark import tune
 from ggufdspark.testing import synth
 from ggufdspark.testing.pairs import build_pair
@@ -100,20 +100,20 @@ def confirm(result: tune.TuneResult, a: argparse.Namespace, progress) -> dict:
     """Re-measure the tuned configuration in a fresh plain / tuned / plain bracket, so the reported
     speedup is not the maximum of a noisy sweep (the winner's curse)."""
     rec, st = result.recommendation, result.settings
-    info, _devices, decision, _limits = bn.prepare(a.target, a.draft, server=a.server)
+    info, _devices, decision, _limits = ms.prepare(a.target, a.draft, server=a.server)
     levels = [lv for lv in st["concurrency"] if lv <= rec["max_concurrency_for_draft"]]
-    base = bn.base_settings(info, a.target, decision=decision, parallel=max(st["concurrency"]),
+    base = ms.base_settings(info, a.target, decision=decision, parallel=max(st["concurrency"]),
                             ctx_per_slot=1024 + a.n_predict, threads=a.threads)
-    syn = bn.Synthetic(rates=result.acceptance.truncated(rec["draft_n_max"]))
+    syn = ms.Synthetic(rates=result.acceptance.truncated(rec["draft_n_max"]))
     logs = Path(result.logs or ".")
     out: dict = {"levels": levels, "draft_n_max": rec["draft_n_max"]}
-    arms = [("plain-1", bn.arm_settings(base, None)),
-            ("tuned", bn.arm_settings(base, a.draft, n_max=rec["draft_n_max"], p_min=rec.get("p_min"), synthetic=syn)),
-            ("plain-2", bn.arm_settings(base, None))]
+    arms = [("plain-1", ms.arm_settings(base, None)),
+            ("tuned", ms.arm_settings(base, a.draft, n_max=rec["draft_n_max"], p_min=rec.get("p_min"), synthetic=syn)),
+            ("plain-2", ms.arm_settings(base, None))]
     for name, settings in arms:
-        with bn.running(settings, logs / f"confirm-{name}.log") as c:
+        with ms.running(settings, logs / f"confirm-{name}.log") as c:
             prompts = tune.sweep_prompts(c)
-            bn._warm(c)
+            ms.warm(c)
             pts = tune.measure_points(c, prompts, levels, a.n_predict, requests=a.requests, rounds=a.rounds,
                                       trials=a.trials)
             out[name] = {lv: p.speed for lv, p in pts.items()}

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from ggufdspark import engine  # noqa: E402
-from ggufdspark.bench import NEAR_TIE_GAP, first_difference  # noqa: E402
+from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
 from ggufdspark.tune import geometric_rates  # noqa: E402

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufdspark import bench as bn
+from ggufdspark import measure as ms
 from ggufdspark import hardware, profiles
 from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
@@ -97,7 +97,7 @@ MIN_GAIN = 1.02
 
 def profile_from_rates(rates: list[float], *, name: str = "given") -> AcceptanceProfile:
     """A profile from ``--rates`` (validated: probabilities, non-increasing)."""
-    bn.check_rates(rates, 1, what="--rates")
+    ms.check_rates(rates, 1, what="--rates")
     return AcceptanceProfile(name, tuple(rates), "per-position rates given on the command line")
 
 
@@ -131,7 +131,7 @@ def measure_profile(client: Any, prompts: list[Any], n_predict: int, n_max: int)
     the server's ``/metrics`` counters."""
     m0 = client.metrics()
     for p in prompts:
-        bn.request(client, p, n_predict)
+        ms.request(client, p, n_predict)
     d = tm.metrics_delta(m0, client.metrics())
     if not d.accept_rate_per_pos:
         raise BenchError("measuring acceptance: nothing was drafted (check the draft and the server log)")
@@ -249,13 +249,13 @@ def sweep_prompts(client: Any) -> list[list[int]]:
     out = []
     for it in items:
         first_user = next(i for i, m in enumerate(it.messages) if m["role"] == "user")
-        out.append(bn.render(client, it.messages[: first_user + 1], None)[0])
+        out.append(ms.render(client, it.messages[: first_user + 1], None)[0])
     return out
 
 
 def measure_points(client: Any, prompts: list[Any], levels: list[int], n_predict: int, *,
                    n_max: int | None = None, p_min: float | None = None, requests: int = 4,
-                   rounds: int = bn.ROUNDS, trials: int = 1, on_level: Any = None,
+                   rounds: int = ms.ROUNDS, trials: int = 1, on_level: Any = None,
                    out: dict[int, Point] | None = None) -> dict[int, Point]:
     """One configuration at every load: ``requests`` sequential requests at level 1, ``rounds``
     per thread above; every request generates exactly ``n_predict`` tokens (``ignore_eos``).
@@ -267,7 +267,7 @@ def measure_points(client: Any, prompts: list[Any], levels: list[int], n_predict
     for lv in levels:
         got = []
         for _ in range(max(1, trials)):
-            lp = bn.measure_load(client, prompts, lv, n_predict, rounds=requests if lv == 1 else rounds,
+            lp = ms.measure_load(client, prompts, lv, n_predict, rounds=requests if lv == 1 else rounds,
                                  ignore_eos=True)
             got.append(Point(n_max, p_min, lv, lp.tps, lp.decode_tps, lp.accept_length, lp.requests, lp.tokens))
         got.sort(key=lambda p: p.speed)
@@ -294,11 +294,11 @@ def _parse_lengths(values: list[int] | None, max_n: int) -> list[int]:
 def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None = None,
              acceptance: str = "measure", from_bench: str | Path | None = None,
              draft_lengths: list[int] | None = None, p_mins: list[float] | None = None,
-             concurrency: list[int] | None = None, n_predict: int = bn.DEFAULT_N_PREDICT, requests: int = 4,
-             rounds: int = bn.ROUNDS, trials: int = 1, server: str | Path | None = None,
+             concurrency: list[int] | None = None, n_predict: int = ms.DEFAULT_N_PREDICT, requests: int = 4,
+             rounds: int = ms.ROUNDS, trials: int = 1, server: str | Path | None = None,
              threads: int | None = None, server_args: list[str] | None = None,
              log_dir: str | Path | None = None, save: bool = True, min_gain: float = MIN_GAIN,
-             progress: bn.Progress | None = None) -> TuneResult:
+             progress: ms.Progress | None = None) -> TuneResult:
     """Sweep draft length x p_min x parallel requests under a fixed acceptance profile; recommend.
 
     Args:
@@ -310,10 +310,10 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     Raises:
         BenchError, InputNotFoundError, PairMismatchError, EngineError.
     """
-    info, devices, decision, limits = bn.prepare(target, draft, server=server)
+    info, devices, decision, limits = ms.prepare(target, draft, server=server)
     if p_mins and any(p > 0 for p in p_mins) and not limits.confidence_head:
         raise BenchError(f"{draft}: has no confidence head, so p_min must be 0 (got {max(p_mins)})")
-    levels = bn._levels(concurrency, decision.backend)
+    levels = ms.concurrency_levels(concurrency, decision.backend)
     if 1 not in levels:
         levels = [1] + levels
     p_list = sorted(set(p_mins or [0.0]))
@@ -331,9 +331,9 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
         profile = PROFILES[acceptance]
     max_n = limits.max_n if profile is None else min(limits.max_n, len(profile.rates))
     lengths = _parse_lengths(draft_lengths, max_n)
-    base = bn.base_settings(info, target, decision=decision, parallel=max(levels), ctx_per_slot=1024 + n_predict,
+    base = ms.base_settings(info, target, decision=decision, parallel=max(levels), ctx_per_slot=1024 + n_predict,
                             threads=threads, extra_args=server_args)
-    plain_settings = bn.arm_settings(base, None)
+    plain_settings = ms.arm_settings(base, None)
     configs = [(n, p) for n in lengths for p in p_list]
     total = (len(configs) + 2) * len(levels) + (1 if profile is None else 0)
     done = [0]
@@ -349,14 +349,14 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
                               rounds=rounds, trials=trials, on_level=lambda lv: step(f"{label}, {lv} parallel"),
                               out=out)
 
-    with bn.running(plain_settings, logs / "plain-1.log") as c:
+    with ms.running(plain_settings, logs / "plain-1.log") as c:
         prompts = sweep_prompts(c)
-        bn._warm(c)
+        ms.warm(c)
         plain1 = measure(c, None, None, "plain")
     if profile is None:
         log.info("measuring this pair's acceptance at draft length %d", limits.max_n)
-        with bn.running(bn.arm_settings(base, draft, n_max=limits.max_n, p_min=0.0), logs / "measure.log") as c:
-            bn._warm(c)
+        with ms.running(ms.arm_settings(base, draft, n_max=limits.max_n, p_min=0.0), logs / "measure.log") as c:
+            ms.warm(c)
             profile = measure_profile(c, prompts, n_predict, limits.max_n)
         step("acceptance measured")
         lengths = _parse_lengths(draft_lengths, min(limits.max_n, len(profile.rates)))
@@ -364,12 +364,12 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     points: list[Point] = []
     failures: list[dict] = []
     for n, p in configs:
-        syn = bn.Synthetic(rates=profile.truncated(n))
+        syn = ms.Synthetic(rates=profile.truncated(n))
         name = f"spec-n{n}-p{p:g}"
         got: dict[int, Point] = {}
         try:
-            with bn.running(bn.arm_settings(base, draft, n_max=n, p_min=p, synthetic=syn), logs / f"{name}.log") as c:
-                bn._warm(c)
+            with ms.running(ms.arm_settings(base, draft, n_max=n, p_min=p, synthetic=syn), logs / f"{name}.log") as c:
+                ms.warm(c)
                 measure(c, n, p, f"draft length {n}" + (f", p_min {p:g}" if p else ""), out=got)
         except BenchError as e:
             if 1 not in got:
@@ -381,8 +381,8 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
             log.warning("draft length %d: llama-server died at %d parallel requests; counted as not paying (%s)",
                         n, failed_at, e)
         points += got.values()
-    with bn.running(plain_settings, logs / "plain-2.log") as c:
-        bn._warm(c)
+    with ms.running(plain_settings, logs / "plain-2.log") as c:
+        ms.warm(c)
         plain2 = measure(c, None, None, "plain again")
     plain = {lv: _pool(plain1[lv], plain2[lv]) for lv in levels}
     drift = {lv: {"before": plain1[lv].speed, "after": plain2[lv].speed,

@@ -192,7 +192,7 @@ def test_results_change_only_the_cards(ggufdspark_cli, small_pair, hub, hub_env,
 
 
 def test_bench_report_renders(small_pair, tmp_path):
-    from ggufdspark.bench import GroupStats
+    from ggufdspark.report import GroupStats
 
     group = GroupStats("code", 4, 512, 512, 373.0, 486.0, 350.0, 450.0, 4.3, 4.1, 0.37)
     overall = GroupStats("all", 4, 512, 512, 373.0, 486.0, 350.0, 450.0, 4.3, 4.1, 0.37)

@@ -1,0 +1,370 @@
+"""The measurement machinery shared by ``bench`` and ``tune``: the draft's limits, synthetic
+acceptance, server settings per arm, running an arm's server, requests, load at a concurrency
+level, warm-up, the default levels and prompt rendering."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import logging
+import math
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ggufdspark import engine as eng
+from ggufdspark import hardware, profiles
+from ggufdspark import prompts as pr
+from ggufdspark import timings as tm
+from ggufdspark.check import check_pair
+from ggufdspark.images import image_b64
+from ggufdspark.errors import BenchError, EngineError, InputNotFoundError
+from ggufdspark.gguffile.constants import Key
+from ggufdspark.gguffile.reader import read_gguf
+from ggufdspark.runners.server import Client, ServerProcess, ServerSettings
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+
+# Concurrency levels measured by default, per backend (the issue's 1, 8, 32 where a GPU can take it).
+CONCURRENCY_DEFAULTS: dict[str, tuple[int, ...]] = {"cuda": (1, 8, 32), "metal": (1, 4, 8), "cpu": (1, 4)}
+OTHER_CONCURRENCY = (1, 8)
+DEFAULT_N_PREDICT = 128
+ROUNDS = 2  # requests each thread sends at one concurrency level
+WARMUP_TOKENS = 8
+
+
+# --------------------------------------------------------------------------- the draft's limits
+
+
+@dataclass(frozen=True)
+class DraftLimits:
+    block_size: int
+    max_n: int  # longest draft the engine accepts for this draft
+    confidence_head: bool
+
+
+def draft_limits(draft: str | Path) -> DraftLimits:
+    """The trained block size and the longest draft llama.cpp will make with it.
+
+    An anchor-first DSpark draft yields ``block_size`` tokens, otherwise ``block_size - 1``
+    (``common/speculative.cpp``, ``n_draft_max``); longer requests are clamped by the engine.
+    """
+    g = read_gguf(draft)
+    bs = g.get(Key.BLOCK_SIZE)
+    if not bs:
+        raise BenchError(f"{draft}: no dflash.block_size key: not a DSpark draft (run 'ggufdspark check')")
+    anchor = g.get(Key.SAMPLE_FROM_ANCHOR)
+    conf = g.get(Key.HAS_CONFIDENCE_HEAD)
+    return DraftLimits(int(bs), int(bs) if anchor in (None, True) else int(bs) - 1, conf in (None, True))
+
+
+# --------------------------------------------------------------------------- synthetic acceptance
+
+
+@dataclass
+class Synthetic:
+    """llama.cpp's benchmarking acceptance: draft tokens are accepted at random, so only the speed
+    means anything. ``rates`` are unconditional per-position probabilities (P[at least i+1 drafted
+    tokens accepted]), non-increasing; ``length`` is a mean accept length, bonus token included."""
+
+    length: float | None = None
+    rates: list[float] | None = None
+
+    def describe(self) -> str:
+        if self.rates:
+            return (f"synthetic acceptance, rates {','.join(f'{r:.4g}' for r in self.rates)} "
+                    f"(mean length {1 + sum(self.rates):.2f})")
+        return f"synthetic acceptance, mean length {self.length:g} (--spec-synth-len)"
+
+
+def check_rates(rates: list[float], n_max: int, *, what: str = "--synthetic-rates") -> list[float]:
+    """Validate per-position rates for a draft length: truncated to ``n_max`` values (the
+    per-position acceptance stays fixed; llama.cpp wants exactly ``n_max`` values).
+
+    Raises:
+        BenchError: too few values, a value outside [0, 1], or an increase.
+    """
+    for i, r in enumerate(rates):
+        if not (0.0 <= r <= 1.0) or math.isnan(r):
+            raise BenchError(f"{what}: value {i} is {r}, expected a probability in [0, 1]")
+        if i and r > rates[i - 1]:
+            raise BenchError(f"{what}: value {i} ({r}) is larger than value {i - 1} ({rates[i - 1]}); "
+                             "rates are P(at least i+1 accepted) and cannot increase")
+    if len(rates) < n_max:
+        raise BenchError(f"{what}: {len(rates)} values for draft length {n_max}; give at least {n_max}")
+    return list(rates[:n_max])
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardware.Decision,
+                  mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int = 4096,
+                  threads: int | None = None, extra_args: list[str] | None = None) -> ServerSettings:
+    """The target-only server the arms share (offload and flash attention as ``serve`` decides);
+    ``extra_args`` go to every arm's llama-server unchanged."""
+    return ServerSettings(
+        server=engine.path, model=target, mmproj=mmproj, spec_type=None, draft_n_min=None,
+        n_gpu_layers=99 if decision.offload else None, flash_attn=decision.flash_attn,
+        ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads,
+        extra_args=hardware.engine_workarounds(decision.backend, parallel) + list(extra_args or []))
+
+
+def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int | None = None,
+                 p_min: float | None = None, synthetic: Synthetic | None = None) -> ServerSettings:
+    """``base`` with the DSpark draft (or without, for ``draft=None``)."""
+    if draft is None:
+        return dataclasses.replace(base, draft=None, spec_type=None, extra_args=list(base.extra_args))
+    syn = synthetic or Synthetic()
+    return dataclasses.replace(
+        base, draft=draft, spec_type="draft-dspark", draft_n_max=n_max, draft_n_min=0, draft_p_min=p_min,
+        n_gpu_layers_draft=99 if base.n_gpu_layers else None, synth_len=syn.length,
+        synth_rates=syn.rates, extra_args=list(base.extra_args))
+
+
+# Seen on this project's x86 build machine (AMX-capable Xeon, pinned engine, CPU backend): with two
+# or more parallel requests llama-server dies with SIGSEGV inside ggml-cpu's AMX matmul
+# (ggml_backend_amx_mul_mat, weights repacked at load). On a 320M-parameter pair with the DSpark
+# draft about 2 starts in 3 crash on the first parallel batch; the target alone crashes more rarely;
+# never with --no-repack, never with one request at a time.
+SEGV_HINT = ("on CPUs with AMX the pinned engine's repacked-weight kernels have crashed under parallel "
+             "batches; retry with --server-arg=--no-repack")
+
+
+# How long a server whose request failed may take to exit before it counts as still running: a
+# crashing engine that holds gigabytes can take seconds to go (core dump, unmapping the weights).
+EXIT_WAIT_S = 30.0
+
+
+@contextlib.contextmanager
+def running(settings: ServerSettings, log_path: Path, start_timeout: float = 600.0,
+            exit_wait: float = EXIT_WAIT_S) -> Iterator[Client]:
+    """A started server's client; the server is stopped on exit, whatever happens.
+
+    When a request fails (``EngineError``), the server process is waited on (up to ``exit_wait``
+    seconds, or until ``/health`` answers) to tell a crash from a failed request.
+
+    Raises:
+        BenchError: the server died while in use (exit code or signal, log path), or a request
+            failed while it kept running (the engine's error); never a bare ``EngineError``.
+    """
+    with ServerProcess(settings, log_path=log_path, start_timeout=start_timeout) as srv:
+        try:
+            yield srv.client()
+        except EngineError as e:
+            rc = await_exit(srv, exit_wait)
+            if rc is None:
+                raise BenchError(f"a request failed and llama-server kept running (log: {log_path}): {e}") from None
+            how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+            hint = f"; {SEGV_HINT}" if rc == -11 and settings.n_gpu_layers is None else ""
+            raise BenchError(f"llama-server died during the measurement ({how}; log: {log_path}): {e}{hint}") from None
+
+
+def await_exit(srv: ServerProcess, timeout: float) -> int | None:
+    """Wait for the server to exit: its exit code (negative: the signal), or None when it answers
+    ``/health`` or is still running after ``timeout`` seconds."""
+    assert srv.proc is not None
+    log.debug("a request failed: waiting up to %gs for llama-server (pid %d) to exit or answer /health",
+              timeout, srv.proc.pid)
+    deadline = time.monotonic() + timeout
+    probe = srv.client(timeout=1.0)
+    while True:
+        try:
+            return srv.proc.wait(timeout=0.25)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            probe.health()
+            return None  # alive and serving: the request failed on its own
+        except EngineError:
+            pass
+        if time.monotonic() > deadline:
+            return None
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass
+class Outcome:
+    """One finished request: generated token ids, text, the engine's timings, wall time."""
+
+    tokens: list[int]
+    text: str
+    timings: tm.RequestTimings
+    wall_s: float
+
+
+def request(client: Client, prompt: Any, n_predict: int, **extra: Any) -> Outcome:
+    """One greedy ``/completion`` (prompt cache off), timed from send to full answer."""
+    t0 = time.perf_counter()
+    out = client.complete(prompt, n_predict=n_predict, **extra)
+    wall = time.perf_counter() - t0
+    return Outcome(list(out.tokens or []), out.text, out.timings, wall)
+
+
+@dataclass
+class LoadPoint:
+    """Aggregate throughput with ``level`` requests in flight."""
+
+    level: int
+    requests: int
+    tokens: int
+    wall_s: float
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
+    decode_tps: float | None = None  # the engine's own decode speed, token-weighted
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def accept_length(self) -> float | None:
+        return 1.0 + self.accepted / self.passes if self.passes else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tps": self.tps, "accept_length": self.accept_length}
+
+
+def measure_load(client: Client, prompts: list[Any], level: int, n_predict: int, *, rounds: int = ROUNDS,
+                 progress: Callable[[str], None] | None = None, **extra: Any) -> LoadPoint:
+    """``level`` threads, each sending ``rounds`` requests back to back (prompts cycled); tokens
+    generated by all of them over the wall time from the first send to the last answer."""
+    if not prompts:
+        raise BenchError("no prompts to measure")
+    jobs = [prompts[i % len(prompts)] for i in range(level * rounds)]
+    lock = threading.Lock()
+    outs: list[Outcome] = []
+
+    def worker(k: int) -> None:
+        for j in range(k, len(jobs), level):
+            o = request(client, jobs[j], n_predict, **extra)
+            with lock:
+                outs.append(o)
+            if progress:
+                progress(f"{level} parallel")
+
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=level) as ex:
+        for f in [ex.submit(worker, k) for k in range(level)]:
+            f.result()
+    wall = time.perf_counter() - t0
+    s = tm.summarize([o.timings for o in outs])
+    return LoadPoint(level, len(outs), s.predicted_n, wall, s.draft_n, s.draft_n_accepted, s.passes,
+                     s.decode_tps.token_weighted)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render(client: Client, messages: list[dict], media_marker: str | None) -> tuple[Any, int | None]:
+    """Prompt for ``/completion`` and its token count: token ids for text-only conversations
+    (chat template, then ``/tokenize`` with BOS, as the chat endpoint does), or a multimodal prompt
+    object (``prompt_string`` with media markers + base64 images) that every arm receives alike."""
+    images: list[str] = []
+    flat = []
+    for m in messages:
+        c = m["content"]
+        if isinstance(c, list):
+            text = ""
+            for p in c:
+                if p["type"] == "image":
+                    if not media_marker:
+                        raise BenchError("an image prompt needs a server started with --mmproj")
+                    images.append(image_b64(p["path"]))
+                    text += media_marker + "\n"
+                else:
+                    text += p["text"]
+            c = text
+        flat.append({"role": m["role"], "content": c})
+    rendered = client.apply_template(flat)
+    if images:
+        return {"prompt_string": rendered, "multimodal_data": images}, None
+    toks = client.tokenize(rendered, add_special=True)
+    return toks, len(toks)
+
+
+@dataclass
+class Turn:
+    """One request of the run: an item's user turn, rendered once, sent to every arm."""
+
+    item: str
+    category: str
+    turn: int
+    prompt: Any = field(repr=False)
+    n_prompt: int | None
+
+
+def run_first_arm(client: Client, items: list[pr.PromptItem], n_predict: int, media_marker: str | None,
+                  tick: Callable[[str], None]) -> tuple[list[Turn], list[Outcome]]:
+    """Run the items turn by turn on the first (plain) server, fixing every turn's prompt."""
+    turns: list[Turn] = []
+    outs: list[Outcome] = []
+    for it in items:
+        history: list[dict] = []
+        k = 0
+        msgs = it.messages
+        for i, m in enumerate(msgs):
+            history.append(m)
+            if m["role"] != "user":
+                continue
+            prompt, n_prompt = render(client, history, media_marker)
+            o = request(client, prompt, n_predict)
+            turns.append(Turn(it.id, it.category, k, prompt, n_prompt))
+            outs.append(o)
+            tick(f"{it.id} turn {k + 1}")
+            k += 1
+            nxt = msgs[i + 1] if i + 1 < len(msgs) else None
+            if nxt is not None and nxt["role"] != "assistant":
+                history.append({"role": "assistant", "content": o.text})
+    return turns, outs
+
+
+# --------------------------------------------------------------------------- levels, warm-up, inputs
+
+
+def concurrency_levels(concurrency: list[int] | None, backend: str) -> list[int]:
+    """The parallel-request levels to measure: the given ones, or the backend's defaults; sorted.
+
+    Raises:
+        BenchError: a level below 1.
+    """
+    lv = sorted(set(concurrency or CONCURRENCY_DEFAULTS.get(backend, OTHER_CONCURRENCY)))
+    if lv and lv[0] < 1:
+        raise BenchError(f"--concurrency: {lv[0]} is not a number of parallel requests (>= 1)")
+    return lv
+
+
+def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
+            server: str | Path | None = None) -> tuple[eng.EngineInfo, Any, hardware.Decision, DraftLimits]:
+    """Check inputs, the pair and the engine; detect devices. Shared by bench and tune.
+
+    Raises:
+        InputNotFoundError, CorruptFileError, PairMismatchError, EngineError.
+    """
+    for label, p in (("target", target), ("draft", draft), ("mmproj", mmproj)):
+        if p and not Path(p).is_file():
+            raise InputNotFoundError(f"{p}: {label} file not found")
+    check_pair(target, draft, mmproj).raise_for_failures()
+    info = eng.find_engine(server)
+    eng.require_dspark(info)
+    devices = hardware.detect(info)
+    prof = profiles.load_profile(devices, target, draft)
+    decision = hardware.decide(devices, profile=prof)
+    return info, devices, decision, draft_limits(draft)
+
+
+def warm(client: Client) -> None:
+    """One short request: first-use allocations and kernel selection stay out of the measurements."""
+    try:
+        client.complete(client.tokenize("Warm up the engine.", add_special=True), n_predict=WARMUP_TOKENS)
+    except EngineError as e:
+        raise BenchError(f"the warm-up request failed: {e}") from None
