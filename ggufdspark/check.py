@@ -11,7 +11,7 @@ from ggufdspark.convert.mmproj import ClipKey, projector_width
 from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
-from ggufdspark.inspect import DSPARK_TENSORS, classify, vocab_size
+from ggufdspark.inspect import DSPARK_TENSORS, classify, tokenizer_value, vocab_size
 
 MAX_BLOCK_SIZE = 64
 IMAGE_TOKENS = ("<image>", "<|image|>", "<|image_pad|>")
@@ -52,7 +52,7 @@ class PairReport:
 
 def _tokenizer_difference(t: GGUFFile, d: GGUFFile) -> str | None:
     for key in TOKENIZER_IDENTITY_KEYS:
-        a, b = t.metadata.get(key), d.metadata.get(key)
+        a, b = tokenizer_value(t, key), tokenizer_value(d, key)
         if a == b:
             continue
         short = key.removeprefix("tokenizer.ggml.")
@@ -75,31 +75,31 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
     out.append(CheckResult("target is a text target", tkind == "target",
                            f"arch {t.arch!r}, kind {tkind}"))
     diff = _tokenizer_difference(t, d)
-    n_tok = len(t.metadata.get(Key.TOK_TOKENS) or [])
+    n_tok = len(t.get_str_list(Key.TOK_TOKENS) or [])
     out.append(CheckResult("tokenizers identical", diff is None,
-                           diff or f"{n_tok} tokens, pre {t.metadata.get(Key.TOK_PRE)!r}, same merges and special ids"))
-    th, dh = t.get(Key.EMBEDDING_LENGTH), d.get(Key.EMBEDDING_LENGTH)
+                           diff or f"{n_tok} tokens, pre {t.get_str(Key.TOK_PRE)!r}, same merges and special ids"))
+    th, dh = t.get_int(Key.EMBEDDING_LENGTH), d.get_int(Key.EMBEDDING_LENGTH)
     out.append(CheckResult("hidden size", th is not None and th == dh, f"target {th}, draft {dh}"))
     tv, dv = vocab_size(t), vocab_size(d)
-    if "markov_w1.weight" in d.tensors:
-        mv = d.tensors["markov_w1.weight"].shape[0]
+    if (markov := d.tensor_shape("markov_w1.weight", 2)) is not None:
+        mv = markov[0]
         dv = dv if dv == mv else f"{dv} (tokenizer) / {mv} (markov head)"
     out.append(CheckResult("vocabulary size", tv is not None and tv == dv, f"target {tv}, draft {dv}"))
-    n_layers = t.get(Key.BLOCK_COUNT)
-    taps = d.get(Key.TARGET_LAYERS) or []
+    n_layers = t.get_int(Key.BLOCK_COUNT)
+    taps = d.get_int_list(Key.TARGET_LAYERS) or []
     # the engine's convention: tap value i reads the hidden state after layer i - 1 (1..n_layers)
     bad = [x for x in taps if not (n_layers and 1 <= x <= n_layers)]
     out.append(CheckResult("tapped target layers exist", bool(taps) and not bad,
                            f"draft taps layers {[x - 1 for x in taps]} of a {n_layers}-layer target"
                            + (f"; missing: {[x - 1 for x in bad]}" if bad else "") if taps else "draft names no target layers"))
-    if "fc.weight" in d.tensors and th and taps:
-        width = d.tensors["fc.weight"].shape[1]
+    if (fc := d.tensor_shape("fc.weight", 2)) is not None and th and taps:
+        width = fc[1]
         out.append(CheckResult("fc input width", width == len(taps) * th,
                                f"fc takes {width}, {len(taps)} taps x hidden {th} = {len(taps) * th}"))
-    bs = d.get(Key.BLOCK_SIZE)
+    bs = d.get_int(Key.BLOCK_SIZE)
     out.append(CheckResult("block size sane", isinstance(bs, int) and 2 <= bs <= MAX_BLOCK_SIZE,
                            f"block_size {bs} (expected 2..{MAX_BLOCK_SIZE})"))
-    mask = d.metadata.get(Key.TOK_MASK)
+    mask = d.get_int(Key.TOK_MASK)
     if mask is not None:
         out.append(CheckResult("mask token in vocabulary", tv is not None and 0 <= mask < tv,
                                f"mask_token_id {mask}, vocabulary {tv}"))
@@ -107,20 +107,20 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
 
 
 def check_mmproj(t: GGUFFile, m: GGUFFile) -> list[CheckResult]:
-    ptype = m.metadata.get(ClipKey.PROJECTOR_TYPE)
+    ptype = m.get_str(ClipKey.PROJECTOR_TYPE)
     out = [CheckResult("mmproj is a vision projector", classify(m) == "mmproj" and
                        bool(m.metadata.get(ClipKey.HAS_VISION_ENCODER)),
                        f"arch {m.arch!r}, projector {ptype!r}")]
     rows, meta, tname = projector_width(m)
     width = rows if rows is not None else meta
-    th = t.get(Key.EMBEDDING_LENGTH)
+    th = t.get_int(Key.EMBEDDING_LENGTH)
     detail = f"mmproj projects to {width} ({f'{tname} rows' if rows is not None else ClipKey.PROJECTION_DIM}), " \
              f"target hidden size {th}"
     consistent = rows is None or meta is None or rows == meta
     if not consistent:
         detail += f"; the file contradicts itself: {ClipKey.PROJECTION_DIM} says {meta}"
     out.append(CheckResult("projector output width", width is not None and width == th and consistent, detail))
-    tokens = t.metadata.get(Key.TOK_TOKENS) or []
+    tokens = t.get_str_list(Key.TOK_TOKENS) or []
     found = [tok for tok in IMAGE_TOKENS if tok in tokens]
     out.append(CheckResult("image token in target tokenizer", bool(found),
                            f"found {found[0]!r}" if found else f"none of {list(IMAGE_TOKENS)} in the vocabulary"))

@@ -7,10 +7,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufdspark.gguffile.constants import ARCH_CLIP, ARCH_DFLASH, Key
+from ggufdspark.gguffile.constants import ARCH_CLIP, ARCH_DFLASH, TOKENIZER_IDENTITY_KEYS, Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 
 DSPARK_TENSORS = ("markov_w1.weight", "markov_w2.weight")
+# the types the tokenizer keys must have (the others are integer ids, named ``*_id``)
+TOKENIZER_STR_LISTS = (Key.TOK_TOKENS, Key.TOK_MERGES)
+TOKENIZER_INT_LISTS = (Key.TOK_TYPES,)
+TOKENIZER_STRINGS = (Key.TOK_MODEL, Key.TOK_PRE)
+# draft tensors whose shapes ``check`` and the engine read: anything but a matrix is a corrupt file
+DRAFT_MATRICES = ("fc.weight", *DSPARK_TENSORS)
 
 
 @dataclass
@@ -39,13 +45,29 @@ def classify(g: GGUFFile) -> str:
     return "other"
 
 
+def tokenizer_value(g: GGUFFile, key: str) -> Any:
+    """One tokenizer key, type-checked. Raises CorruptFileError naming file, key and value."""
+    if key in TOKENIZER_STR_LISTS:
+        return g.get_str_list(key)
+    if key in TOKENIZER_INT_LISTS:
+        return g.get_int_list(key)
+    if key in TOKENIZER_STRINGS:
+        return g.get_str(key)
+    return g.get_int(key) if key.endswith("_id") else g.metadata.get(key)
+
+
 def vocab_size(g: GGUFFile) -> int | None:
-    if (v := g.get(Key.VOCAB_SIZE)) is not None:
-        return int(v)
-    if (toks := g.metadata.get(Key.TOK_TOKENS)) is not None:
+    """The vocabulary size: ``{arch}.vocab_size``, else the token list, else the embedding rows.
+
+    Raises:
+        CorruptFileError: one of those has the wrong type or shape.
+    """
+    if (v := g.get_int(Key.VOCAB_SIZE)) is not None:
+        return v
+    if (toks := g.get_str_list(Key.TOK_TOKENS)) is not None:
         return len(toks)
-    if "token_embd.weight" in g.tensors:
-        return g.tensors["token_embd.weight"].shape[0]
+    if (shape := g.tensor_shape("token_embd.weight", 2)) is not None:
+        return shape[0]
     return None
 
 
@@ -53,20 +75,24 @@ def summarize_gguf(g: GGUFFile) -> GGUFSummary:
     kind = classify(g)
     types = Counter(t.type_name for t in g.tensors.values())
     d: dict[str, Any] = {}
+    for key in TOKENIZER_IDENTITY_KEYS:  # a malformed tokenizer is reported here, not by the engine
+        tokenizer_value(g, key)
     if kind in ("dspark-draft", "dflash-draft"):
+        for name in DRAFT_MATRICES:
+            g.tensor_shape(name, 2)
         d.update(
-            block_size=g.get(Key.BLOCK_SIZE), target_layers=g.get(Key.TARGET_LAYERS),
-            target_layer_ids=[i - 1 for i in (g.get(Key.TARGET_LAYERS) or [])],
-            mask_token_id=g.metadata.get(Key.TOK_MASK), layers=g.get(Key.BLOCK_COUNT),
-            hidden_size=g.get(Key.EMBEDDING_LENGTH), vocab_size=vocab_size(g),
+            block_size=g.get_int(Key.BLOCK_SIZE), target_layers=g.get_int_list(Key.TARGET_LAYERS),
+            target_layer_ids=[i - 1 for i in (g.get_int_list(Key.TARGET_LAYERS) or [])],
+            mask_token_id=g.get_int(Key.TOK_MASK), layers=g.get_int(Key.BLOCK_COUNT),
+            hidden_size=g.get_int(Key.EMBEDDING_LENGTH), vocab_size=vocab_size(g),
             markov_head=all(t in g.tensors for t in DSPARK_TENSORS),
-            markov_rank=g.tensors["markov_w1.weight"].shape[1] if "markov_w1.weight" in g.tensors else None,
+            markov_rank=(g.tensor_shape("markov_w1.weight", 2) or (None, None))[1],
             confidence_head=bool(g.get(Key.HAS_CONFIDENCE_HEAD)) and "conf_proj.weight" in g.tensors,
             sample_from_anchor=g.get(Key.SAMPLE_FROM_ANCHOR), tokenizer_pre=g.metadata.get(Key.TOK_PRE))
     elif kind == "target":
         kv = g.get(Key.HEAD_COUNT_KV)
-        d.update(layers=g.get(Key.BLOCK_COUNT), hidden_size=g.get(Key.EMBEDDING_LENGTH),
-                 vocab_size=vocab_size(g), context_length=g.get(Key.CONTEXT_LENGTH),
+        d.update(layers=g.get_int(Key.BLOCK_COUNT), hidden_size=g.get_int(Key.EMBEDDING_LENGTH),
+                 vocab_size=vocab_size(g), context_length=g.get_int(Key.CONTEXT_LENGTH),
                  attention_layers=sum(1 for x in kv if x) if isinstance(kv, list) else None,
                  tokenizer_pre=g.metadata.get(Key.TOK_PRE),
                  chat_template=Key.CHAT_TEMPLATE in g.metadata)

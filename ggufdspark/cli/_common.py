@@ -50,7 +50,8 @@ def safe_text(text: str, keep: str = "\n\t") -> str:
     out = []
     for c in str(text):
         o = ord(c)
-        if c in keep or not (o < 0x20 or 0x7f <= o < 0xa0 or c in _BIDI):
+        # lone surrogates (undecodable bytes in a file's strings) cannot be encoded for output at all
+        if c in keep or not (o < 0x20 or 0x7f <= o < 0xa0 or c in _BIDI or 0xd800 <= o < 0xe000):
             out.append(c)
         else:
             out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")

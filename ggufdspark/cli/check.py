@@ -8,6 +8,7 @@ import click
 
 from ggufdspark.check import check_pair
 from ggufdspark.cli._common import echo_json, safe_text
+from ggufdspark.errors import GgufdsparkError
 
 
 @click.command(name="check")
@@ -19,7 +20,13 @@ def command(target, draft, mmproj, as_json):
     """Check that DRAFT (and/or --mmproj) belongs with TARGET. Exit 0 only when every check passes."""
     if draft is None and mmproj is None:
         raise click.UsageError("give a DRAFT, --mmproj, or both")
-    report = check_pair(target, draft, mmproj)
+    try:
+        report = check_pair(target, draft, mmproj)
+    except GgufdsparkError as e:
+        if as_json:  # a script reading stdout still gets JSON; the error line goes to stderr as usual
+            echo_json({"target": target, "draft": draft, "mmproj": mmproj, "ok": False, "error": str(e),
+                       "checks": []})
+        raise
     if as_json:
         echo_json(report.to_dict())
     else:

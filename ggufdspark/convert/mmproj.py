@@ -149,9 +149,10 @@ def projector_width(m: GGUFFile) -> tuple[int | None, int | None, str | None]:
         ``PROJECTOR_OUTPUT_TENSOR``; ``clip.vision.projection_dim``; that tensor's name). mtmd takes
         the width from the tensor, so the tensor decides when both are known.
     """
-    tname = PROJECTOR_OUTPUT_TENSOR.get(m.metadata.get(ClipKey.PROJECTOR_TYPE))
-    rows = m.tensors[tname].shape[0] if tname and tname in m.tensors else None
-    return rows, m.metadata.get(ClipKey.PROJECTION_DIM), tname
+    tname = PROJECTOR_OUTPUT_TENSOR.get(m.get_str(ClipKey.PROJECTOR_TYPE))
+    shape = m.tensor_shape(tname, 2) if tname else None
+    rows = shape[0] if shape is not None else None
+    return rows, m.get_int(ClipKey.PROJECTION_DIM), tname
 
 
 def default_mmproj_name(name: str, outtype: str) -> str:
