@@ -114,7 +114,9 @@ def profile_from_bench(path: str | Path) -> AcceptanceProfile:
     try:
         data = json.loads(p.read_text())
         acc = data["acceptance"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+        if not isinstance(acc, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):  # binary or non-UTF-8 bytes, bad JSON, wrong shape
         raise BenchError(f"{p}: not a 'ggufdspark bench --json' report (no 'acceptance' object)") from None
     if data.get("synthetic"):
         raise BenchError(f"{p}: the bench ran with synthetic acceptance ({data['synthetic']}); its rates are the "
@@ -122,7 +124,13 @@ def profile_from_bench(path: str | Path) -> AcceptanceProfile:
     rates = acc.get("rates")
     if not rates:
         raise BenchError(f"{p}: no per-position acceptance in the report (nothing was drafted)")
-    return AcceptanceProfile(f"bench:{p.name}", tuple(float(r) for r in rates),
+    try:
+        rates = [float(r) for r in rates]
+        if not all(0.0 <= r <= 1.0 for r in rates):  # NaN fails too
+            raise ValueError
+    except (TypeError, ValueError):
+        raise BenchError(f"{p}: acceptance.rates is not a list of probabilities: {str(rates)[:80]}") from None
+    return AcceptanceProfile(f"bench:{p.name}", tuple(rates),
                              f"measured by bench at draft length {len(rates)} ({acc.get('passes')} verify passes)")
 
 
@@ -283,12 +291,19 @@ def _requests(n: int) -> str:
     return "1 request at a time" if n == 1 else f"{n} parallel requests"
 
 
-def _parse_lengths(values: list[int] | None, max_n: int) -> list[int]:
+def _parse_lengths(values: list[int] | None, max_n: int, why: str = "what this draft can draft") -> list[int]:
     ns = sorted(set(values or range(1, max_n + 1)))
     bad = [n for n in ns if not 1 <= n <= max_n]
     if bad:
-        raise BenchError(f"draft length {bad[0]} is outside 1..{max_n} (what this draft can draft)")
+        raise BenchError(f"draft length {bad[0]} is outside 1..{max_n} ({why})")
     return ns
+
+
+def _length_limit(limits: ms.DraftLimits, profile: "AcceptanceProfile | None") -> tuple[int, str]:
+    """The longest draft a sweep can measure, and what sets it (the draft, or the profile's rates)."""
+    if profile is not None and len(profile.rates) < limits.max_n:
+        return len(profile.rates), f"the acceptance profile {profile.name!r} has rates for {len(profile.rates)} positions"
+    return limits.max_n, "what this draft can draft"
 
 
 def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None = None,
@@ -317,8 +332,6 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     if 1 not in levels:
         levels = [1] + levels
     p_list = sorted(set(p_mins or [0.0]))
-    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-tune-"))
-    logs.mkdir(parents=True, exist_ok=True)
     profile = None
     if rates:
         profile = profile_from_rates(rates)
@@ -329,8 +342,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
             raise BenchError(f"unknown acceptance profile {acceptance!r} (expected measure or "
                              f"{', '.join(PROFILES)})")
         profile = PROFILES[acceptance]
-    max_n = limits.max_n if profile is None else min(limits.max_n, len(profile.rates))
-    lengths = _parse_lengths(draft_lengths, max_n)
+    lengths = _parse_lengths(draft_lengths, *_length_limit(limits, profile))
     base = ms.base_settings(info, target, decision=decision, parallel=max(levels), ctx_per_slot=1024 + n_predict,
                             threads=threads, extra_args=server_args)
     plain_settings = ms.arm_settings(base, None)
@@ -349,61 +361,69 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
                               rounds=rounds, trials=trials, on_level=lambda lv: step(f"{label}, {lv} parallel"),
                               out=out)
 
-    with ms.running(plain_settings, logs / "plain-1.log") as c:
-        prompts = sweep_prompts(c)
-        ms.warm(c)
-        plain1 = measure(c, None, None, "plain")
-    if profile is None:
-        log.info("measuring this pair's acceptance at draft length %d", limits.max_n)
-        with ms.running(ms.arm_settings(base, draft, n_max=limits.max_n, p_min=0.0), logs / "measure.log") as c:
+    made = not log_dir  # a temporary log directory: gone again if the run fails before writing to it
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-tune-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        with ms.running(plain_settings, logs / "plain-1.log") as c:
+            prompts = sweep_prompts(c)
             ms.warm(c)
-            profile = measure_profile(c, prompts, n_predict, limits.max_n)
-        step("acceptance measured")
-        lengths = _parse_lengths(draft_lengths, min(limits.max_n, len(profile.rates)))
-        configs = [(n, p) for n in lengths for p in p_list]
-    points: list[Point] = []
-    failures: list[dict] = []
-    for n, p in configs:
-        syn = ms.Synthetic(rates=profile.truncated(n))
-        name = f"spec-n{n}-p{p:g}"
-        got: dict[int, Point] = {}
-        try:
-            with ms.running(ms.arm_settings(base, draft, n_max=n, p_min=p, synthetic=syn), logs / f"{name}.log") as c:
+            plain1 = measure(c, None, None, "plain")
+        if profile is None:
+            log.info("measuring this pair's acceptance at draft length %d", limits.max_n)
+            with ms.running(ms.arm_settings(base, draft, n_max=limits.max_n, p_min=0.0), logs / "measure.log") as c:
                 ms.warm(c)
-                measure(c, n, p, f"draft length {n}" + (f", p_min {p:g}" if p else ""), out=got)
-        except BenchError as e:
-            if 1 not in got:
-                raise
-            # the engine died under parallel load with the draft: that level (and above) counts as
-            # "drafting does not pay" for this configuration; the sweep goes on
-            failed_at = min(lv for lv in levels if lv not in got)
-            failures.append({"draft_n_max": n, "p_min": p, "parallel": failed_at, "error": str(e)})
-            log.warning("draft length %d: llama-server died at %d parallel requests; counted as not paying (%s)",
-                        n, failed_at, e)
-        points += got.values()
-    with ms.running(plain_settings, logs / "plain-2.log") as c:
-        ms.warm(c)
-        plain2 = measure(c, None, None, "plain again")
-    plain = {lv: _pool(plain1[lv], plain2[lv]) for lv in levels}
-    drift = {lv: {"before": plain1[lv].speed, "after": plain2[lv].speed,
-                  "change": plain2[lv].speed / plain1[lv].speed - 1 if plain1[lv].speed else None} for lv in levels}
-    rec = recommend(plain, points, min_gain=min_gain)
-    if failures:
-        rec["why"] += ("; llama-server crashed with the draft under parallel load (" + ", ".join(
-            f"draft length {f['draft_n_max']} at {f['parallel']} parallel" for f in failures) + "): see engine_failures")
-    settings = {"target": str(target), "draft": str(draft), "engine": f"{info.commit or info.version} ({info.path})",
-                "backend": decision.backend, "devices": decision.devices, "block_size": limits.block_size,
-                "draft_lengths": lengths, "p_min": p_list, "concurrency": levels, "n_predict": n_predict,
-                "requests_at_1": requests, "rounds": rounds, "trials": trials, "prompts": len(prompts),
-                "offload": decision.offload, "flash_attn": decision.flash_attn, "server_args": server_args or [],
-                "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos",
-                "engine_failures": failures}
-    result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs))
-    if save:
-        data = result.to_dict()
-        data.pop("profile_path", None)
-        result.profile_path = str(profiles.save_profile(devices, target, draft, {"tool": "ggufdspark tune", **data}))
-    return result
+                profile = measure_profile(c, prompts, n_predict, limits.max_n)
+            step("acceptance measured")
+            lengths = _parse_lengths(draft_lengths, *_length_limit(limits, profile))
+            configs = [(n, p) for n in lengths for p in p_list]
+        points: list[Point] = []
+        failures: list[dict] = []
+        for n, p in configs:
+            syn = ms.Synthetic(rates=profile.truncated(n))
+            name = f"spec-n{n}-p{p:g}"
+            got: dict[int, Point] = {}
+            try:
+                with ms.running(ms.arm_settings(base, draft, n_max=n, p_min=p, synthetic=syn), logs / f"{name}.log") as c:
+                    ms.warm(c)
+                    measure(c, n, p, f"draft length {n}" + (f", p_min {p:g}" if p else ""), out=got)
+            except BenchError as e:
+                if 1 not in got:
+                    raise
+                # the engine died under parallel load with the draft: that level (and above) counts as
+                # "drafting does not pay" for this configuration; the sweep goes on
+                failed_at = min(lv for lv in levels if lv not in got)
+                failures.append({"draft_n_max": n, "p_min": p, "parallel": failed_at, "error": str(e)})
+                log.warning("draft length %d: llama-server died at %d parallel requests; counted as not paying (%s)",
+                            n, failed_at, e)
+            points += got.values()
+        with ms.running(plain_settings, logs / "plain-2.log") as c:
+            ms.warm(c)
+            plain2 = measure(c, None, None, "plain again")
+        plain = {lv: _pool(plain1[lv], plain2[lv]) for lv in levels}
+        drift = {lv: {"before": plain1[lv].speed, "after": plain2[lv].speed,
+                      "change": plain2[lv].speed / plain1[lv].speed - 1 if plain1[lv].speed else None} for lv in levels}
+        rec = recommend(plain, points, min_gain=min_gain)
+        if failures:
+            rec["why"] += ("; llama-server crashed with the draft under parallel load (" + ", ".join(
+                f"draft length {f['draft_n_max']} at {f['parallel']} parallel" for f in failures) + "): see engine_failures")
+        settings = {"target": str(target), "draft": str(draft), "engine": f"{info.commit or info.version} ({info.path})",
+                    "backend": decision.backend, "devices": decision.devices, "block_size": limits.block_size,
+                    "draft_lengths": lengths, "p_min": p_list, "concurrency": levels, "n_predict": n_predict,
+                    "requests_at_1": requests, "rounds": rounds, "trials": trials, "prompts": len(prompts),
+                    "offload": decision.offload, "flash_attn": decision.flash_attn, "server_args": server_args or [],
+                    "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos",
+                    "engine_failures": failures}
+        result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs))
+        if save:
+            data = result.to_dict()
+            data.pop("profile_path", None)
+            result.profile_path = str(profiles.save_profile(devices, target, draft, {"tool": "ggufdspark tune", **data}))
+        return result
+    except BaseException:
+        if made and logs.is_dir() and not any(logs.iterdir()):
+            logs.rmdir()
+        raise
 
 
 def _pool(a: Point, b: Point) -> Point:
