@@ -37,15 +37,7 @@ from ggufdspark.testing.pairs import build_pair
 GOAL_ONE_REQUEST = 1.3
 GOAL_UNDER_LOAD = 1.0
 
-# A pair between the small test pair and the published shapes, for CPU sweeps that finish in
-# minutes: about 320M target parameters (LFM2 layout, 16 layers, 5 of them attention) and a 62M
-# drafter of the published layout (4 layers, block 9), the same draft/target size order.
-MEDIUM_TARGET = synth.TargetSpec(vocab_size=32000, hidden_size=1024, intermediate_size=4608, num_hidden_layers=16,
-                                 attention_layers=(2, 5, 8, 11, 14), num_attention_heads=16, num_key_value_heads=4)
-MEDIUM_DRAFTER = synth.DrafterSpec(num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-                                   intermediate_size=3072, target_layer_ids=(2, 6, 9, 12, 14), block_size=9,
-                                   markov_rank=128, repeat_bias=False)
-SIZES = {"small": (synth.SMALL_TARGET, synth.SMALL_DRAFTER), "medium": (MEDIUM_TARGET, MEDIUM_DRAFTER),
+SIZES = {"small": (synth.SMALL_TARGET, synth.SMALL_DRAFTER), "medium": (synth.MEDIUM_TARGET, synth.MEDIUM_DRAFTER),
          "full": (synth.FULL_TARGET, synth.FULL_DRAFTER)}
 
 

@@ -175,6 +175,14 @@ class DrafterSpec:
 
 SMALL_TARGET = TargetSpec()
 SMALL_DRAFTER = DrafterSpec()
+# A pair between the small test pair and the published shapes, for CPU sweeps that finish in
+# minutes: about 320M target parameters (LFM2 layout, 16 layers, 5 of them attention) and a 62M
+# drafter of the published layout (4 layers, block 9), the same draft/target size order.
+MEDIUM_TARGET = TargetSpec(vocab_size=32000, hidden_size=1024, intermediate_size=4608, num_hidden_layers=16,
+                                 attention_layers=(2, 5, 8, 11, 14), num_attention_heads=16, num_key_value_heads=4)
+MEDIUM_DRAFTER = DrafterSpec(num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                                   intermediate_size=3072, target_layer_ids=(2, 6, 9, 12, 14), block_size=9,
+                                   markov_rank=128, repeat_bias=False)
 # The published shapes (../shared/DESIGN.md): LFM2.5-VL-3B's tower and its 279.5M drafter.
 FULL_TARGET = TargetSpec(vocab_size=128000, hidden_size=2048, intermediate_size=9216, num_hidden_layers=30,
                          attention_layers=(2, 5, 8, 11, 14, 17, 20, 23, 26, 29), num_attention_heads=32,
@@ -395,5 +403,6 @@ def spec_dict(spec) -> dict:
     return asdict(spec)
 
 
-__all__ = ["TargetSpec", "DrafterSpec", "SMALL_TARGET", "SMALL_DRAFTER", "FULL_TARGET", "FULL_DRAFTER",
+__all__ = ["TargetSpec", "DrafterSpec", "SMALL_TARGET", "SMALL_DRAFTER", "MEDIUM_TARGET", "MEDIUM_DRAFTER",
+           "FULL_TARGET", "FULL_DRAFTER",
            "make_tokenizer", "make_target", "make_drafter", "make_pair", "drafter_config", "replace", "field"]
