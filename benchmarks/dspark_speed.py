@@ -9,6 +9,9 @@ Arms (each its own llama-server start: the pinned server ignores per-request spe
   geometric profile whose mean accept length is ``--accept-len`` (4.22: the published drafter)
   at ``--block`` (9), truncated for shorter drafts, never rescaled per length;
 * optional engine-flag variants at the best length (``--variants``);
+* optional engine environment variants at every length (``--env-variants``: switches of the
+  engine patch series such as ``GGML_CUDA_MMVF_MAX_N=8``, measured against the default in the same
+  run);
 * aggregate throughput at ``--concurrency`` levels for plain, the best length and the block size.
 
 Prints a table (tok/s and ratios vs plain) and writes the raw numbers as JSON (``--json``).
@@ -20,7 +23,9 @@ Used for the H200 figures in docs/benchmarks.md; runs on CPU with the small pair
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import threading
@@ -79,6 +84,35 @@ def run_arm(name, settings, args, *, concurrency=(1,), log_dir: Path):
     return res
 
 
+@contextlib.contextmanager
+def environ(env: dict[str, str]):
+    """The engine started inside inherits ``env``; the previous values come back afterwards."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def parse_env_variants(text: str) -> list[dict[str, str]]:
+    """``"A=1;A=1,B=8"`` -> ``[{"A": "1"}, {"A": "1", "B": "8"}]``."""
+    out = []
+    for group in (g.strip() for g in text.split(";")):
+        if not group:
+            continue
+        pairs = [kv.strip() for kv in group.split(",") if kv.strip()]
+        bad = [kv for kv in pairs if "=" not in kv]
+        if bad:
+            raise SystemExit(f"dspark_speed: --env-variants: {bad[0]!r} is not NAME=VALUE")
+        out.append(dict(kv.split("=", 1) for kv in pairs))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
@@ -94,12 +128,16 @@ def main() -> None:
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="extra llama-server argument for every arm, plain included (repeat; e.g. --engine-arg=-bs)")
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
+    ap.add_argument("--env-variants", default="",
+                    help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each measured "
+                         "at every draft length beside the default (e.g. 'GGML_CUDA_MMVF_MAX_N=8;GGML_CUDA_SMALL_SHAPES=1')")
     ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"))
     ap.add_argument("--log-dir", type=Path, default=Path("dspark_speed_logs"))
     args = ap.parse_args()
     args.log_dir.mkdir(parents=True, exist_ok=True)
     server = args.server or engine.find_engine().path
     rates = geometric_rates(args.accept_len, args.block)
+    env_variants = parse_env_variants(args.env_variants)
     conc = [int(x) for x in args.concurrency.split(",") if x]
     max_np = max(conc + [1])
 
@@ -124,7 +162,16 @@ def main() -> None:
         r["draft_n_max"] = n
         results.append(r)
         print(f"n_max {n}: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})", file=sys.stderr)
-    spec = [r for r in results if "draft_n_max" in r]
+        for env in env_variants:
+            label = ",".join(f"{k}={v}" for k, v in env.items())
+            with environ(env):
+                r = run_arm(f"dspark-n{n}-" + label.replace("=", "").replace(",", "-"), settings(n), args,
+                            log_dir=args.log_dir)
+            r["draft_n_max"], r["env"] = n, label
+            results.append(r)
+            print(f"n_max {n} [{label}]: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})",
+                  file=sys.stderr)
+    spec = [r for r in results if "draft_n_max" in r and not r.get("env")]
     best = max(spec, key=lambda r: r["decode_tps"])
     for i, v in enumerate(x for x in args.variants.split(";") if x.strip()):
         r = run_arm(f"dspark-n{best['draft_n_max']}-variant{i}", settings(best["draft_n_max"], v.split()), args,
@@ -147,11 +194,13 @@ def main() -> None:
     print(f"\nsynthetic acceptance: mean length {args.accept_len} at block {args.block}, per-position rates "
           f"[{', '.join(f'{x:.3f}' for x in rates)}] truncated per length; {args.n_predict} tokens, greedy, "
           f"median of {args.trials}\n")
-    print(f"{'arm':<34}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}")
+    print(f"{'arm':<58}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}")
     for r in results:
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
         label = r["arm"] + (f" [{r['variant']}]" if r.get("variant") else "")
-        print(f"{label:<34}{r['decode_tps']:>14.1f}{r['decode_tps'] / base:>9.2f}x{al:>12}")
+        if r.get("env"):
+            label = f"dspark-n{r['draft_n_max']} [{r['env']}]"
+        print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / base:>9.2f}x{al:>12}")
     if load:
         print(f"\n{'aggregate under load':<34}" + "".join(f"{'c' + str(c) + ' tok/s':>14}{'vs plain':>10}" for c in conc))
         for r in load:

@@ -8,8 +8,10 @@
 #   stage "abort":   benchmarks/parallel_load.py at 8 slots, 420-500-token prompts, synthetic
 #                    acceptance at the published profile: the drafted tokens sampled through the
 #                    old cub::DeviceTopK path, through the patched top-k, and the greedy drafts;
-#   stage "matrix":  the same load at 8 and 32 slots, draft lengths 4, 6, 9, and real acceptance
-#                    (greedy output equal to the plain server's);
+#   stage "matrix":  the same load at SLOTS (8 and 32) slots, draft lengths 4, 6, 9, RUNS (3) runs
+#                    each, and real acceptance (greedy output equal to the plain server's);
+#   stage "arms":    the series' run-time switches (ENV_VARIANTS) against the default, one request;
+#   stage "load":    plain vs drafted at 1, 8 and 32 requests under the exported environment;
 #   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
 #                    patched engine, and the sampled-drafts layout for comparison;
 #   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted;
@@ -17,7 +19,8 @@
 #   stage "small-shapes": patch 0008's kernels (GGML_CUDA_SMALL_SHAPES=1) against the default.
 #
 # Environment: WORK (work dir, default .devwork: kept between calls on a warm machine), OUT (results),
-# STAGES (default: all of them).
+# STAGES (default: setup abort matrix speed profile small-shapes). Engine switches exported before the
+# script (e.g. GGML_CUDA_MMVF_MAX_N=8) reach every server it starts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 W=${WORK:-$PWD/.devwork}
@@ -67,17 +70,36 @@ abort)
     done
     ;;
 matrix)
+    # issue 12's table: SLOTS (default "8 32") x draft lengths 4, 6, 9, RUNS (default 3) runs each with
+    # synthetic acceptance at the published profile, then one run each with real acceptance (every
+    # request's greedy output against the plain server's)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
     common=(--target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 --n-predict 64-256)
-    echo "== 8 slots, n_max 4,9, synthetic 4.22 (n_max 6: stage abort)"
-    $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 4,9 --runs 1 --synthetic 4.22 \
-        --json "$OUT/matrix-8.json" --log-dir "$W/plogs-m8" 2>&1 | tail -n 5
-    echo "== 32 slots, n_max 4,6,9, synthetic 4.22"
-    $py benchmarks/parallel_load.py "${common[@]}" --slots 32 --n-max 4,6,9 --runs 1 --synthetic 4.22 \
-        --json "$OUT/matrix-32.json" --log-dir "$W/plogs-m32" 2>&1 | tail -n 6
-    echo "== 8 slots, n_max 6, real acceptance: greedy output vs the plain server"
-    $py benchmarks/parallel_load.py "${common[@]}" --slots 8 --n-max 6 --runs 1 \
-        --json "$OUT/lossless-8.json" --log-dir "$W/plogs-real" 2>&1 | tail -n 6
+    for slots in ${SLOTS:-8 32}; do
+        echo "== $slots slots, n_max 4,6,9, synthetic 4.22, ${RUNS:-3} runs"
+        $py benchmarks/parallel_load.py "${common[@]}" --slots "$slots" --n-max 4,6,9 --runs "${RUNS:-3}" \
+            --synthetic 4.22 --json "$OUT/matrix-$slots.json" --log-dir "$W/plogs-m$slots" 2>&1 | tail -n 12
+        echo "== $slots slots, n_max 4,6,9, real acceptance: greedy output vs the plain server"
+        $py benchmarks/parallel_load.py "${common[@]}" --slots "$slots" --n-max 4,6,9 --runs 1 \
+            --json "$OUT/lossless-$slots.json" --log-dir "$W/plogs-real$slots" 2>&1 | tail -n 8
+    done
+    ;;
+arms)
+    # issue 13: the series' run-time switches against the default, one request, side by side in one
+    # run (ENV_VARIANTS: semicolon-separated NAME=VALUE[,NAME=VALUE] sets)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 \
+        --lengths ${LENGTHS:-4,5,6} --concurrency "" \
+        --env-variants "${ENV_VARIANTS:-GGML_CUDA_MMVF_MAX_N=8;GGML_CUDA_SMALL_SHAPES=1;GGML_CUDA_MMVF_MAX_N=8,GGML_CUDA_SMALL_SHAPES=1;LLAMA_SAMPLER_NO_FAST_GREEDY=1}" \
+        --json "$OUT/arms.json" --log-dir "$W/arms" 2>&1 | tee "$OUT/arms.txt" | tail -n 24
+    ;;
+load)
+    # one request and 8 / 32 at once, plain against the drafted lengths, under the environment
+    # this script runs with (export the chosen switches first)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 \
+        --lengths ${LENGTHS:-4,5,6} --concurrency 8,32 --block ${BLOCK:-9} \
+        --json "$OUT/load.json" --log-dir "$W/load" 2>&1 | tee "$OUT/load.txt" | tail -n 16
     ;;
 speed)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
