@@ -24,19 +24,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
-from ggufdspark.errors import BenchError
-from ggufdspark.gate import NEAR_TIE_GAP, GateResult, first_difference, reference_run, run_gate
+from ggufdspark.errors import BenchError, InvalidArgumentError
+from ggufdspark.gate import (NEAR_TIE_GAP, GateResult, check_reference, first_difference, reference_run,
+                             run_gate)
 from ggufdspark.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoint, Outcome, Progress, Synthetic,
-                                Turn, arm_settings, base_settings, check_rates, concurrency_levels, measure_load,
-                                prepare, render, request, run_first_arm, running, warm)
-from ggufdspark.report import (BenchReport, GroupStats, accept_histogram, decode_tps, format_report, group_stats,
-                               plot_report, ratio)
+                                Turn, arm_settings, base_settings, check_rates, concurrency_levels, log_directory,
+                                measure_load, prepare, render, request, run_first_arm, running, warm)
+from ggufdspark.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStats, accept_histogram, bracket_drift,
+                               check_plot_path, decode_tps, format_report, group_stats, plain_drift, plot_report,
+                               ratio)
 from ggufdspark.runners.server import Client, ServerSettings
 
 # The verb's own names, and the public names of measure, gate and report that callers have long
@@ -44,7 +45,7 @@ from ggufdspark.runners.server import Client, ServerSettings
 __all__ = ["Arms", "measure_arms", "summarize_arms", "run_bench",
            "DEFAULT_N_PREDICT", "EXIT_WAIT_S", "NEAR_TIE_GAP", "Outcome", "Turn", "render", "request", "running",
            "GateResult", "first_difference", "run_gate", "BenchReport", "GroupStats", "accept_histogram",
-           "format_report", "plot_report"]
+           "format_report", "plot_report", "MAX_PLAIN_DRIFT"]
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,13 @@ def _for_server(turns: list[Turn], old: str | None, new: str | None) -> list[Tur
     return out
 
 
-def summarize_arms(a: Arms) -> tuple[list[GroupStats], GroupStats, dict, list[dict], dict]:
-    """Per-category and overall stats, plain drift, the concurrency curve, acceptance figures."""
+def summarize_arms(a: Arms, *, max_plain_drift: float = MAX_PLAIN_DRIFT
+                   ) -> tuple[list[GroupStats], GroupStats, dict, list[dict], dict]:
+    """Per-category and overall stats, plain drift, the concurrency curve, acceptance figures.
+
+    Beyond ``max_plain_drift`` apart, the plain runs of one request at a time refuse the report's
+    speedups (``headline_refused``); those of one concurrency level withhold that level's ratio
+    (a few requests' wall time is noisier than the engine's decode timings)."""
     groups = []
     for cat in dict.fromkeys(t.category for t in a.turns):
         idx = [i for i, t in enumerate(a.turns) if t.category == cat]
@@ -171,14 +177,17 @@ def summarize_arms(a: Arms) -> tuple[list[GroupStats], GroupStats, dict, list[di
                                   [a.plain_again[i] for i in idx], [a.spec[i] for i in idx]))
     overall = group_stats("overall", a.plain, a.plain_again, a.spec)
     before, after = decode_tps(a.plain), decode_tps(a.plain_again)
-    drift = {"before_tps": before, "after_tps": after, "change": after / before - 1 if before and after else None}
+    drift = {"before_tps": before, "after_tps": after, "change": after / before - 1 if before and after else None,
+             **plain_drift(before, after, max_drift=max_plain_drift)}
     load = []
     for lv, sp in a.load_spec.items():
         p1, p2 = a.load_plain[lv], a.load_plain_again[lv]
         pt = (p1.tokens + p2.tokens) / ((p1.wall_s + p2.wall_s) or 1)
-        load.append({"level": lv, "plain_tps": pt, "spec_tps": sp.tps, "ratio": ratio(sp.tps, pt),
-                     "plain_before_tps": p1.tps, "plain_after_tps": p2.tps,
-                     "spec_accept_length": sp.accept_length, "requests": sp.requests})
+        d = bracket_drift(p1.tps, p2.tps)
+        withheld = d is not None and d > max_plain_drift
+        load.append({"level": lv, "plain_tps": pt, "spec_tps": sp.tps, "ratio": None if withheld else ratio(sp.tps, pt),
+                     "plain_before_tps": p1.tps, "plain_after_tps": p2.tps, "plain_drift": d,
+                     "ratio_withheld": withheld, "spec_accept_length": sp.accept_length, "requests": sp.requests})
     d = a.spec_counters
     acceptance = {"accept_length": d.accept_length, "passes": d.passes, "drafted": d.draft_n,
                   "accepted": d.draft_n_accepted, "rates": d.accept_rate_per_pos, "per_position": d.accepted_per_pos,
@@ -195,25 +204,42 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
               near_tie_gap: float = NEAR_TIE_GAP, reference_hf: str | Path | None = None,
               server: str | Path | None = None, threads: int | None = None, ctx_per_slot: int | None = None,
               server_args: list[str] | None = None, log_dir: str | Path | None = None,
+              plot: str | Path | None = None, max_plain_drift: float = MAX_PLAIN_DRIFT,
               progress: Progress | None = None) -> BenchReport:
     """Measure plain vs speculative decoding and run the lossless gate.
+
+    Every option is checked before the first server starts, so no run is lost to a late error.
 
     Args:
         gate: None runs the gate unless acceptance is synthetic; True insists (refused with
             synthetic acceptance); False skips it.
         concurrency: parallel-request levels for the throughput curve (default per backend).
         server_args: extra llama-server arguments for every arm.
+        plot: where the caller will write ``plot_report(report, plot)``: checked up front
+            (matplotlib, format, directory), not written here.
+        max_plain_drift: how far apart the two plain runs may be (``bracket_drift``) before the
+            report refuses to give a speedup.
 
     Returns:
-        A BenchReport; call ``raise_for_gate()`` to turn defects into an error.
+        A BenchReport; call ``raise_for_gate()`` to turn defects into an error, then
+        ``raise_for_drift()`` for a run too noisy to give a speedup.
 
     Raises:
         BenchError: bad options or prompt file, the gate requested with synthetic acceptance, or
             a server that died during the run.
-        InputNotFoundError, PairMismatchError, EngineError: files, pair or engine unusable.
+        InvalidArgumentError, UnsafeOutputError, MissingDependencyError: a ``--plot`` that could
+            not be written; ``max_plain_drift`` negative.
+        InputNotFoundError, PairMismatchError, EngineError: files (``reference_hf`` included),
+            pair or engine unusable.
     """
     if n_predict < 1:
         raise BenchError(f"--n-predict {n_predict}: expected at least 1")
+    if not max_plain_drift >= 0:  # NaN too
+        raise InvalidArgumentError(f"--max-plain-drift {max_plain_drift}: expected a fraction >= 0 (0.25: 25%)")
+    if plot:
+        check_plot_path(plot, target, draft, mmproj, prompts)
+    if reference_hf:
+        check_reference(reference_hf)
     if gate and (synthetic_len is not None or synthetic_rates):
         _synthetic(synthetic_len, synthetic_rates, gate, 1)  # refuse before anything is loaded
     info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server)
@@ -225,34 +251,34 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
         raise BenchError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
     synthetic = _synthetic(synthetic_len, synthetic_rates, gate, n_max)
     levels = concurrency_levels(concurrency, decision.backend)
-    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-bench-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    pset = pr.prompt_set(prompts, mmproj=mmproj, image_dir=logs / "images", categories=categories, limit=limit)
-    per_slot = ctx_per_slot or 2048 + n_predict * max(it.n_turns for it in pset.items)
-    base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=max(levels),
-                         ctx_per_slot=per_slot, threads=threads, extra_args=server_args)
-    spec_settings = arm_settings(base, draft, n_max=n_max, p_min=p_min, synthetic=synthetic)
-    plain_settings = arm_settings(base, None)
-    gate_mode = ("refused: " + f"{synthetic.describe()}: the output is not valid in that mode" if synthetic
-                 else "off: --no-gate given" if gate is False else "run")
-    arms = measure_arms(plain_settings, spec_settings, pset.items, n_predict=n_predict, levels=levels, logs=logs,
-                        gate=gate_mode, near_tie_gap=near_tie_gap, media=bool(mmproj), progress=progress)
-    reference = reference_run(reference_hf, arms.turns, arms.plain, n_predict) if reference_hf else None
-    groups, overall, drift, load, acceptance = summarize_arms(arms)
-    settings = {"target": str(target), "draft": str(draft), "mmproj": str(mmproj) if mmproj else None,
-                "engine": f"{info.commit or info.version} ({info.path})", "backend": decision.backend,
-                "devices": decision.devices, "draft_n_max": n_max, "block_size": limits.block_size,
-                "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
-                "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
-                "requests": len(arms.turns), "prompts": pset.source, "images": pset.images,
-                "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,
-                "spec_command": spec_settings.redacted(), "plain_command": plain_settings.redacted()}
-    rows = [{"item": t.item, "category": t.category, "turn": t.turn, "prompt_tokens": t.n_prompt,
-             "plain": _row(p1), "spec": _row(s), "plain_again": _row(p2)}
-            for t, p1, s, p2 in zip(arms.turns, arms.plain, arms.spec, arms.plain_again)]
-    return BenchReport(settings, synthetic.describe() if synthetic else None, groups, overall, drift, load,
-                       arms.gate, acceptance, reference,
-                       {k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")}, rows)
+    # a temporary log directory is gone again if the run fails before writing to it
+    with log_directory(log_dir, "ggufdspark-bench-") as logs:
+        pset = pr.prompt_set(prompts, mmproj=mmproj, image_dir=logs / "images", categories=categories, limit=limit)
+        per_slot = ctx_per_slot or 2048 + n_predict * max(it.n_turns for it in pset.items)
+        base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=max(levels),
+                             ctx_per_slot=per_slot, threads=threads, extra_args=server_args)
+        spec_settings = arm_settings(base, draft, n_max=n_max, p_min=p_min, synthetic=synthetic)
+        plain_settings = arm_settings(base, None)
+        gate_mode = ("refused: " + f"{synthetic.describe()}: the output is not valid in that mode" if synthetic
+                     else "off: --no-gate given" if gate is False else "run")
+        arms = measure_arms(plain_settings, spec_settings, pset.items, n_predict=n_predict, levels=levels, logs=logs,
+                            gate=gate_mode, near_tie_gap=near_tie_gap, media=bool(mmproj), progress=progress)
+        reference = reference_run(reference_hf, arms.turns, arms.plain, n_predict) if reference_hf else None
+        groups, overall, drift, load, acceptance = summarize_arms(arms, max_plain_drift=max_plain_drift)
+        settings = {"target": str(target), "draft": str(draft), "mmproj": str(mmproj) if mmproj else None,
+                    "engine": f"{info.commit or info.version} ({info.path})", "backend": decision.backend,
+                    "devices": decision.devices, "draft_n_max": n_max, "block_size": limits.block_size,
+                    "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
+                    "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
+                    "requests": len(arms.turns), "prompts": pset.source, "images": pset.images,
+                    "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,
+                    "spec_command": spec_settings.redacted(), "plain_command": plain_settings.redacted()}
+        rows = [{"item": t.item, "category": t.category, "turn": t.turn, "prompt_tokens": t.n_prompt,
+                 "plain": _row(p1), "spec": _row(s), "plain_again": _row(p2)}
+                for t, p1, s, p2 in zip(arms.turns, arms.plain, arms.spec, arms.plain_again)]
+        return BenchReport(settings, synthetic.describe() if synthetic else None, groups, overall, drift, load,
+                           arms.gate, acceptance, reference,
+                           {k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")}, rows)
 
 
 def _row(o: Outcome) -> dict:

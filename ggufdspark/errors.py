@@ -7,7 +7,9 @@ Messages name the file and the value found (and expected, where there is one).
 
 Exit codes (``exit_code``): 1 by default; 2 a usage error (click's own code, also for arguments
 and outputs refused before any work); 3 the lossless gate failed; 4 an input file missing or
-unreadable; 130 interrupted.
+unreadable; 5 a bench whose two plain runs disagreed too much to give a speedup (the machine's
+speed moved during the run: ``PlainDriftError``); 130 interrupted; 141 the reader of the output
+went away (a broken pipe).
 """
 
 from __future__ import annotations
@@ -85,6 +87,13 @@ class TimingsParseError(GgufdsparkError, ValueError):
 
 class BenchError(GgufdsparkError, RuntimeError):
     """A benchmark could not run (bad prompt file, server failure...)."""
+
+
+class PlainDriftError(BenchError):
+    """The target alone measured too differently before and after the speculative arm (a busy or
+    throttling machine, a stalled run): the bench report is kept, but it claims no speedup."""
+
+    exit_code = 5
 
 
 class LosslessGateError(GgufdsparkError, AssertionError):

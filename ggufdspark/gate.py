@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ggufdspark.errors import BenchError, InputNotFoundError
+from ggufdspark.errors import InputNotFoundError, MissingDependencyError
 from ggufdspark.measure import Outcome, Turn
 from ggufdspark.runners.server import Client
 
@@ -140,18 +140,41 @@ def run_gate(client: Client, turns: list[Turn], plain: list[Outcome], spec: list
 # --------------------------------------------------------------------------- informational reference
 
 
+def check_reference(hf_dir: str | Path) -> Path:
+    """What the reference run needs, checked before any measuring: a checkpoint directory with a
+    ``config.json``, and torch and transformers importable. Returns the directory.
+
+    Raises:
+        InputNotFoundError: no such directory, or no config.json in it.
+        MissingDependencyError: torch or transformers cannot be imported (the message names which).
+    """
+    p = Path(hf_dir)
+    if not p.is_dir():
+        what = "not a directory" if p.exists() else "no such directory"
+        raise InputNotFoundError(f"--reference-hf {p}: {what} (expected the target's Hugging Face checkpoint)")
+    if not (p / "config.json").is_file():
+        raise InputNotFoundError(f"--reference-hf {p}: no config.json: not a Hugging Face checkpoint directory")
+    for module in ("torch", "transformers"):
+        try:
+            __import__(module)
+        except (ImportError, OSError) as e:  # absent, or installed but broken (a missing shared library)
+            raise MissingDependencyError(f"--reference-hf {p}: needs torch and transformers, and {module} cannot be "
+                                         f"imported ({e}): pip install torch transformers") from None
+    return p
+
+
 def reference_run(hf_dir: str | Path, turns: list[Turn], plain: list[Outcome], n_predict: int) -> dict:
     """Greedy outputs of the target's HF checkpoint under transformers on CPU (float32), compared
     with the plain llama.cpp outputs. Informational only: two runtimes round differently, so
-    near-ties may break differently; nothing here fails the run."""
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-    except ImportError as e:
-        raise BenchError(f"--reference-hf needs torch and transformers ({e.name} is missing)") from None
-    p = Path(hf_dir)
-    if not (p / "config.json").is_file():
-        raise InputNotFoundError(f"{p}: no config.json: not a Hugging Face checkpoint directory")
+    near-ties may break differently; nothing here fails the run.
+
+    Raises:
+        InputNotFoundError, MissingDependencyError: see ``check_reference`` (bench calls it first).
+    """
+    p = check_reference(hf_dir)
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)
     model.eval()
     eos = model.generation_config.eos_token_id

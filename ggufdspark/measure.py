@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import math
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -135,6 +136,23 @@ def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int |
 # never with --no-repack, never with one request at a time.
 SEGV_HINT = ("on CPUs with AMX the pinned engine's repacked-weight kernels have crashed under parallel "
              "batches; retry with --server-arg=--no-repack")
+
+
+@contextlib.contextmanager
+def log_directory(log_dir: str | Path | None, prefix: str) -> Iterator[Path]:
+    """Where a run's server logs go: ``log_dir`` (created if missing), else a fresh temporary
+    directory named ``<prefix>...``. A temporary directory the run leaves empty because it failed
+    or was refused before writing anything is removed again; one holding logs stays (errors name
+    them). Shared by bench and tune."""
+    made = not log_dir
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=prefix))
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        yield logs
+    except BaseException:
+        if made and logs.is_dir() and not any(logs.iterdir()):
+            logs.rmdir()
+        raise
 
 
 # How long a server whose request failed may take to exit before it counts as still running: a

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,10 +360,8 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
                               rounds=rounds, trials=trials, on_level=lambda lv: step(f"{label}, {lv} parallel"),
                               out=out)
 
-    made = not log_dir  # a temporary log directory: gone again if the run fails before writing to it
-    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-tune-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    try:
+    # a temporary log directory is gone again if the run fails before writing to it
+    with ms.log_directory(log_dir, "ggufdspark-tune-") as logs:
         with ms.running(plain_settings, logs / "plain-1.log") as c:
             prompts = sweep_prompts(c)
             ms.warm(c)
@@ -420,10 +417,6 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
             data.pop("profile_path", None)
             result.profile_path = str(profiles.save_profile(devices, target, draft, {"tool": "ggufdspark tune", **data}))
         return result
-    except BaseException:
-        if made and logs.is_dir() and not any(logs.iterdir()):
-            logs.rmdir()
-        raise
 
 
 def _pool(a: Point, b: Point) -> Point:

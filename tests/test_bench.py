@@ -15,7 +15,10 @@ from ggufdspark import bench as bn
 from ggufdspark import prompts as pr
 from ggufdspark.errors import BenchError, InputNotFoundError, LosslessGateError
 
-
+# These runs prove the mechanics, not speed: one tiny request's decode time moves by 20% from run
+# to run on a shared 2-core machine, so the plain-drift refusal (exit 5, test_bench_inputs.py)
+# is given room here.
+ANY_DRIFT = ["--max-plain-drift", "1000"]
 
 
 def test_bench_small_pair_passes_lossless_gate(small_pair, ggufdspark_cli, isolated, tmp_path):
@@ -23,7 +26,7 @@ def test_bench_small_pair_passes_lossless_gate(small_pair, ggufdspark_cli, isola
     out = tmp_path / "bench.json"
     p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--limit", "1",
                        "-n", "24", "--concurrency", "1,2", "--plot", str(png), "--log-dir", str(tmp_path / "logs"),
-                       env=isolated)
+                       *ANY_DRIFT, env=isolated)
     assert p.returncode == 0, p.stderr
     text = p.stdout
     for cat in pr.CATEGORIES.values():
@@ -35,7 +38,7 @@ def test_bench_small_pair_passes_lossless_gate(small_pair, ggufdspark_cli, isola
 
     p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--limit", "1",
                        "--categories", "multi_turn,chart_vqa", "-n", "16", "--concurrency", "1", "--json",
-                       env=isolated)
+                       *ANY_DRIFT, env=isolated)
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
     out.write_text(p.stdout)
@@ -55,7 +58,7 @@ def test_bench_small_pair_passes_lossless_gate(small_pair, ggufdspark_cli, isola
 
 def test_synthetic_acceptance_is_labelled_and_refused_by_the_gate(small_pair, ggufdspark_cli, isolated):
     args = ["bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--limit", "1",
-            "--categories", "general_vqa", "-n", "16", "--concurrency", "1,2", "--draft-n-max", "3"]
+            "--categories", "general_vqa", "-n", "16", "--concurrency", "1,2", "--draft-n-max", "3", *ANY_DRIFT]
     p = ggufdspark_cli(*args, "--synthetic-rates", "0.9,0.8,0.7,0.6", env=isolated)
     assert p.returncode == 0, p.stderr
     assert "SYNTHETIC SPEED: synthetic acceptance, rates 0.9,0.8,0.7" in p.stdout

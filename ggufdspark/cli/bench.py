@@ -57,21 +57,25 @@ def number_list(kind: type):
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep server logs (and drawn images) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write a PNG: speedup by category, vs concurrency, accept lengths.")
+              help="Write a figure (.png, .svg, .pdf...): speedup by category, vs concurrency, accept lengths.")
+@click.option("--max-plain-drift", type=float, default=bench_lib.MAX_PLAIN_DRIFT, show_default=True,
+              help="How far apart the two plain runs may be (0.25: one 25% faster) before no speedup is given "
+                   "(exit code 5).")
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
-            server_args, log_dir, as_json, plot):
+            server_args, log_dir, as_json, plot, max_plain_drift):
     """Measure decoding with and without the draft on this machine, and check the output is lossless."""
     report = bench_lib.run_bench(
         model, draft, mmproj=mmproj, prompts=prompts, categories=categories, limit=limit, n_predict=n_predict,
         draft_n_max=draft_n_max, p_min=p_min, concurrency=concurrency, synthetic_len=synthetic_len,
         synthetic_rates=synthetic_rates, gate=gate, near_tie_gap=near_tie_gap, reference_hf=reference_hf,
         server=server, threads=threads, ctx_per_slot=ctx_per_slot, server_args=list(server_args),
-        log_dir=log_dir, progress=ProgressLine("bench"))
+        log_dir=log_dir, plot=plot, max_plain_drift=max_plain_drift, progress=ProgressLine("bench"))
     if as_json:
         echo_json(report.to_dict())
     else:
         click.echo(report.text())
     if plot:
         click.echo(f"plot: {bench_lib.plot_report(report, plot)}", err=True)
-    report.raise_for_gate()
+    report.raise_for_gate()  # a defect (exit 3) outranks a noisy machine (exit 5)
+    report.raise_for_drift()
