@@ -12,6 +12,7 @@
 #                    each, and real acceptance (greedy output equal to the plain server's);
 #   stage "arms":    the series' run-time switches (ENV_VARIANTS) against the default, one request;
 #   stage "load":    plain vs drafted at 1, 8 and 32 requests under the exported environment;
+#   stage "cap":     load-aware drafting (patch 0011, --spec-draft-max-slots CAP) at 8, 16, 32 requests;
 #   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
 #                    patched engine, and the sampled-drafts layout for comparison;
 #   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted;
@@ -133,6 +134,22 @@ small-shapes)
     $py benchmarks/parallel_load.py --target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 \
         --n-predict 64-256 --slots 8 --n-max 5 --runs 1 --env GGML_CUDA_SMALL_SHAPES=1 --extra=-bs \
         --json "$OUT/ss-lossless.json" --log-dir "$W/ss-real" 2>&1 | tail -n 5
+    ;;
+cap)
+    # patch 0011 (--spec-draft-max-slots CAP): aggregate throughput at 8, 16 and 32 requests with the
+    # cap against plain (every arm gets the flag; the plain server ignores it), the same without the
+    # cap, and greedy output with the cap at 32 slots against the plain server's
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    sp=(--gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 --lengths ${LENGTHS:-4} --concurrency 8,16,32)
+    echo "== with --spec-draft-max-slots ${CAP:-8}"
+    $py benchmarks/dspark_speed.py "${sp[@]}" --engine-arg=--spec-draft-max-slots --engine-arg=${CAP:-8} \
+        --json "$OUT/cap.json" --log-dir "$W/cap" 2>&1 | tail -n 6
+    echo "== 32 slots with the cap, real acceptance: greedy output vs the plain server"
+    $py benchmarks/parallel_load.py --target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 \
+        --n-predict 64-256 --slots 32 --n-max ${LENGTHS:-4} --runs 1 --extra="--spec-draft-max-slots ${CAP:-8}" \
+        --json "$OUT/cap-lossless.json" --log-dir "$W/cap-real" 2>&1 | tail -n 4
+    echo "== without the cap"
+    $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/nocap.json" --log-dir "$W/nocap" 2>&1 | tail -n 6
     ;;
 kernels)
     # Nsight Compute's per-kernel device time over a window of one draft-dspark server's decode

@@ -18,6 +18,9 @@ class BackendDefaults:
     offload: bool  # -ngl 99 -ngld 99
     flash_attn: str | None  # "-fa on" on GPUs
     source: str  # why this number
+    # the most generating slots for which drafting measured worth it; above it new drafts pause
+    # (engine patch 0011, --spec-draft-max-slots). None: not measured, no limit.
+    draft_max_slots: int | None = None
 
 
 # The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
@@ -25,7 +28,7 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # Measured on one H200 with the patched engine (docs/engine-patches.md, docs/benchmarks.md),
     # full-size pair, published acceptance profile: lengths 4-6 at 1.15-1.38x in two runs (5: 1.26x
     # and 1.29x), the trained block size 9 at 1.11x; under load at 32 slots 5 held 1.02x, 9 lost.
-    "cuda": BackendDefaults(5, True, "on", "CUDA: draft length 5 measured best on an H200 (docs/benchmarks.md)"),
+    "cuda": BackendDefaults(5, True, "on", "CUDA: draft length 5 measured best on an H200 (docs/benchmarks.md)", 8),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core
@@ -38,6 +41,13 @@ OTHER_GPU = BackendDefaults(8, True, "on", "other GPU backend: Metal's value, un
 
 # The patch of ggufdspark's series that fixes the AMX crash below (docs/engine-patches.md, 0009).
 AMX_BATCH_FIX = "ggml-cpu-amx-batched-mul_mat-offsets"
+# The patch that gives llama-server --spec-draft-max-slots (docs/engine-patches.md, 0011).
+LOAD_AWARE_DRAFTING = "spec-draft-max-slots"
+
+
+def has_patch(engine: EngineInfo | None, name: str) -> bool:
+    """Whether ``engine`` was built with the series patch whose file name contains ``name``."""
+    return engine is not None and any(name in p for p in engine.patches)
 
 
 def engine_workarounds(backend: str | None, parallel: int | None, engine: EngineInfo | None = None) -> list[str]:
@@ -51,7 +61,7 @@ def engine_workarounds(backend: str | None, parallel: int | None, engine: Engine
     """
     if (backend or "cpu") != "cpu" or (parallel or 1) <= 1:
         return []
-    if engine is not None and any(AMX_BATCH_FIX in p for p in engine.patches):
+    if has_patch(engine, AMX_BATCH_FIX):
         return []
     return ["--no-repack"]
 
@@ -67,6 +77,7 @@ class Decision:
     flash_attn: str | None
     reasons: list[str] = field(default_factory=list)
     devices: list[dict] = field(default_factory=list)
+    draft_max_slots: int | None = None  # --spec-draft-max-slots, when the engine has it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,11 +89,15 @@ def detect(engine: EngineInfo) -> DeviceReport:
 
 
 def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: int | None = None,
-           no_draft: bool = False, parallel: int | None = 1) -> Decision:
-    """Pick the serving settings: table default < tune profile < explicit ``draft_n_max``.
+           no_draft: bool = False, parallel: int | None = 1, load_aware: bool = False,
+           draft_max_slots: int | None = None) -> Decision:
+    """Pick the serving settings: table default < tune profile < explicit arguments.
 
-    A profile may also cap the number of parallel slots for which drafting pays
-    (``recommendation.max_concurrency_for_draft``): serving more slots than that turns drafting off.
+    Drafting pays up to some number of generating slots (the table's ``draft_max_slots``, a tune
+    profile's ``recommendation.max_concurrency_for_draft``, or ``draft_max_slots``; 0 means no
+    limit). With more slots than that, an engine with load-aware drafting (``load_aware``: patch
+    0011) keeps the draft and pauses new drafts while more slots than the limit generate; with any
+    other engine a profile's limit turns drafting off, as measured.
     """
     backend = report.backend or "cpu"
     base = DEFAULTS.get(backend, OTHER_GPU)
@@ -99,11 +114,23 @@ def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: in
         elif best.get("draft_n_max"):
             d.draft_n_max = int(best["draft_n_max"])
             d.reasons.append(f"tune profile {profile.get('path', '')}: draft length {d.draft_n_max} measured fastest")
-        cap = best.get("max_concurrency_for_draft")
-        if d.draft_enabled and cap is not None and parallel is not None and parallel > int(cap):
+    # where the slot limit comes from: the table, a tune profile, or the caller (0: no limit)
+    cap, cap_source = base.draft_max_slots, "the table (" + base.source.split(":")[0] + ")"
+    prof_cap = ((profile or {}).get("recommendation") or {}).get("max_concurrency_for_draft")
+    if prof_cap is not None:
+        cap, cap_source = int(prof_cap), "tune profile"
+    if draft_max_slots is not None:
+        cap, cap_source = (draft_max_slots or None), "--draft-max-slots"
+    if d.draft_enabled and cap is not None and parallel is not None and parallel > cap:
+        if load_aware:
+            d.draft_max_slots = cap
+            d.reasons.append(f"{cap_source}: drafting pays up to {cap} generating slot(s); of the {parallel} slots, "
+                             f"new drafts pause while more than {cap} generate")
+        elif cap_source == "tune profile":
             d.draft_enabled = False
             d.reasons.append(f"tune profile: drafting stops paying above {cap} parallel request(s) on this "
-                             f"machine and {parallel} slots were asked for; serving without the draft")
+                             f"machine and {parallel} slots were asked for; this engine cannot pause drafts under "
+                             f"load (no patch 0011), so serving without the draft")
     if draft_n_max is not None:
         d.draft_n_max = draft_n_max
         d.draft_enabled = True

@@ -80,7 +80,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
          api_key: str | None = None, draft_n_max: int | None = None, no_draft: bool = False,
          force: bool = False, server: str | Path | None = None, ctx_size: int | None = 4096,
          parallel: int | None = 1, extra_args: list[str] | None = None,
-         use_profile: bool = True) -> ServePlan:
+         use_profile: bool = True, draft_max_slots: int | None = None) -> ServePlan:
     """Check the pair and decide the llama-server command line (nothing is started).
 
     Raises:
@@ -95,6 +95,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     _check_range("draft_n_max", draft_n_max, *DRAFT_N_MAX_RANGE)
     _check_range("ctx_size", ctx_size, 0, None)
     _check_range("parallel", parallel, 1, None)
+    _check_range("draft_max_slots", draft_max_slots, 0, None)
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
@@ -116,7 +117,11 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     devices = hardware.detect(info)
     prof = profiles.load_profile(devices, model, draft) if (use_profile and model and draft) else None
     decision = hardware.decide(devices, profile=prof, draft_n_max=draft_n_max, no_draft=no_draft or not use_draft,
-                               parallel=parallel)
+                               parallel=parallel, load_aware=hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING),
+                               draft_max_slots=draft_max_slots)
+    if draft_max_slots and not hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING):
+        warnings.append(f"--draft-max-slots {draft_max_slots}: {info.path} has no load-aware drafting "
+                        f"(engine patch 0011); drafting stays on at every load")
     if (hf or hfd) and not (model and draft):
         warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
                         "(download it and run 'ggufdspark check' to see every reason a pair fails)")
@@ -126,6 +131,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         spec_type="draft-dspark" if decision.draft_enabled else None,
         draft_n_max=decision.draft_n_max if decision.draft_enabled else None,
         draft_n_min=0 if decision.draft_enabled else None,
+        draft_max_slots=decision.draft_max_slots if decision.draft_enabled else None,
         n_gpu_layers=99 if decision.offload else None,
         n_gpu_layers_draft=99 if decision.offload and decision.draft_enabled else None,
         flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,

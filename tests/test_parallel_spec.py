@@ -102,3 +102,26 @@ def test_repacked_weights_serve_many_sequences_at_once(pairs_root, start_server)
             assert "error" not in g, f"request {i}: {g['error']}"
             assert_same_or_near_tie(want[i], g["tokens"], f"request {i} (draft: {bool(draft)}), batched greedy output")
         srv.stop()
+
+
+def test_drafts_pause_while_more_slots_generate_than_the_limit(small_pair, start_server):
+    """Patch 0011 (--spec-draft-max-slots): with more slots generating than the limit, no slot starts a
+    new draft; output stays the plain server's; a request alone afterwards drafts again."""
+    common = dict(model=small_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = workload(vocab, seed=11)[:SLOTS]
+    alone = ([rng_token % vocab for rng_token in range(40, 140)], 48)
+    want = serve_all(plain, work + [alone])
+    plain.stop()
+
+    spec = start_server(draft=small_pair.draft, draft_n_max=4, draft_max_slots=2, **common)
+    got = serve_all(spec, work)  # one wave of SLOTS requests: above the limit until 2 are left
+    last = serve_all(spec, [alone])[0]
+    spec.wait_for_log(r"pausing new drafts: \d+ slots generating, --spec-draft-max-slots 2")
+    spec.wait_for_log(r"resuming new drafts: [0-2] slots generating, --spec-draft-max-slots 2")
+    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
+    assert last.get("timings", {}).get("draft_n", 0) > 0, f"a request alone did not draft: {last}"
+    for i, (p, s) in enumerate(zip(want, got + [last])):
+        assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
+        assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output with drafts paused under load")

@@ -200,6 +200,46 @@ def test_serve_dry_run_prints_command_for_this_hardware(ggufdspark_cli, small_pa
     assert "--spec-draft-n-max 7" in p.stdout
 
 
+def test_serve_pauses_drafts_above_a_slot_limit(ggufdspark_cli, small_pair):
+    """--draft-max-slots N reaches the engine (patch 0011) only when more than N slots are served;
+    0 means no limit; the CPU table has no limit of its own (not measured there)."""
+    base = ("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run")
+    p = ggufdspark_cli(*base, "-np", "8", "--draft-max-slots", "2")
+    assert p.returncode == 0, p.stderr
+    assert "--spec-draft-max-slots 2" in p.stdout and "-np 8" in p.stdout
+    assert "paused above 2 generating slots" in p.stderr
+    assert "new drafts pause while more than 2 generate" in p.stderr
+    for args in (("-np", "2", "--draft-max-slots", "2"), ("-np", "8", "--draft-max-slots", "0"), ("-np", "8")):
+        p = ggufdspark_cli(*base, *args)
+        assert p.returncode == 0 and "--spec-draft-max-slots" not in p.stdout, (args, p.stdout)
+    p = ggufdspark_cli(*base, "--draft-max-slots", "-1")
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "-1" in p.stderr
+
+
+def test_decide_keeps_the_draft_under_load_only_where_the_engine_can_pause_it():
+    """A tune profile's slot limit: an engine with patch 0011 keeps drafting below it and pauses above
+    it; any other engine serves without the draft when more slots than the limit are asked for."""
+    from ggufdspark import hardware
+    from ggufdspark.bindings import DeviceReport
+
+    cuda = DeviceReport(backend="cuda", source="none")
+    prof = {"path": "p.json", "recommendation": {"draft_enabled": True, "draft_n_max": 4,
+                                                 "max_concurrency_for_draft": 8}}
+    d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=True)
+    assert d.draft_enabled and d.draft_n_max == 4 and d.draft_max_slots == 8
+    d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=False)
+    assert not d.draft_enabled and "no patch 0011" in d.reasons[-1]
+    d = hardware.decide(cuda, profile=prof, parallel=8, load_aware=True)
+    assert d.draft_enabled and d.draft_max_slots is None
+    d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=True, draft_max_slots=0)
+    assert d.draft_enabled and d.draft_max_slots is None
+    table = hardware.DEFAULTS["cuda"].draft_max_slots
+    d = hardware.decide(cuda, parallel=64, load_aware=True)
+    assert d.draft_max_slots == table
+    d = hardware.decide(cuda, parallel=64, load_aware=False)
+    assert d.draft_enabled and d.draft_max_slots is None  # the table's limit alone never turns drafting off
+
+
 def test_serve_warns_on_open_host_without_key(ggufdspark_cli, small_pair):
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
                        "--host", "0.0.0.0")

@@ -23,6 +23,8 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--api-key", envvar="GGUFDSPARK_API_KEY",
               help="Require this key (or $GGUFDSPARK_API_KEY); the engine reads it from a private file.")
 @click.option("--draft-n-max", type=click.IntRange(*serve_lib.DRAFT_N_MAX_RANGE), help="Override the draft length.")
+@click.option("--draft-max-slots", type=click.IntRange(0),
+              help="Pause new drafts while more than N slots generate (0: never; default: measured per backend).")
 @click.option("--no-draft", is_flag=True, help="Serve the target alone.")
 @click.option("--force", is_flag=True, help="Serve even if 'check' fails (loudly).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
@@ -35,17 +37,19 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, no_draft, force, server,
+def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_max_slots, no_draft, force, server,
             ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged."""
     p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
                        draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
-                       ctx_size=ctx_size, parallel=parallel, extra_args=list(extra), use_profile=not no_profile)
+                       ctx_size=ctx_size, parallel=parallel, extra_args=list(extra), use_profile=not no_profile,
+                       draft_max_slots=draft_max_slots)
     for w in p.warnings:
         click.secho(f"WARNING: {w}", fg="yellow", err=True)
     d = p.decision
     click.echo(f"backend: {d.backend}; draft: "
                + (f"on, n_max {d.draft_n_max}" if d.draft_enabled else "off")
+               + (f", paused above {d.draft_max_slots} generating slots" if d.draft_enabled and d.draft_max_slots else "")
                + f"; offload: {'yes' if d.offload else 'no'}", err=True)
     for r in d.reasons:
         click.echo(f"  because {r}", err=True)

@@ -69,6 +69,8 @@ class ServerSettings:
     draft_n_max: int | None = None
     draft_n_min: int | None = 0
     draft_p_min: float | None = None
+    # new drafts pause while more slots than this generate (engine patch 0011; None: no limit)
+    draft_max_slots: int | None = None
     n_gpu_layers: int | str | None = None
     n_gpu_layers_draft: int | str | None = None
     flash_attn: str | None = None
@@ -119,6 +121,8 @@ class ServerSettings:
                 a += ["--spec-draft-n-min", str(self.draft_n_min)]
             if self.draft_p_min is not None:
                 a += ["--spec-draft-p-min", str(self.draft_p_min)]
+            if self.draft_max_slots is not None:
+                a += ["--spec-draft-max-slots", str(self.draft_max_slots)]
             if self.n_gpu_layers_draft is not None:
                 a += ["-ngld", str(self.n_gpu_layers_draft)]
             if self.synth_len is not None:
