@@ -28,7 +28,9 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # Measured on one H200 with the patched engine (docs/engine-patches.md, docs/benchmarks.md),
     # full-size pair, published acceptance profile: lengths 4-6 at 1.15-1.38x in two runs (5: 1.26x
     # and 1.29x), the trained block size 9 at 1.11x; under load at 32 slots 5 held 1.02x, 9 lost.
-    "cuda": BackendDefaults(5, True, "on", "CUDA: draft length 5 measured best on an H200 (docs/benchmarks.md)", 8),
+    # No slot limit: pausing new drafts above 8 generating slots (patch 0011) measured 0.90x of plain
+    # at 16 requests and 0.88x at 32, against 1.23x and 0.97x drafting at every load (one run).
+    "cuda": BackendDefaults(5, True, "on", "CUDA: draft length 5 measured best on an H200 (docs/benchmarks.md)"),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core
@@ -95,9 +97,9 @@ def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: in
 
     Drafting pays up to some number of generating slots (the table's ``draft_max_slots``, a tune
     profile's ``recommendation.max_concurrency_for_draft``, or ``draft_max_slots``; 0 means no
-    limit). With more slots than that, an engine with load-aware drafting (``load_aware``: patch
-    0011) keeps the draft and pauses new drafts while more slots than the limit generate; with any
-    other engine a profile's limit turns drafting off, as measured.
+    limit). With more slots than that, a profile's limit turns drafting off, as tune measured; the
+    table's or the caller's keeps the draft on an engine with load-aware drafting (``load_aware``:
+    patch 0011), which pauses new drafts while more slots than the limit generate.
     """
     backend = report.backend or "cpu"
     base = DEFAULTS.get(backend, OTHER_GPU)
@@ -122,15 +124,17 @@ def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: in
     if draft_max_slots is not None:
         cap, cap_source = (draft_max_slots or None), "--draft-max-slots"
     if d.draft_enabled and cap is not None and parallel is not None and parallel > cap:
-        if load_aware:
+        if load_aware and cap_source != "tune profile":
             d.draft_max_slots = cap
             d.reasons.append(f"{cap_source}: drafting pays up to {cap} generating slot(s); of the {parallel} slots, "
                              f"new drafts pause while more than {cap} generate")
         elif cap_source == "tune profile":
+            # what tune measured is drafting at every load against none; pausing drafts above the
+            # limit measured slower than no draft on an H200 (docs/engine-patches.md, 0011)
             d.draft_enabled = False
             d.reasons.append(f"tune profile: drafting stops paying above {cap} parallel request(s) on this "
-                             f"machine and {parallel} slots were asked for; this engine cannot pause drafts under "
-                             f"load (no patch 0011), so serving without the draft")
+                             f"machine and {parallel} slots were asked for; serving without the draft "
+                             f"(--draft-max-slots {cap} keeps it and pauses new drafts above that load instead)")
     if draft_n_max is not None:
         d.draft_n_max = draft_n_max
         d.draft_enabled = True

@@ -216,28 +216,28 @@ def test_serve_pauses_drafts_above_a_slot_limit(ggufdspark_cli, small_pair):
     assert p.returncode == 2 and "Traceback" not in p.stderr and "-1" in p.stderr
 
 
-def test_decide_keeps_the_draft_under_load_only_where_the_engine_can_pause_it():
-    """A tune profile's slot limit: an engine with patch 0011 keeps drafting below it and pauses above
-    it; any other engine serves without the draft when more slots than the limit are asked for."""
+def test_decide_pauses_drafts_under_load_only_when_asked_and_possible():
+    """A tune profile's slot limit turns drafting off above it (what tune measured); --draft-max-slots
+    keeps the draft and pauses new drafts above the limit, on an engine with patch 0011 only."""
     from ggufdspark import hardware
     from ggufdspark.bindings import DeviceReport
 
     cuda = DeviceReport(backend="cuda", source="none")
     prof = {"path": "p.json", "recommendation": {"draft_enabled": True, "draft_n_max": 4,
                                                  "max_concurrency_for_draft": 8}}
-    d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=True)
+    for load_aware in (True, False):
+        d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=load_aware)
+        assert not d.draft_enabled and d.draft_max_slots is None and "--draft-max-slots 8" in d.reasons[-1]
+    d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=True, draft_max_slots=8)
     assert d.draft_enabled and d.draft_n_max == 4 and d.draft_max_slots == 8
-    d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=False)
-    assert not d.draft_enabled and "no patch 0011" in d.reasons[-1]
-    d = hardware.decide(cuda, profile=prof, parallel=8, load_aware=True)
+    d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=False, draft_max_slots=8)
+    assert d.draft_enabled and d.draft_max_slots is None
+    d = hardware.decide(cuda, profile=prof, parallel=8, load_aware=True, draft_max_slots=8)
     assert d.draft_enabled and d.draft_max_slots is None
     d = hardware.decide(cuda, profile=prof, parallel=32, load_aware=True, draft_max_slots=0)
     assert d.draft_enabled and d.draft_max_slots is None
-    table = hardware.DEFAULTS["cuda"].draft_max_slots
     d = hardware.decide(cuda, parallel=64, load_aware=True)
-    assert d.draft_max_slots == table
-    d = hardware.decide(cuda, parallel=64, load_aware=False)
-    assert d.draft_enabled and d.draft_max_slots is None  # the table's limit alone never turns drafting off
+    assert d.draft_enabled and d.draft_max_slots == hardware.DEFAULTS["cuda"].draft_max_slots
 
 
 def test_serve_warns_on_open_host_without_key(ggufdspark_cli, small_pair):
