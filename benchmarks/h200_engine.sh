@@ -12,6 +12,7 @@
 #                    each, and real acceptance (greedy output equal to the plain server's);
 #   stage "arms":    the series' run-time switches (ENV_VARIANTS) against the default, one request;
 #   stage "load":    plain vs drafted at 1, 8 and 32 requests under the exported environment;
+#   stage "few":     patch 0012's verify kernel (GGML_CUDA_MMV_FEW=1): test-backend-ops, speed, profile;
 #   stage "cap":     load-aware drafting (patch 0011, --spec-draft-max-slots CAP) at 8, 16, 32 requests;
 #   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
 #                    patched engine, and the sampled-drafts layout for comparison;
@@ -150,6 +151,23 @@ cap)
         --json "$OUT/cap-lossless.json" --log-dir "$W/cap-real" 2>&1 | tail -n 4
     echo "== without the cap"
     $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/nocap.json" --log-dir "$W/nocap" 2>&1 | tail -n 6
+    ;;
+few)
+    # patch 0012 (GGML_CUDA_MMV_FEW=1, the verify's mat-vec kernel for 2-8 columns): first its
+    # correctness against the CPU backend (test-backend-ops MUL_MAT, built in the engine's own build
+    # tree), then the speed arms and the step profile with it against the default
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    B=$(dirname "$(dirname "$BIN")")
+    t0=$SECONDS
+    if cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo.log" 2>&1 && cmake --build "$B" --target test-backend-ops -j "$(nproc)" >> "$W/tbo.log" 2>&1; then
+        echo "test-backend-ops built in $((SECONDS - t0)) s"
+        GGML_CUDA_MMV_FEW=1 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 > "$OUT/tbo-few.txt" 2>&1
+        echo "test-backend-ops MUL_MAT with GGML_CUDA_MMV_FEW=1: rc=$?"; grep -E "FAIL|passed|tests" "$OUT/tbo-few.txt" | tail -n 8
+    else
+        echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"
+    fi
+    ENV_VARIANTS="GGML_CUDA_MMV_FEW=1" LENGTHS=${LENGTHS:-4,5,6} STAGES=arms bash "$0"
+    GGML_CUDA_MMV_FEW=1 OUT=$OUT/few-profile STAGES=profile bash "$0"
     ;;
 kernels)
     # Nsight Compute's per-kernel device time over a window of one draft-dspark server's decode
