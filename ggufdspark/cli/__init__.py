@@ -17,7 +17,7 @@ import sys
 import click
 
 from ggufdspark import __version__
-from ggufdspark.cli._common import safe_text
+from ggufdspark.cli._common import close_progress, safe_text
 from ggufdspark.errors import GgufdsparkError
 
 # verb -> (module, one-line help)
@@ -60,7 +60,10 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            finally:
+                close_progress()  # a bar left open by a failed job ends before the message below
         except GgufdsparkError as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise

@@ -3,40 +3,113 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+import weakref
 from typing import Any
 
 import click
 
 
-class ProgressLine:
-    """A ``progress(done, total, what)`` callback that redraws one stderr line.
+_OPEN: "weakref.WeakSet[ProgressLine]" = weakref.WeakSet()
 
-    Redraws at most ~5 times a second; on a non-terminal (CI logs) prints a line every 10%.
+
+def close_progress() -> None:
+    """End every open bar, so that a message printed next starts on a line of its own."""
+    for bar in list(_OPEN):
+        bar.close()
+
+
+class ProgressLine:
+    """A ``progress(done, total, what)`` callback: one mechanism for every long job of the CLI.
+
+    On a terminal, a tqdm bar on stderr with rate and time left, ``what`` after it; log records are
+    routed through tqdm while a bar is open, so they never glue onto it. Elsewhere (CI logs, pipes)
+    one plain line every 10% with the same rate and time left. ``unit`` names what ``done`` counts
+    (``B`` gives KB/MB/GB).
     """
 
     def __init__(self, label: str, unit: str = ""):
         self.label = label
         self.unit = unit
-        self._last = 0.0
-        self._last_pct = -10
         self._tty = sys.stderr.isatty()
+        self._bar = None
+        self._redirect = None
+        self._t0: float | None = None
+        self._last_pct = -10
 
     def __call__(self, done: int, total: int, what: str = "") -> None:
-        pct = int(100 * done / total) if total else 100
-        now = time.monotonic()
         if self._tty:
-            if now - self._last < 0.2 and done < total:
-                return
-            self._last = now
-            sys.stderr.write(f"\r{self.label}: {pct:3d}% {what[:50]:<50}")
-            if done >= total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-        elif pct >= self._last_pct + 10 or (done >= total and self._last_pct < 100):
-            self._last_pct = pct
-            click.echo(f"{self.label}: {pct}% {what}", err=True)
+            self._draw(done, total, what)
+        else:
+            self._line(done, total, what)
+
+    def _draw(self, done: int, total: int, what: str) -> None:
+        if self._bar is None:
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            _OPEN.add(self)
+            self._redirect = logging_redirect_tqdm()
+            self._redirect.__enter__()
+            scale = self.unit == "B"
+            try:
+                cols = os.get_terminal_size(sys.stderr.fileno()).columns
+            except (OSError, ValueError):
+                cols = 0
+            width = {"dynamic_ncols": True} if cols > 0 else {"ncols": 100}  # a pty that reports no size
+            self._bar = tqdm(total=total or None, desc=self.label, unit=self.unit or "step",
+                             unit_scale=scale, unit_divisor=1024 if scale else 1000, file=sys.stderr,
+                             mininterval=0.2, leave=True, **width)
+        if total and self._bar.total != total:
+            self._bar.total = total
+        self._bar.n = done
+        self._bar.set_postfix_str(safe_text(what)[:50], refresh=False)
+        self._bar.refresh()
+        if total and done >= total:
+            self.close()
+
+    def _line(self, done: int, total: int, what: str) -> None:
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        pct = int(100 * done / total) if total else 100
+        if not (pct >= self._last_pct + 10 or (done >= total and self._last_pct < 100)):
+            return
+        self._last_pct = pct
+        elapsed = now - self._t0
+        extra = ""
+        if 0 < done < total and elapsed > 0:
+            left = elapsed * (total - done) / done
+            extra = f" ({_rate(done / elapsed, self.unit)}, {_clock(left)} left)"
+        elif done >= total and elapsed > 0:
+            extra = f" ({_clock(elapsed)})"
+        click.echo(f"{self.label}: {pct}% {safe_text(what)}{extra}".rstrip(), err=True)
+
+    def close(self) -> None:
+        """End the bar (a job that stops early calls this; a finished one closes itself)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._redirect is not None:
+            self._redirect.__exit__(None, None, None)
+            self._redirect = None
+        _OPEN.discard(self)
+
+
+def _rate(per_s: float, unit: str) -> str:
+    if unit == "B":
+        for u in ("B", "KB", "MB", "GB"):
+            if per_s < 1024 or u == "GB":
+                return f"{per_s:.1f} {u}/s"
+            per_s /= 1024
+    return f"{per_s:.2f} {unit or 'step'}/s"
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 # Bidirectional-text controls: they reorder what a terminal shows without being visible themselves.

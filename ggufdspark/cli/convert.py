@@ -19,7 +19,7 @@ from ggufdspark.convert.drafter import convert_drafter
 def command(drafter, target, output, outtype, force, as_json):
     """Convert the safetensors DSpark DRAFTER (directory or Hub repo id) to a GGUF draft."""
     r = convert_drafter(drafter, target, output=output, outtype=outtype, force=force,
-                        progress=ProgressLine("convert"))
+                        progress=ProgressLine("convert", unit="B"))
     report(r, as_json)
 
 

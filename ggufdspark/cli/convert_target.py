@@ -23,7 +23,7 @@ from ggufdspark.convert.target import convert_target
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(target, output, outtype, mmproj, mmproj_output, force, as_json):
     """Convert an LFM2 / LFM2-VL target checkpoint (directory or Hub repo id) to GGUF."""
-    r = convert_target(target, output=output, outtype=outtype, force=force, progress=ProgressLine("convert"),
+    r = convert_target(target, output=output, outtype=outtype, force=force, progress=ProgressLine("convert", unit="B"),
                        mmproj=mmproj, mmproj_output=mmproj_output)
     if as_json:
         m = r.mmproj
