@@ -51,20 +51,22 @@ from ggufdspark.timings.records import (  # noqa: F401
     record_problem,
 )
 from ggufdspark.timings.formats import (  # noqa: F401
-    MetricsScrape,
     LOG_SLOT,
-    SAMPLE,
     numbered_lines,
     parse_json,
     parse_jsonl,
     parse_log,
-    parse_metrics_records,
     parse_sse,
     passes_from_log,
+    passes_from_mean_len,
+)
+from ggufdspark.timings.metrics import (  # noqa: F401
+    MetricsScrape,
+    SAMPLE,
     metrics_delta,
     metrics_totals,
     parse_metrics,
-    passes_from_mean_len,
+    parse_metrics_records,
 )
 
 log = logging.getLogger(__name__)
