@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
-from ggufdspark.tune import geometric_rates  # noqa: E402  (llama.cpp's own construction)
+from ggufdspark.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
 
 PROMPT = ("Describe in detail how speculative decoding works with a small draft model and a large "
           "target model, what acceptance length means, and why the output is unchanged.")

@@ -174,7 +174,7 @@ kernels)
     # steps (CUDA graphs off so every kernel is its own launch); the CSV lists kernels in launch
     # order, so a step reads as: draft block, target verify, draft injection.
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
-    rates=$($py -c "from ggufdspark.tune import geometric_rates as g; print(','.join(f'{x:.4f}' for x in g(4.22, 9)[:5]))")
+    rates=$($py -c "from ggufdspark.acceptance import geometric_rates as g; print(','.join(f'{x:.4f}' for x in g(4.22, 9)[:5]))")
     port=18777
     GGML_CUDA_DISABLE_GRAPHS=1 ncu --clock-control none --launch-skip ${NCU_SKIP:-6000} --launch-count ${NCU_COUNT:-2500} \
         --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \

@@ -37,7 +37,7 @@ from ggufdspark import engine  # noqa: E402
 from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
-from ggufdspark.tune import geometric_rates  # noqa: E402
+from ggufdspark.acceptance import geometric_rates  # noqa: E402
 
 INVALID_MARKERS = ("invalid draft token", "invalid drafted token")
 ABORT_MARKERS = ("get_sub_batch", "GGML_ABORT", "GGML_ASSERT", "Aborted", "Segmentation fault")

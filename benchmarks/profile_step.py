@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.dspark_speed import PROMPT  # noqa: E402
-from ggufdspark.tune import geometric_rates  # noqa: E402
+from ggufdspark.acceptance import geometric_rates  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
 
