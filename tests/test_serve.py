@@ -200,6 +200,18 @@ def test_serve_dry_run_prints_command_for_this_hardware(ggufdspark_cli, small_pa
     assert "--spec-draft-n-max 7" in p.stdout
 
 
+def test_a_pair_is_named_the_same_way_in_every_verb(ggufdspark_cli, small_pair):
+    """-m/-md, with --target/--draft as aliases (issue 14): the same command either way."""
+    t, d = str(small_pair.target), str(small_pair.draft)
+    short = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run")
+    long_ = ggufdspark_cli("serve", "--target", t, "--draft", d, "--dry-run")
+    assert short.returncode == 0 and long_.returncode == 0, short.stderr + long_.stderr
+    assert short.stdout == long_.stdout and f"-m {t}" in short.stdout
+    for verb in ("bench", "tune"):
+        h = ggufdspark_cli(verb, "--help")
+        assert "-m, --model, --target" in h.stdout and "-md, --draft" in h.stdout, h.stdout
+
+
 def test_serve_pauses_drafts_above_a_slot_limit(ggufdspark_cli, small_pair):
     """--draft-max-slots N reaches the engine (patch 0011) only when more than N slots are served;
     0 means no limit; the CPU table has no limit of its own (not measured there)."""

@@ -23,8 +23,8 @@ def number_list(kind: type):
 
 
 @click.command(name="bench")
-@click.option("-m", "--model", required=True, type=click.Path(dir_okay=False), help="Target GGUF.")
-@click.option("-md", "--draft", required=True, type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
+@click.option("-m", "--model", "--target", "model", required=True, type=click.Path(dir_okay=False), help="Target GGUF.")
+@click.option("-md", "--draft", "draft", required=True, type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
 @click.option("--mmproj", type=click.Path(dir_okay=False),
               help="Vision projector: image prompts are sent as images.")
 @click.option("--prompts", type=click.Path(dir_okay=False),

@@ -12,8 +12,8 @@ from ggufdspark.errors import InvalidArgumentError
 
 
 @click.command(name="serve", context_settings={"ignore_unknown_options": False})
-@click.option("-m", "--model", type=click.Path(dir_okay=False), help="Target GGUF.")
-@click.option("-md", "--draft", type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
+@click.option("-m", "--model", "--target", "model", type=click.Path(dir_okay=False), help="Target GGUF.")
+@click.option("-md", "--draft", "draft", type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (image requests).")
 @click.option("--hf", help="Target from the Hub: REPO[:QUANT].")
 @click.option("--hfd", help="Draft from the Hub: REPO[:QUANT].")

@@ -11,8 +11,8 @@ from ggufdspark.cli.bench import number_list
 
 
 @click.command(name="tune")
-@click.option("-m", "--model", required=True, type=click.Path(dir_okay=False), help="Target GGUF.")
-@click.option("-md", "--draft", required=True, type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
+@click.option("-m", "--model", "--target", "model", required=True, type=click.Path(dir_okay=False), help="Target GGUF.")
+@click.option("-md", "--draft", "draft", required=True, type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
 @click.option("--show", is_flag=True, help="Print the stored profile of this pair on this machine and exit.")
 @click.option("--acceptance", default="measure", show_default=True,
               help="Acceptance profile to hold fixed: 'measure' (this pair, built-in prompts) or "
