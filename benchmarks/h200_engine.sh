@@ -153,7 +153,7 @@ cap)
     $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/nocap.json" --log-dir "$W/nocap" 2>&1 | tail -n 6
     ;;
 few)
-    # patch 0012 (GGML_CUDA_MMV_FEW=1, the verify's mat-vec kernel for 2-8 columns): first its
+    # patch 0012 (GGML_CUDA_MMV_FEW=R, the verify's mat-vec kernel for 2-8 columns, R rows a warp): first its
     # correctness against the CPU backend (test-backend-ops MUL_MAT, built in the engine's own build
     # tree), then the speed arms and the step profile with it against the default
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
@@ -161,13 +161,15 @@ few)
     t0=$SECONDS
     if cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo.log" 2>&1 && cmake --build "$B" --target test-backend-ops -j "$(nproc)" >> "$W/tbo.log" 2>&1; then
         echo "test-backend-ops built in $((SECONDS - t0)) s"
-        GGML_CUDA_MMV_FEW=1 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 > "$OUT/tbo-few.txt" 2>&1
-        echo "test-backend-ops MUL_MAT with GGML_CUDA_MMV_FEW=1: rc=$?"; grep -E "FAIL|passed|tests" "$OUT/tbo-few.txt" | tail -n 8
+        for r in 1 2 4; do
+            GGML_CUDA_MMV_FEW=$r "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 > "$OUT/tbo-few$r.txt" 2>&1
+            echo "test-backend-ops MUL_MAT with GGML_CUDA_MMV_FEW=$r: rc=$?"; grep -E "FAIL|passed|tests" "$OUT/tbo-few$r.txt" | tail -n 4
+        done
     else
         echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"
     fi
-    ENV_VARIANTS="GGML_CUDA_MMV_FEW=1" LENGTHS=${LENGTHS:-4,5,6} STAGES=arms bash "$0"
-    GGML_CUDA_MMV_FEW=1 OUT=$OUT/few-profile STAGES=profile bash "$0"
+    ENV_VARIANTS="GGML_CUDA_MMV_FEW=1;GGML_CUDA_MMV_FEW=2;GGML_CUDA_MMV_FEW=4" LENGTHS=${LENGTHS:-4,5,6} STAGES=arms bash "$0"
+    GGML_CUDA_MMV_FEW=${FEW_R:-2} OUT=$OUT/few-profile STAGES=profile bash "$0"
     ;;
 kernels)
     # Nsight Compute's per-kernel device time over a window of one draft-dspark server's decode
