@@ -659,6 +659,8 @@ def test_a_damaged_tune_profile_is_ignored(ggufdspark_cli, small_pair, isolated,
                          env=isolated)
     assert cli.returncode == 0 and "Traceback" not in cli.stderr, cli.stderr
     assert "--spec-draft-n-max 3" in cli.stdout
+    # the warning reads as one on the terminal (issue 14: warnings marked as warnings)
+    assert any(ln.startswith("WARNING: ") and "ignored" in ln for ln in cli.stderr.splitlines()), cli.stderr
 
 
 def test_a_damaged_hash_cache_is_rebuilt(small_pair, isolated):

@@ -115,7 +115,22 @@ def cli(ctx, debug: bool, quiet: bool):
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(MarkedFormatter())
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+class MarkedFormatter(logging.Formatter):
+    """Log records as their message; warnings and errors marked as such (``WARNING: ...``), so
+    that a warning reads as one whichever module logged it. Text from files is escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = safe_text(super().format(record))
+        if record.levelno >= logging.ERROR:
+            return f"ERROR: {text}"
+        if record.levelno >= logging.WARNING:
+            return f"WARNING: {text}"
+        return text
 
 
 def main():
