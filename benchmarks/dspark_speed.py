@@ -23,9 +23,7 @@ Used for the H200 figures in docs/benchmarks.md; runs on CPU with the small pair
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import statistics
 import sys
 import threading
@@ -34,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
@@ -82,21 +81,6 @@ def run_arm(name, settings, args, *, concurrency=(1,), log_dir: Path):
             wall = time.perf_counter() - t0
             res[f"aggregate_tps_c{n}"] = sum(o.timings.predicted_n or 0 for o in outs) / wall
     return res
-
-
-@contextlib.contextmanager
-def environ(env: dict[str, str]):
-    """The engine started inside inherits ``env``; the previous values come back afterwards."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def parse_env_variants(text: str) -> list[dict[str, str]]:

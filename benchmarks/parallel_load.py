@@ -20,10 +20,8 @@ near-tie or a defect by the plain run's top-2 probabilities at the first differi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import random
 import sys
 import threading
@@ -37,6 +35,7 @@ from ggufdspark import engine  # noqa: E402
 from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
 
 INVALID_MARKERS = ("invalid draft token", "invalid drafted token")
@@ -201,7 +200,7 @@ def main() -> int:
             s.extra_args = s.extra_args + a.extra.split()
             if a.synthetic is not None:
                 s.synth_rates = geometric_rates(a.synthetic, 9)[:n]
-            with _environ(env):  # the engine inherits it
+            with environ(env):  # the engine inherits it
                 r, outs = run_arm(f"n{n}", s, work, a.slots, run, a.log_dir, cache_prompt=a.cache_prompt)
             if plain_outs is not None:
                 compare(r, plain_outs, outs, NEAR_TIE_GAP)
@@ -224,20 +223,6 @@ def main() -> int:
     if a.json:
         a.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 1 if any(r.died or r.defects for r in results) else 0
-
-
-@contextlib.contextmanager
-def _environ(env: dict[str, str]):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _n_vocab(srv: ServerProcess) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.dspark_speed import PROMPT  # noqa: E402
+from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
@@ -39,9 +39,7 @@ EVAL = re.compile(r"\|\s+eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 
 
 def profile(name: str, settings: ServerSettings, args, env: dict[str, str], log_dir: Path) -> dict:
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environ(env):
         srv = ServerProcess(settings, log_path=log_dir / f"{name}.log", start_timeout=600)
         with srv:
             c = srv.client()
@@ -50,12 +48,6 @@ def profile(name: str, settings: ServerSettings, args, env: dict[str, str], log_
                 c.complete(toks, n_predict=args.n_predict, ignore_eos=True)
             srv.wait_for_log(EVAL.pattern, count=args.trials + 1)  # decode lines only, not "prompt eval"
         text = srv.log_text()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     evals = [(float(ms), int(n)) for ms, n in EVAL.findall(text)]
     r = {"config": name, "env": env, "eval_ms": sum(ms for ms, _ in evals), "tokens": sum(n for _, n in evals)}
     r["ms_per_token"] = r["eval_ms"] / r["tokens"]
