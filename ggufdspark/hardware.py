@@ -12,10 +12,14 @@ from ggufdspark.engine import EngineInfo
 log = logging.getLogger(__name__)
 
 
+# -ngl / -ngld value that puts every layer of a model on the GPU (llama.cpp clamps it to the model's)
+OFFLOAD_ALL_LAYERS = 99
+
+
 @dataclass(frozen=True)
 class BackendDefaults:
     draft_n_max: int
-    offload: bool  # -ngl 99 -ngld 99
+    offload: bool  # -ngl / -ngld OFFLOAD_ALL_LAYERS
     flash_attn: str | None  # "-fa on" on GPUs
     source: str  # why this number
     # the most generating slots for which drafting measured worth it; above it new drafts pause

@@ -112,7 +112,7 @@ def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardw
     ``extra_args`` go to every arm's llama-server unchanged."""
     return ServerSettings(
         server=engine.path, model=target, mmproj=mmproj, spec_type=None, draft_n_min=None,
-        n_gpu_layers=99 if decision.offload else None, flash_attn=decision.flash_attn,
+        n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None, flash_attn=decision.flash_attn,
         ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads,
         extra_args=hardware.engine_workarounds(decision.backend, parallel) + list(extra_args or []))
 
@@ -125,7 +125,7 @@ def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int |
     syn = synthetic or Synthetic()
     return dataclasses.replace(
         base, draft=draft, spec_type="draft-dspark", draft_n_max=n_max, draft_n_min=0, draft_p_min=p_min,
-        n_gpu_layers_draft=99 if base.n_gpu_layers else None, synth_len=syn.length,
+        n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if base.n_gpu_layers else None, synth_len=syn.length,
         synth_rates=syn.rates, extra_args=list(base.extra_args))
 
 

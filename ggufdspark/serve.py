@@ -132,8 +132,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         draft_n_max=decision.draft_n_max if decision.draft_enabled else None,
         draft_n_min=0 if decision.draft_enabled else None,
         draft_max_slots=decision.draft_max_slots if decision.draft_enabled else None,
-        n_gpu_layers=99 if decision.offload else None,
-        n_gpu_layers_draft=99 if decision.offload and decision.draft_enabled else None,
+        n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None,
+        n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if decision.offload and decision.draft_enabled else None,
         flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,
         extra_args=hardware.engine_workarounds(decision.backend, parallel, info) + list(extra_args or []))
     if host not in LOOPBACK and not settings.api_keys():
