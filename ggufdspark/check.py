@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufdspark.convert.mmproj import ClipKey, projector_width
+from ggufdspark.gguffile.mmproj import ClipKey, projector_width
 from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
