@@ -1,0 +1,211 @@
+"""Issue 18: the chat page, built from the pinned source, in a real browser.
+
+``ggufdspark serve --open`` on the generated small VL pair with its DSpark draft; headless Debian
+chromium (driven by chromedriver through selenium) loads the page the CLI printed and opened, sends
+a text message and then a picture through the page, and waits for each answer; the server's
+``/metrics`` must have counted drafted and accepted tokens for those two requests.
+
+Nothing here is skipped: without chromium, chromedriver, selenium or a built UI the test FAILS and
+says what is missing (``make test`` installs them: ``make browser`` and ``make engine``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ggufdspark import images, webui
+from ggufdspark import timings as tm
+from ggufdspark.convert.drafter import convert_drafter
+from ggufdspark.convert.target import convert_target
+from ggufdspark.testing import synth, synth_vl
+
+REPO = Path(__file__).resolve().parent.parent
+N_PREDICT = 24  # the server's default answer length (-n): the page asks for no limit of its own
+ASSISTANT = '[aria-label="Assistant message with actions"]'
+USER = '[aria-label="User message with actions"]'
+# Where the docs' screenshot comes from: set to a path to keep a copy of the test's screenshot.
+ENV_SHOT = "GGUFDSPARK_WEBUI_SCREENSHOT"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Paths of Debian's chromium and chromedriver, with selenium importable (else FAIL, saying what)."""
+    missing = [name for name in ("chromium", "chromedriver") if not shutil.which(name)]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium (python package)")
+    if missing:
+        pytest.fail(f"the browser test needs {', '.join(missing)}: 'make browser' installs them "
+                    "(Debian: apt-get install chromium chromium-driver; pip install selenium)")
+    return shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def chat_ui() -> Path:
+    d = webui.find_ui()
+    if d is None:
+        why = webui.node_problem() or "node and npm are here: run it"
+        pytest.fail(f"no chat UI in {webui.ui_root()}: 'ggufdspark build-engine' builds it ({why})")
+    return d
+
+
+@pytest.fixture(scope="module")
+def vl_pair(tmp_path_factory):
+    """The small generated VL target (language tower + mmproj) and its DSpark draft, F16."""
+    root = tmp_path_factory.mktemp("webui-vl")
+    target_dir = synth_vl.make_vl_target(root / "tiny-lfm2-vl", layout="published")
+    drafter_dir = synth.make_drafter(root / "tiny-lfm2-vl-DSpark", target_dir)
+    out = root / "gguf"
+    out.mkdir()
+    r = convert_target(target_dir, output=out)
+    draft = convert_drafter(drafter_dir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
+    return {"dir": target_dir, "tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
+
+
+def _newline_token(target_dir: Path) -> int:
+    from tokenizers import Tokenizer
+
+    (tok,) = Tokenizer.from_file(str(target_dir / "tokenizer.json")).encode("\n", add_special_tokens=False).ids
+    return tok
+
+
+def _wait_for_line(path: Path, pattern: str, proc: subprocess.Popen, timeout: float) -> str:
+    """The first line of ``path`` matching ``pattern``; fails when ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if m := re.search(pattern, text, re.MULTILINE):
+            return m.group(0)
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited ({proc.returncode}) before printing {pattern!r}:\n{text[-3000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"serve printed no {pattern!r} within {timeout:g} s:\n{path.read_text(errors='replace')[-3000:]}")
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url + "metrics", timeout=30) as r:
+        return r.read().decode()
+
+
+def _answered(driver, n: int):
+    """Until the ``n``-th answer is complete: present, with its statistics, and no Stop button."""
+    def done(d):
+        answers = d.find_elements("css selector", ASSISTANT)
+        if len(answers) < n or d.find_elements("xpath", "//span[@class='sr-only' and text()='Stop']"):
+            return False
+        text = answers[n - 1].text
+        return answers[n - 1] if f"{N_PREDICT} tokens" in text else False
+    return done
+
+
+def _answer_text(answer) -> str:
+    """What an answer says: its text above the model badge and the statistics under it."""
+    return answer.text.split("tiny-lfm2-vl", 1)[0].strip()
+
+
+def _send(driver, wait, text: str) -> None:
+    box = wait.until(lambda d: d.find_element("css selector", "textarea"))
+    box.send_keys(text)
+    box.send_keys("\n")  # Enter sends
+
+
+def test_chat_page_answers_text_and_image_with_the_draft(browser, chat_ui, vl_pair, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    t0 = time.monotonic()
+    chromium, chromedriver = browser
+    # --open: a $BROWSER that records the URL it is given (webbrowser runs it with the URL)
+    opened = tmp_path / "opened.txt"
+    opener = tmp_path / "open-browser"
+    opener.write_text(f'#!/bin/sh\nprintf "%s" "$1" > "{opened}"\n')
+    opener.chmod(opener.stat().st_mode | stat.S_IXUSR)
+    picture = next(p for p in images.random_items(tmp_path / "pictures", n_per_category=1, seed=7, size=256)
+                   if p.category == "chart_vqa")
+    # the generated target repeats the prompt's last token, and a chat prompt ends in a newline: its
+    # answers would be blank lines. Banning that one token (an engine flag) makes them visible.
+    nl = _newline_token(vl_pair["dir"])
+    out = tmp_path / "serve.out"
+    env = {**os.environ, "BROWSER": str(opener), "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "ggufdspark", "serve", "-m", str(vl_pair["tower"]), "-md", str(vl_pair["draft"]),
+           "--mmproj", str(vl_pair["mmproj"]), "--port", "0", "--draft-n-max", "3", "--no-profile",
+           "--log", str(tmp_path / "server.log"), "--open", "--", "-n", str(N_PREDICT), "--logit-bias", f"{nl}-inf"]
+    with open(out, "w") as outf:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=outf, stderr=subprocess.STDOUT)
+    driver = None
+    try:
+        url = _wait_for_line(out, r"^chat: http://127\.0\.0\.1:\d+/$", proc, 180).split(" ", 1)[1]
+        assert f"--path {chat_ui}" in out.read_text(), out.read_text()
+        deadline = time.monotonic() + 30
+        while not opened.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert opened.exists() and opened.read_text() == url, "--open did not hand the chat URL to $BROWSER"
+        before = _scrape(url)
+
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = chromium
+        for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900",
+                  f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+            opts.add_argument(a)
+        driver = webdriver.Chrome(options=opts, service=Service(chromedriver))
+        wait = WebDriverWait(driver, 120)
+        driver.get(url)
+        t_page = time.monotonic()
+
+        _send(driver, wait, "Hello, what can you do?")
+        first = wait.until(_answered(driver, 1))
+        assert len(driver.find_elements("css selector", USER)) == 1
+        assert _answer_text(first), f"the first answer shows no text: {first.text!r}"
+        text_turn = tm.metrics_delta(before, middle := _scrape(url))
+
+        # attach the picture through the page's file input (hidden behind its + menu), then ask
+        upload = driver.find_element("css selector", "input[type=file]")
+        driver.execute_script("arguments[0].classList.remove('hidden')", upload)
+        upload.send_keys(str(picture.path))
+        driver.execute_script("arguments[0].classList.add('hidden')", upload)
+        wait.until(lambda d: d.find_elements("css selector", "form img"))  # the attachment's preview
+        _send(driver, wait, picture.question)
+        second = wait.until(_answered(driver, 2))
+        assert driver.find_elements("css selector", f"{USER} img"), "the sent message shows no picture"
+        assert _answer_text(second), f"the second answer shows no text: {second.text!r}"
+        shot = tmp_path / "webui.png"
+        assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 0
+        if os.environ.get(ENV_SHOT):
+            shutil.copy(shot, os.environ[ENV_SHOT])
+
+        image_turn = tm.metrics_delta(middle, _scrape(url))
+        # the picture reached the model: 256 x 256 pixels are 64 image tokens (the LFM2 minimum)
+        assert image_turn.prompt_n is not None and image_turn.prompt_n >= 64, image_turn
+        for turn in (text_turn, image_turn):
+            assert turn.predicted_n == N_PREDICT, turn
+            assert turn.draft_n and turn.draft_n > 0 and turn.draft_n_accepted and turn.draft_n_accepted > 0, turn
+        delta = tm.metrics_delta(before, _scrape(url))
+        log = (tmp_path / "server.log").read_text(errors="replace")
+        assert "non-consecutive" not in log and "failed to process speculative" not in log
+        print(f"\nwebui: page loaded and two answers in {time.monotonic() - t_page:.1f} s "
+              f"(test {time.monotonic() - t0:.1f} s); drafted {delta.draft_n}, accepted {delta.draft_n_accepted}; "
+              f"screenshot {shot}")
+    finally:
+        if driver is not None:
+            driver.quit()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # serve stops its engine and exits 0
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, out.read_text()[-3000:]
