@@ -11,6 +11,7 @@ says what is missing (``make test`` installs them: ``make browser`` and ``make e
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -209,3 +211,182 @@ def test_chat_page_answers_text_and_image_with_the_draft(browser, chat_ui, vl_pa
                 proc.kill()
                 proc.wait()
     assert proc.returncode == 0, out.read_text()[-3000:]
+
+
+# ----------------------------------------------------------------------------- build-engine's UI step
+#
+# npm itself is stood in for here (a shell script that writes an index.html where it is told to):
+# the real `npm ci` + `npm run build` take minutes; they run in `make test`'s engine step, and the
+# browser test above serves what they built. These check the step's caching, locking and messages.
+
+TINY_CMAKE = """
+cmake_minimum_required(VERSION 3.14)
+project(tiny C)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_executable(llama-server server.c)
+"""
+TINY_SERVER = '#include <stdio.h>\nint main(void) { printf("version: 1 (0c1e570)\\n"); return 0; }\n'
+
+FAKE_NPM = """#!/bin/sh
+echo "$*" >> "{calls}"
+case "$1" in
+  ci) [ -n "{fail}" ] && {{ echo "npm error code ECONNREFUSED"; echo "npm error network request failed" >&2; exit 1; }}
+      mkdir node_modules; exit 0 ;;
+  run) mkdir -p "$LLAMA_UI_OUT_DIR" && echo '<!doctype html><title>llama-ui</title>' > "$LLAMA_UI_OUT_DIR/index.html" ;;
+esac
+"""
+
+
+def _ui_tree(root: Path, *, with_ui: bool = True) -> Path:
+    """A CMake project standing in for the llama.cpp tree, with a tools/ui that has a lock file."""
+    root.mkdir(parents=True)
+    (root / "CMakeLists.txt").write_text(TINY_CMAKE)
+    (root / "server.c").write_text(TINY_SERVER)
+    if with_ui:
+        (root / "tools" / "ui").mkdir(parents=True)
+        (root / "tools" / "ui" / "package.json").write_text('{"name": "llama-ui"}')
+        (root / "tools" / "ui" / "package-lock.json").write_text("{}")
+    return root
+
+
+def _fake_node(bin_dir: Path, *, version: str = "v20.20.2", fail: bool = False) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    calls = bin_dir / "npm-calls.txt"
+    for name, body in (("node", f'#!/bin/sh\necho "{version}"\n'),
+                       ("npm", FAKE_NPM.format(calls=calls, fail="1" if fail else ""))):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    return calls
+
+
+def _ui_env(tmp_path: Path, tree: Path, bin_dir: Path) -> dict[str, str]:
+    return {"GGUFDSPARK_CACHE": str(tmp_path / "cache"), "GGUFDSPARK_LLAMA_SRC": str(tree),
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_build_engine_builds_the_ui_once_then_finds_it(ggufdspark_cli, tmp_path):
+    tree = _ui_tree(tmp_path / "tree")
+    calls = _fake_node(tmp_path / "bin")
+    env = _ui_env(tmp_path, tree, tmp_path / "bin")
+    dist = tmp_path / "cache" / "ui" / "0c1e570" / "dist"
+    p = ggufdspark_cli("build-engine", "--no-patches", "-j", "1", env=env)
+    assert p.returncode == 0, p.stderr
+    assert f"UI: built from the pinned source in" in p.stderr and str(dist) in p.stderr, p.stderr
+    assert (dist / "index.html").is_file() and calls.read_text().splitlines() == ["ci", "run build"]
+    assert not (tree / "tools" / "ui" / "node_modules").exists(), "npm ran in the source tree, not a copy"
+    assert [q.name for q in dist.parent.iterdir() if q.name.startswith("build-")] == [], "work dir left behind"
+    assert json.loads((dist.parent / "ui.json").read_text())["commit"] == "0c1e570"
+    p = ggufdspark_cli("build-engine", "--no-patches", "-j", "1", env=env)
+    assert p.returncode == 0 and f"UI: already built: {dist}" in p.stderr, p.stderr
+    p = ggufdspark_cli("build-engine", "--no-patches", "-j", "1", "--no-ui", env=env)
+    assert p.returncode == 0 and "UI: skipped (--no-ui)" in p.stderr, p.stderr
+    assert len(calls.read_text().splitlines()) == 2, "the cached UI was rebuilt"
+    # the engine's own cache key is untouched by the UI: one engine build for the three runs
+    assert len(list((tmp_path / "cache" / "engine").iterdir())) == 1
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("no-ui-sources", "has no tools/ui/package-lock.json"),
+    ("old-node", "node v18.20.4 is too old for the pinned UI (node ^20.19 or >= 22.12)"),
+])
+def test_build_engine_says_why_it_skipped_the_ui(ggufdspark_cli, tmp_path, case, expect):
+    tree = _ui_tree(tmp_path / "tree", with_ui=case != "no-ui-sources")
+    _fake_node(tmp_path / "bin", version="v18.20.4" if case == "old-node" else "v22.12.0")
+    p = ggufdspark_cli("build-engine", "--no-patches", "-j", "1", env=_ui_env(tmp_path, tree, tmp_path / "bin"))
+    assert p.returncode == 0, p.stderr
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("UI:")]
+    assert line.startswith("UI: skipped: ") and expect in line and "no chat page" in line, line
+
+
+def test_node_missing_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: neither node nor npm
+    assert webui.node_problem() == "node and npm not found on PATH (the UI needs node ^20.19 or >= 22.12)"
+
+
+def test_failed_ui_build_is_one_line_naming_the_log(ggufdspark_cli, tmp_path):
+    tree = _ui_tree(tmp_path / "tree")
+    _fake_node(tmp_path / "bin", fail=True)
+    p = ggufdspark_cli("build-engine", "--no-patches", "-j", "1", env=_ui_env(tmp_path, tree, tmp_path / "bin"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    log = tmp_path / "cache" / "ui" / "0c1e570" / "build.log"
+    assert line == (f"ggufdspark: error: chat UI: 'npm ci' failed (exit 1): npm error code ECONNREFUSED; "
+                    f"full log: {log}"), p.stderr
+    assert not (log.parent / "dist").exists() and "npm error network request failed" in log.read_text()
+
+
+# ----------------------------------------------------------------------------- serve and doctor
+
+
+@pytest.fixture
+def fake_ui(tmp_path) -> Path:
+    d = tmp_path / "ui-dist"
+    d.mkdir()
+    (d / "index.html").write_text("<!doctype html><title>llama-ui</title>")
+    (d / "app.js").write_text("console.log('ui');")
+    return d
+
+
+def _serve_args(pair) -> list[str]:
+    return ["serve", "-m", str(pair.target), "-md", str(pair.draft), "--port", "0"]
+
+
+def test_serve_passes_the_ui_as_path(ggufdspark_cli, small_pair, isolated, fake_ui):
+    p = ggufdspark_cli(*_serve_args(small_pair), "--dry-run", env={"GGUFDSPARK_UI": str(fake_ui)})
+    assert p.returncode == 0 and f"--path {fake_ui}" in p.stdout, p.stdout + p.stderr
+    p = ggufdspark_cli(*_serve_args(small_pair), "--dry-run", "--no-ui", env={"GGUFDSPARK_UI": str(fake_ui)})
+    assert p.returncode == 0 and "--path" not in p.stdout, p.stdout
+    p = ggufdspark_cli(*_serve_args(small_pair), "--dry-run", "--", "--path", "/srv/mine",
+                       env={"GGUFDSPARK_UI": str(fake_ui)})
+    assert p.returncode == 0 and p.stdout.count("--path") == 1 and "--path /srv/mine" in p.stdout, p.stdout
+    # no UI in this (private) cache: no --path, and the reason printed where serve starts
+    p = ggufdspark_cli(*_serve_args(small_pair), "--dry-run")
+    assert p.returncode == 0 and "--path" not in p.stdout, p.stdout
+
+
+def test_serve_ui_argument_errors(ggufdspark_cli, small_pair, isolated, tmp_path, fake_ui):
+    p = ggufdspark_cli(*_serve_args(small_pair), "--open", "--no-ui")
+    assert p.returncode == 2 and "--open and --no-ui" in p.stderr.strip().splitlines()[-1], p.stderr
+    p = ggufdspark_cli(*_serve_args(small_pair), "--dry-run", env={"GGUFDSPARK_UI": str(tmp_path)})
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (f"ggufdspark: error: {tmp_path}: $GGUFDSPARK_UI is not a built "
+                                                 "chat UI (no index.html)")
+    p = ggufdspark_cli(*_serve_args(small_pair), "--open", "--api-key", "sesame-1234",
+                       env={"GGUFDSPARK_UI": str(fake_ui)})
+    assert p.returncode == 2 and "cannot load in a browser" in p.stderr and "sesame-1234" not in p.stderr, p.stderr
+
+
+def test_serve_prints_the_chat_url_and_the_key_hint(small_pair, isolated, fake_ui, tmp_path):
+    """With an API key the URL comes with a hint (never the key), and the hint says what the engine
+    does: only / is served without the key, the page's other files need it."""
+    out = tmp_path / "serve.out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GGUFDSPARK_UI": str(fake_ui)}
+    cmd = [sys.executable, "-m", "ggufdspark", *_serve_args(small_pair), "--api-key", "sesame-1234",
+           "--log", str(tmp_path / "server.log")]
+    with open(out, "w") as outf:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=outf, stderr=subprocess.STDOUT)
+    try:
+        line = _wait_for_line(out, r"^chat: .*$", proc, 120)
+        url = re.match(r"chat: (http://127\.0\.0\.1:\d+/) \(with an API key .*only / is exempt.*\)$", line)
+        assert url, line
+        codes = {}
+        for path in ("", "app.js"):
+            try:
+                with urllib.request.urlopen(url.group(1) + path, timeout=30) as r:
+                    codes[path] = r.status
+            except urllib.error.HTTPError as e:
+                codes[path] = e.code
+        assert codes == {"": 200, "app.js": 401}, codes
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0 and "sesame-1234" not in out.read_text(), out.read_text()
+
+
+def test_doctor_reports_the_ui(ggufdspark_cli, isolated, fake_ui):
+    p = ggufdspark_cli("doctor", "--json")
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["ui"] is None and "build-engine" in rep["ui_note"], rep
+    p = ggufdspark_cli("doctor", env={"GGUFDSPARK_UI": str(fake_ui)})
+    assert p.returncode == 0 and f"chat UI:      {fake_ui} ($GGUFDSPARK_UI)" in p.stdout, p.stdout
