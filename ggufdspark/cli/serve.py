@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import threading
 import webbrowser
 
 import click
@@ -53,6 +54,9 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
                        draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
                        ctx_size=ctx_size, parallel=parallel, extra_args=list(extra), use_profile=not no_profile,
                        draft_max_slots=draft_max_slots, ui=not no_ui)
+    keyed = bool(p.settings.api_keys())
+    if keyed and p.ui and open_page:
+        raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
     for w in p.warnings:
         click.secho(f"WARNING: {w}", fg="yellow", err=True)
     d = p.decision
@@ -70,23 +74,13 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     click.echo(shlex.join(p.settings.redacted()), err=True)
     click.echo(f"log: {log_path}", err=True)
     click.echo(f"chat UI: {p.ui_note}", err=True)
-    keyed = bool(p.settings.api_keys())
-    if keyed and p.ui and open_page:
-        raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
     hint = (KEY_BLOCKS_PAGE if p.ui else KEY_HINT) if keyed else ""
 
     def ready(url: str) -> None:
         page = url + "/"
         _say(f"chat: {page}" + (f" ({hint})" if hint else ""))
-        if open_page:
-            try:
-                opened = webbrowser.open(page)
-            except Exception as e:  # a broken $BROWSER entry must not stop the server
-                opened, why = False, str(e)
-            else:
-                why = "no browser found (set $BROWSER)"
-            if not opened:
-                _say(f"--open: could not open a browser ({why}); open {page} yourself")
+        if open_page:  # in a thread: a console browser (lynx, w3m) would hold up the supervision
+            threading.Thread(target=_open, args=(page,), daemon=True, name="open-browser").start()
 
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
                         on_event=_say, on_ready=ready)
@@ -98,6 +92,15 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
 KEY_HINT = "an API key is required: enter it in the page's settings"
 KEY_BLOCKS_PAGE = ("with an API key this engine also asks the key for the page's own files (only / is exempt), "
                    "so the chat page cannot load in a browser; serve without --api-key on 127.0.0.1 to use it")
+
+
+def _open(page: str) -> None:
+    try:
+        opened, why = webbrowser.open(page), "no browser found (set $BROWSER)"
+    except Exception as e:  # a broken $BROWSER entry must not stop the server
+        opened, why = False, str(e)
+    if not opened:
+        _say(f"--open: could not open a browser ({why}); open {page} yourself")
 
 
 def _host(value: str) -> str:
