@@ -285,6 +285,35 @@ def test_build_engine_builds_the_ui_once_then_finds_it(ggufdspark_cli, tmp_path)
     assert len(list((tmp_path / "cache" / "engine").iterdir())) == 1
 
 
+def test_second_ui_build_waits_for_the_first(tmp_path, monkeypatch):
+    """While another process holds the UI's build lock, a second build waits, then finds its result."""
+    from ggufdspark import engine
+
+    tree = _ui_tree(tmp_path / "tree")
+    calls = _fake_node(tmp_path / "bin")
+    for k, v in _ui_env(tmp_path, tree, tmp_path / "bin").items():
+        monkeypatch.setenv(k, v)
+    root = webui.ui_root()
+    cmd = [sys.executable, "-c", "from ggufdspark import webui; print(webui.build_ui().status)"]
+    with engine.locked(root / "build.lock", "test"):  # "another build" holds the lock ...
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            seen = ""
+            while "waiting for another" not in seen and (line := proc.stderr.readline()):
+                seen += line
+            assert "waiting for another build of the chat UI" in seen, seen
+            assert not calls.exists(), "built while another build held the lock"
+            # ... and finishes it meanwhile
+            (root / "dist").mkdir()
+            (root / "dist" / "index.html").write_text("<!doctype html>")
+        except BaseException:
+            proc.kill()
+            raise
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.strip() == "cached" and not calls.exists(), err
+
+
 @pytest.mark.parametrize("case, expect", [
     ("no-ui-sources", "has no tools/ui/package-lock.json"),
     ("old-node", "node v18.20.4 is too old for the pinned UI (node ^20.19 or >= 22.12)"),
