@@ -16,7 +16,7 @@ from ggufdspark.cli._common import ProgressLine
 @click.option("--cpu", is_flag=True, help="CPU only (the default).")
 @click.option("--cmake-flag", "extra", multiple=True, metavar="-DNAME=VALUE", help="Extra CMake flag (part of the cache key).")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None, help="Parallel compile jobs (default: all cores).")
-@click.option("--force", is_flag=True, help="Rebuild even if a finished build is cached.")
+@click.option("--force", is_flag=True, help="Rebuild even if a finished build is cached (the chat UI too).")
 @click.option("--no-patches", is_flag=True, help="Build the pinned tree without the project's patch series.")
 @click.option("--print-path", is_flag=True, help="Print only the llama-server path on stdout.")
 @click.option("--with-tools", is_flag=True, help="Also build llama-bench and llama-batched-bench (profiling).")
