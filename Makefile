@@ -9,12 +9,12 @@ CACHE  ?= $(HOME)/.cache/ggufdspark
 SDIST  := $(CACHE)/src/llama_cpp_python-0.3.36.tar.gz
 TORCH  ?= torch==2.13.0
 
-.PHONY: all venv engine bindings demo test bench clean help
+.PHONY: all venv engine bindings browser demo test bench clean help
 
 all: test
 
 help:
-	@echo "make demo | make test | make engine | make bench | make clean"
+	@echo "make demo | make test | make engine | make browser | make bench | make clean"
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,7 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# the engine and its chat page (built from the pinned source when node and npm are there; cached)
 engine: venv
 	$(GGUFDSPARK) build-engine
 
@@ -39,7 +40,23 @@ bindings: $(VENV)/.bindings
 demo: engine bindings
 	$(PY) -m ggufdspark.demo
 
-test: engine bindings
+# what tests/test_webui.py drives: Debian's chromium and chromium-driver (apt, only when missing;
+# as root or through passwordless sudo) and selenium in the venv. Checked on every run, cheap when present.
+browser: venv
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif ! command -v apt-get >/dev/null; then \
+	  echo "make browser: no apt-get here: install chromium and chromedriver yourself (tests/test_webui.py needs them)" >&2; \
+	else \
+	  if [ "$$(id -u)" -eq 0 ]; then as_root=""; else as_root="sudo -n"; fi; \
+	  echo "make browser: installing chromium and chromium-driver (apt)"; \
+	  { $$as_root apt-get update -qq && \
+	    $$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      chromium chromium-driver >/dev/null; } || \
+	  echo "make browser: could not install chromium and chromium-driver (not root, no passwordless sudo?): tests/test_webui.py will fail" >&2; \
+	fi
+	@$(PY) -c "import selenium" 2>/dev/null || $(PY) -m pip install -q "selenium>=4.20"
+
+test: engine bindings browser
 	@$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

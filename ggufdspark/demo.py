@@ -27,6 +27,11 @@ def main() -> int:
         report.raise_for_failures()
         with serving(pair.target, pair.draft) as (srv, client):
             print(f"3. serving: {' '.join(srv.settings.redacted())}")
+            if srv.settings.public_path:
+                page = client.get_text("/")  # an HTTP error raises: the page is part of the demo
+                print(f"   chat page {srv.url}/ ({len(page)} bytes of index.html from {srv.settings.public_path})")
+            else:
+                print("   chat page: none (build-engine builds it where node >= 20.19 and npm are; docs/webui.md)")
             prompt = "The model draft target"
             before = client.metrics()
             out = client.complete(prompt, n_predict=64)

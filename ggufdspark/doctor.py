@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ggufdspark import webui
 from ggufdspark.bindings import DeviceReport, probe_devices
 from ggufdspark.bindings.llama import LlamaCppStatus, load_llama_cpp
 from ggufdspark.engine import PIN_COMMIT, EngineInfo, cache_dir, find_engine, require_dspark
@@ -37,6 +38,8 @@ class DoctorReport:
     bindings: LlamaCppStatus | None = None
     cache_dir: str = ""
     pinned_commit: str = PIN_COMMIT
+    ui: str | None = None  # the chat UI serve would pass as --path (None: no chat page from ggufdspark)
+    ui_note: str = ""  # where the page at / comes from
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -70,6 +73,12 @@ def doctor(server: str | os.PathLike | None = None, *, cache: Path | None = None
     report.bindings = load_llama_cpp(info.lib_dir)[1]
     report.backend = report.devices.backend or info.backend
     report.warnings = _warnings(report)
+    try:
+        ui, report.ui_note = webui.ui_for_engine(info, cache)
+        report.ui = str(ui) if ui else None
+    except EngineError as e:  # a $GGUFDSPARK_UI that is no UI
+        report.ui_note = str(e)
+        report.warnings.append(str(e))
     report.ok = not report.problems
     log.debug("doctor: ok=%s, %d problems, %d warnings", report.ok, len(report.problems),
               len(report.warnings))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, profiles
+from ggufdspark import hardware, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.runners.server import LOOPBACK, Client, ServerProcess, ServerSettings
@@ -38,6 +38,8 @@ class ServePlan:
     engine: eng.EngineInfo
     warnings: list[str] = field(default_factory=list)
     check: dict | None = None
+    ui: Path | None = None  # the chat UI directory passed as --path (None: none passed)
+    ui_note: str = ""  # where the page at / comes from, for printing
 
 
 # Accepted ranges, shared by the CLI's option types and the Python API.
@@ -80,8 +82,11 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
          api_key: str | None = None, draft_n_max: int | None = None, no_draft: bool = False,
          force: bool = False, server: str | Path | None = None, ctx_size: int | None = 4096,
          parallel: int | None = 1, extra_args: list[str] | None = None,
-         use_profile: bool = True, draft_max_slots: int | None = None) -> ServePlan:
+         use_profile: bool = True, draft_max_slots: int | None = None, ui: bool = True) -> ServePlan:
     """Check the pair and decide the llama-server command line (nothing is started).
+
+    With ``ui`` (the default) the chat UI built by ``build-engine`` (``ggufdspark.webui``) is served
+    at ``/`` through ``--path``, unless ``extra_args`` already say ``--path`` or ``--no-ui``.
 
     Raises:
         InputNotFoundError, CorruptFileError: a file is missing or not GGUF.
@@ -136,9 +141,25 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if decision.offload and decision.draft_enabled else None,
         flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,
         extra_args=hardware.engine_workarounds(decision.backend, parallel, info) + list(extra_args or []))
+    ui_dir, ui_note = _chat_ui(info, ui, list(extra_args or []))
+    settings.public_path = ui_dir
     if host not in LOOPBACK and not settings.api_keys():
         warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
-    return ServePlan(settings, decision, info, warnings, report)
+    return ServePlan(settings, decision, info, warnings, report, ui_dir, ui_note)
+
+
+# llama-server flags that decide the page at / themselves (given after --)
+_UI_FLAGS = ("--path", "--no-ui", "--no-webui")
+
+
+def _chat_ui(info: eng.EngineInfo, wanted: bool, extra_args: list[str]) -> tuple[Path | None, str]:
+    """The UI directory to pass as ``--path`` (or None) and a note on where the page at / comes from."""
+    given = next((a for a in extra_args if a.split("=", 1)[0] in _UI_FLAGS), None)
+    if given:
+        return None, f"as the engine's own '{given}' (given after --) decides"
+    if not wanted:
+        return None, "none (--no-ui)"
+    return webui.ui_for_engine(info)
 
 
 @contextlib.contextmanager
@@ -173,8 +194,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
               backoff: tuple[float, ...] = (1, 2, 4, 8, 16),
-              on_event: Callable[[str], None] = lambda msg: None) -> int:
+              on_event: Callable[[str], None] = lambda msg: None,
+              on_ready: Callable[[str], None] = lambda url: None) -> int:
     """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes.
+
+    ``on_event`` gets each supervision event as a line; ``on_ready`` gets the server's base URL
+    once, when the first start is healthy (not again after a restart).
 
     A second such signal while stopping kills the engine at once instead of waiting for it.
 
@@ -203,6 +228,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     try:
         srv.start()
         on_event(f"ready: {srv.url} (log: {log_path})")
+        on_ready(srv.url)
         while True:
             time.sleep(0.5)
             if srv.alive():

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from ggufdspark import engine
+from ggufdspark import engine, webui
 from ggufdspark.cli._common import ProgressLine
 
 
@@ -16,15 +16,19 @@ from ggufdspark.cli._common import ProgressLine
 @click.option("--cpu", is_flag=True, help="CPU only (the default).")
 @click.option("--cmake-flag", "extra", multiple=True, metavar="-DNAME=VALUE", help="Extra CMake flag (part of the cache key).")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None, help="Parallel compile jobs (default: all cores).")
-@click.option("--force", is_flag=True, help="Rebuild even if a finished build is cached.")
+@click.option("--force", is_flag=True, help="Rebuild even if a finished build is cached (the chat UI too).")
 @click.option("--no-patches", is_flag=True, help="Build the pinned tree without the project's patch series.")
 @click.option("--print-path", is_flag=True, help="Print only the llama-server path on stdout.")
 @click.option("--with-tools", is_flag=True, help="Also build llama-bench and llama-batched-bench (profiling).")
-def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_tools):
+@click.option("--no-ui", is_flag=True, help="Do not build the chat UI (serve then has no chat page).")
+def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_tools, no_ui):
     """Fetch llama-cpp-python==0.3.36's vendored llama.cpp (sha256-checked) and build llama-server.
 
     The backend defaults to $GGML_CUDA / $GGML_METAL when set to 1/ON, else CPU. A second build of
     the same engine waits for the first; a cached build that does not run is rebuilt.
+
+    Then the chat UI, from the same tree's sources with npm (when node and npm are there), cached
+    apart from the engine in <cache>/ui/<commit>; one line says whether it was built, found or skipped.
     """
     chosen = [name for name, on in (("cuda", cuda), ("metal", metal), ("cpu", cpu)) if on]
     if len(chosen) > 1:
@@ -41,9 +45,22 @@ def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_t
     if cached:
         if not print_path:
             click.echo(f"engine already built ({spec.key()}): {cached}", err=True)
-        click.echo(cached)
-        return
-    click.echo(f"building llama.cpp {engine.PIN_COMMIT} ({backend}) into {engine.build_dir(spec)}", err=True)
-    # nothing usable is cached (checked just above): build, unless another build finishes it first
-    exe = engine.build_engine(spec, jobs=jobs, force=True, progress=ProgressLine("build"), extra_targets=tools)
+        exe = cached
+    else:
+        click.echo(f"building llama.cpp {engine.PIN_COMMIT} ({backend}) into {engine.build_dir(spec)}", err=True)
+        # nothing usable is cached (checked just above): build, unless another build finishes it first
+        exe = engine.build_engine(spec, jobs=jobs, force=True, progress=ProgressLine("build"), extra_targets=tools)
+    click.echo(_chat_ui(no_ui, force), err=True)
     click.echo(exe)
+
+
+def _chat_ui(no_ui: bool, force: bool) -> str:
+    """Build (or find) the chat UI; the one line that says what happened."""
+    if no_ui:
+        return "UI: skipped (--no-ui): serve will have no chat page"
+    r = webui.build_ui(force=force)
+    if r.status == "built":
+        return f"UI: built from the pinned source in {r.seconds:g} s: {r.path}"
+    if r.status == "cached":
+        return f"UI: already built: {r.path}"
+    return f"UI: skipped: {r.reason}; serve will have no chat page"

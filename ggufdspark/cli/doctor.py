@@ -41,6 +41,7 @@ def render(report: DoctorReport) -> list[str]:
         ("patches", f"{len(info.patches)} ({', '.join(p[:4] for p in info.patches)}; docs/engine-patches.md)"
                     if info.patches else "none (the pinned tree as is, or not a ggufdspark build)"),
     ]
+    rows.append(("chat UI", report.ui_note if report.ui else f"none: {report.ui_note}"))
     rows += _device_rows(report)
     rows.append(("bindings", _bindings_text(report)))
     rows.append(("cache", report.cache_dir))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import threading
+import webbrowser
 
 import click
 
@@ -36,14 +38,25 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--max-restarts", type=int, default=5, show_default=True)
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
+@click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
+@click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_max_slots, no_draft, force, server,
-            ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, extra):
-    """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged."""
+            ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, no_ui, open_page, extra):
+    """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
+
+    The chat page (built by 'ggufdspark build-engine' when node and npm are there) is at
+    http://HOST:PORT/; its URL is printed once the server is up.
+    """
+    if no_ui and open_page:
+        raise click.UsageError("--open and --no-ui: there is no chat page to open without the UI")
     p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
                        draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
                        ctx_size=ctx_size, parallel=parallel, extra_args=list(extra), use_profile=not no_profile,
-                       draft_max_slots=draft_max_slots)
+                       draft_max_slots=draft_max_slots, ui=not no_ui)
+    keyed = bool(p.settings.api_keys())
+    if keyed and p.ui and open_page:
+        raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
     for w in p.warnings:
         click.secho(f"WARNING: {w}", fg="yellow", err=True)
     d = p.decision
@@ -60,8 +73,34 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     p.settings.pick_port()  # so the command printed below names the port actually used
     click.echo(shlex.join(p.settings.redacted()), err=True)
     click.echo(f"log: {log_path}", err=True)
+    click.echo(f"chat UI: {p.ui_note}", err=True)
+    hint = (KEY_BLOCKS_PAGE if p.ui else KEY_HINT) if keyed else ""
+
+    def ready(url: str) -> None:
+        page = url + "/"
+        _say(f"chat: {page}" + (f" ({hint})" if hint else ""))
+        if open_page:  # in a thread: a console browser (lynx, w3m) would hold up the supervision
+            threading.Thread(target=_open, args=(page,), daemon=True, name="open-browser").start()
+
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
-                        on_event=_say)
+                        on_event=_say, on_ready=ready)
+
+
+# Printed with the chat URL when the server requires a key (the key itself never is). The pinned
+# llama-server exempts from the key only "/" and the files of an embedded UI; the files of a --path
+# UI (its JS bundle included) need the key, which a browser does not send for them (docs/webui.md).
+KEY_HINT = "an API key is required: enter it in the page's settings"
+KEY_BLOCKS_PAGE = ("with an API key this engine also asks the key for the page's own files (only / is exempt), "
+                   "so the chat page cannot load in a browser; serve without --api-key on 127.0.0.1 to use it")
+
+
+def _open(page: str) -> None:
+    try:
+        opened, why = webbrowser.open(page), "no browser found (set $BROWSER)"
+    except Exception as e:  # a broken $BROWSER entry must not stop the server
+        opened, why = False, str(e)
+    if not opened:
+        _say(f"--open: could not open a browser ({why}); open {page} yourself")
 
 
 def _host(value: str) -> str:

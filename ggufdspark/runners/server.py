@@ -78,6 +78,8 @@ class ServerSettings:
     parallel: int | None = 1
     threads: int | None = None
     metrics: bool = True
+    # a directory of static files served at / (the chat UI's dist: ggufdspark.webui)
+    public_path: str | Path | None = None
     synth_len: float | None = None
     synth_rates: list[float] | None = None
     extra_args: list[str] = field(default_factory=list)
@@ -143,6 +145,8 @@ class ServerSettings:
             a += ["-t", str(self.threads)]
         if self.metrics:
             a += ["--metrics"]
+        if self.public_path is not None:
+            a += ["--path", str(self.public_path)]
         if self.api_keys():
             a += ["--api-key-file", str(key_file or KEY_FILE_PLACEHOLDER)]
         a += ["--host", self.host, "--port", str(self.port)]
