@@ -90,3 +90,23 @@ def float_type(g: GGUFFile) -> str | None:
         return None
     label = precision(g)
     return label.lower() if label.lower() in FLOAT_TYPES.values() else FLOAT_TYPES[min(types)]
+
+
+def is_quantized_file(path) -> bool:
+    """Whether the GGUF at ``path`` is in a quantized type (its label is not F32, F16 or BF16).
+    An unreadable file counts as not quantized (the caller reports it elsewhere)."""
+    from ggufdspark.errors import GgufdsparkError
+    from ggufdspark.gguffile.reader import read_gguf
+
+    try:
+        return precision(read_gguf(path)) not in ("F32", "F16", "BF16", "?")
+    except (GgufdsparkError, OSError):
+        return False
+
+
+def is_quantized_tag(ref: str | None) -> bool:
+    """Whether a Hub reference ``REPO:QUANT`` names a quantized type (no tag: llama.cpp picks Q4_K_M)."""
+    if not ref:
+        return False
+    tag = ref.rpartition(":")[2].upper() if ":" in ref else "Q4_K_M"
+    return tag not in ("F32", "F16", "BF16")
