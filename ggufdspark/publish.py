@@ -31,7 +31,7 @@ from ggufdspark.gguffile.constants import Key, TensorType
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.inspect import summarize_gguf
 from ggufdspark.profiles import file_sha256
-from ggufdspark.quants import FTYPE_LABELS, QUANT_TYPES, TENSOR_LABELS
+from ggufdspark.quants import FTYPE_LABELS, QUANT_TYPES, RECOMMENDED_DRAFT, TENSOR_LABELS
 
 log = logging.getLogger(__name__)
 
@@ -542,8 +542,9 @@ def _as_list(x: str | Path | Sequence[str | Path] | None) -> list[Path]:
 def default_pairing(target_quants: Sequence[str], draft_quants: Sequence[str],
                     pairs: Mapping[str, str] | None = None) -> dict[str, str]:
     """Which draft goes with each target quant: ``pairs`` (target quant -> draft quant) where given;
-    else the only draft; else the draft of the same quant; else the draft with the most bits
-    (drafts stay F16/BF16 unless measured otherwise: docs/quantize.md).
+    else the only draft; else the measured recommendation (``quants.RECOMMENDED_DRAFT``) when that
+    draft is among them; else the draft of the same quant; else the draft with the most bits (drafts
+    stay F16/BF16 unless measured otherwise: docs/quantize.md).
 
     Raises:
         PublishError: ``pairs`` names a quant that is not among the files.
@@ -556,8 +557,17 @@ def default_pairing(target_quants: Sequence[str], draft_quants: Sequence[str],
             raise PublishError(f"--pair {tq}={dq}: no {dq} draft among {', '.join(draft_quants)}")
     bits = lambda q: QUANT_TYPES[q].bits if q in QUANT_TYPES else _bits(q)  # noqa: E731
     best = max(draft_quants, key=bits)
-    return {tq: pairs.get(tq) or (draft_quants[0] if len(draft_quants) == 1 else tq if tq in draft_quants else best)
-            for tq in target_quants}
+
+    def pick(tq: str) -> str:
+        if tq in pairs:
+            return pairs[tq]
+        if len(draft_quants) == 1:
+            return draft_quants[0]
+        if RECOMMENDED_DRAFT.get(tq) in draft_quants:
+            return RECOMMENDED_DRAFT[tq]
+        return tq if tq in draft_quants else best
+
+    return {tq: pick(tq) for tq in target_quants}
 
 
 def plan_publish(target: str | Path | Sequence[str | Path], draft: str | Path | Sequence[str | Path], *,

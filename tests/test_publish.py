@@ -567,3 +567,13 @@ def test_llama_server_resolves_each_published_quant(ggufdspark_cli, quant_pair, 
         out = srv.client().complete("The model draft target", n_predict=32)
         assert out.timings.draft_n and out.timings.draft_n > 0, out.raw.get("timings")
         srv.stop()
+
+
+def test_default_pairing(monkeypatch):
+    from ggufdspark import publish as pub
+
+    assert pub.default_pairing(["Q8_0", "Q4_K_M"], ["Q8_0"]) == {"Q8_0": "Q8_0", "Q4_K_M": "Q8_0"}
+    assert pub.default_pairing(["Q8_0", "Q4_K_M"], ["F16", "Q8_0"]) == {"Q8_0": "Q8_0", "Q4_K_M": "F16"}
+    assert pub.default_pairing(["Q4_K_M"], ["F16", "Q8_0"], {"q4_k_m": "q8_0"}) == {"Q4_K_M": "Q8_0"}
+    monkeypatch.setitem(pub.RECOMMENDED_DRAFT, "Q4_K_M", "Q8_0")  # what the H200 table will record
+    assert pub.default_pairing(["Q4_K_M", "F16"], ["F16", "Q8_0"]) == {"Q4_K_M": "Q8_0", "F16": "F16"}
