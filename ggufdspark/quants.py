@@ -76,12 +76,13 @@ def precision(g: GGUFFile) -> str:
     """The quant label of a GGUF (``F16``, ``Q4_K_M``...), from ``general.file_type``, else from the
     type of most of its matrices; ``?`` when neither says."""
     ft = g.metadata.get(Key.FILE_TYPE)
-    if ft is not None:
-        return FTYPE_LABELS.get(int(ft), f"file_type {ft}")
+    if isinstance(ft, int) and not isinstance(ft, bool):
+        return FTYPE_LABELS.get(ft, f"file_type {ft}")
+    # none, or not an integer (a damaged header: check reports what matters; this is only a label)
     counts: dict[str, int] = {}
     for t in g.tensors.values():
         if len(t.shape) >= 2 and t.type in TENSOR_LABELS:
-            label = TENSOR_LABELS[TensorType(t.type)]
+            label = TENSOR_LABELS[t.type]
             counts[label] = counts.get(label, 0) + t.n_elements
     return max(counts, key=counts.get) if counts else "?"
 
@@ -89,11 +90,11 @@ def precision(g: GGUFFile) -> str:
 def float_type(g: GGUFFile) -> str | None:
     """``f32``/``f16``/``bf16`` when every matrix of ``g`` is in a float type (a file llama-quantize can
     start from without requantizing), else None."""
-    types = {TensorType(t.type) for t in g.tensors.values() if len(t.shape) >= 2}
-    if not types <= set(FLOAT_TYPES):
+    types = {t.type for t in g.tensors.values() if len(t.shape) >= 2}
+    if not types or not types <= set(FLOAT_TYPES):
         return None
     label = precision(g)
-    return label.lower() if label.lower() in FLOAT_TYPES.values() else FLOAT_TYPES[min(types)]
+    return label.lower() if label.lower() in FLOAT_TYPES.values() else FLOAT_TYPES[TensorType(min(types))]
 
 
 def is_quantized_file(path) -> bool:

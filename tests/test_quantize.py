@@ -230,3 +230,15 @@ def test_serve_adds_no_repack_only_for_quantized_files_on_amx(isolated, quant_pa
                                      (small_pair.target, quant_pair["draft-Q8_0"], True)):
         args = plan(target, draft).settings.args()
         assert ("--no-repack" in args) == (quantized and amx), (target.name, draft.name)
+
+
+def test_bench_gate_passes_on_a_quantized_pair(ggufdspark_cli, isolated, quant_pair):
+    """``bench`` runs a Q4_K_M target with a Q8_0 draft (every arm alike: ``--no-repack`` on AMX CPUs)
+    and its lossless gate passes."""
+    p = ggufdspark_cli("bench", "-m", str(quant_pair["target-Q4_K_M"]), "-md", str(quant_pair["draft-Q8_0"]),
+                       "--limit", "1", "--categories", "multi_turn,chart_vqa", "-n", "16", "--concurrency", "1",
+                       "--json", "--max-plain-drift", "1000", env=isolated)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["gate"]["status"] == "pass" and rep["gate"]["defects"] == 0
+    assert rep["acceptance"]["drafted"] > 0
