@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 engine: venv
-	$(GGUFDSPARK) build-engine
+	$(GGUFDSPARK) build-engine --with-tools
 
 # ctypes bindings from the same sdist, compiled nothing: they load the engine's own libllama.
 $(VENV)/.bindings: $(VENV)/.installed
