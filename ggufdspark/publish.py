@@ -28,7 +28,7 @@ from ggufdspark.check import PairReport, check_pair
 from ggufdspark.engine import PIN_COMMIT
 from ggufdspark.errors import GgufdsparkError, InputNotFoundError, PublishError
 from ggufdspark.gguffile.constants import Key, TensorType
-from ggufdspark.gguffile.reader import GGUFFile, read_gguf
+from ggufdspark.gguffile.reader import GGUFFile, read_gguf, shown
 from ggufdspark.inspect import summarize_gguf
 from ggufdspark.profiles import file_sha256
 from ggufdspark.quants import FTYPE_LABELS, QUANT_TYPES, RECOMMENDED_DRAFT, TENSOR_LABELS
@@ -134,9 +134,9 @@ def quant_label(g: GGUFFile) -> str:
     """The quant label of a GGUF (``F16``, ``BF16``, ``Q8_0``...), from ``general.file_type``."""
     ft = g.metadata.get(Key.FILE_TYPE)
     if ft is not None:
-        if int(ft) in FTYPE_LABELS:
-            return FTYPE_LABELS[int(ft)]
-        raise PublishError(f"{g.path}: unknown general.file_type {ft} (known: {sorted(FTYPE_LABELS)})")
+        if isinstance(ft, int) and not isinstance(ft, bool) and ft in FTYPE_LABELS:
+            return FTYPE_LABELS[ft]
+        raise PublishError(f"{g.path}: unknown general.file_type {shown(ft)} (known: {sorted(FTYPE_LABELS)})")
     counts: dict[str, int] = {}
     for t in g.tensors.values():
         if len(t.shape) >= 2 and t.type in TENSOR_LABELS:
