@@ -27,7 +27,7 @@ venv: $(VENV)/.installed
 
 # the engine and its chat page (built from the pinned source when node and npm are there; cached)
 engine: venv
-	$(GGUFDSPARK) build-engine
+	$(GGUFDSPARK) build-engine --with-tools
 
 # ctypes bindings from the same sdist, compiled nothing: they load the engine's own libllama.
 $(VENV)/.bindings: $(VENV)/.installed

@@ -256,7 +256,7 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
         pset = pr.prompt_set(prompts, mmproj=mmproj, image_dir=logs / "images", categories=categories, limit=limit)
         per_slot = ctx_per_slot or 2048 + n_predict * max(it.n_turns for it in pset.items)
         base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=max(levels),
-                             ctx_per_slot=per_slot, threads=threads, extra_args=server_args)
+                             ctx_per_slot=per_slot, threads=threads, extra_args=server_args, draft=draft)
         spec_settings = arm_settings(base, draft, n_max=n_max, p_min=p_min, synthetic=synthetic)
         plain_settings = arm_settings(base, None)
         gate_mode = ("refused: " + f"{synthetic.describe()}: the output is not valid in that mode" if synthetic

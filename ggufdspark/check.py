@@ -12,6 +12,7 @@ from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.inspect import DSPARK_TENSORS, classify, tokenizer_value, vocab_size
+from ggufdspark.quants import precision
 
 MAX_BLOCK_SIZE = 64
 IMAGE_TOKENS = ("<image>", "<|image|>", "<|image_pad|>")
@@ -30,6 +31,8 @@ class PairReport:
     draft: str | None
     mmproj: str | None
     checks: list[CheckResult] = field(default_factory=list)
+    # role -> quant label ("target": "Q4_K_M", "draft": "Q8_0"): any mix is accepted
+    precisions: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -45,9 +48,13 @@ class PairReport:
             reasons = "; ".join(f"{c.name}: {c.detail}" for c in bad)
             raise PairMismatchError(f"{self.draft or self.mmproj} does not belong with {self.target}: {reasons}")
 
+    def pair_label(self) -> str:
+        """``target Q4_K_M, draft Q8_0`` (and the mmproj's), the precisions this report saw."""
+        return ", ".join(f"{role} {label}" for role, label in self.precisions.items())
+
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "draft": self.draft, "mmproj": self.mmproj, "ok": self.ok,
-                "checks": [asdict(c) for c in self.checks]}
+                "precisions": self.precisions, "checks": [asdict(c) for c in self.checks]}
 
 
 def _tokenizer_difference(t: GGUFFile, d: GGUFFile) -> str | None:
@@ -130,14 +137,22 @@ def check_mmproj(t: GGUFFile, m: GGUFFile) -> list[CheckResult]:
 def check_pair(target: str | Path, draft: str | Path | None = None, mmproj: str | Path | None = None) -> PairReport:
     """Check a target GGUF against a draft GGUF and/or an mmproj GGUF (headers only).
 
+    Precisions may differ freely (a Q4_K_M target with a Q8_0 or F16 draft): the report records
+    which it saw (``PairReport.precisions``).
+
     Raises:
         InputNotFoundError / CorruptFileError for unreadable files; a mismatch is not raised but
         reported (see ``PairReport.raise_for_failures``).
     """
     t = read_gguf(target)
     report = PairReport(str(target), str(draft) if draft else None, str(mmproj) if mmproj else None)
+    report.precisions["target"] = precision(t)
     if draft is not None:
-        report.checks += check_gguf_pair(t, read_gguf(draft))
+        d = read_gguf(draft)
+        report.precisions["draft"] = precision(d)
+        report.checks += check_gguf_pair(t, d)
     if mmproj is not None:
-        report.checks += check_mmproj(t, read_gguf(mmproj))
+        m = read_gguf(mmproj)
+        report.precisions["mmproj"] = precision(m)
+        report.checks += check_mmproj(t, m)
     return report

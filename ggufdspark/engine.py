@@ -66,6 +66,8 @@ BASE_FLAGS = [
 ]
 
 SERVER_TARGETS = ["llama-server"]
+# ``build-engine --with-tools``: built into the same cached build, beside llama-server.
+TOOL_TARGETS = ("llama-quantize", "llama-bench", "llama-batched-bench")
 # Seconds an engine gets to answer --version / --help; a hung one is killed with all it started.
 PROBE_TIMEOUT = 60.0
 # Part of every cache key: bump it whenever BASE_FLAGS or BACKEND_FLAGS change, so that a build
@@ -279,6 +281,10 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
     if not force and (exe := done()):
         log.info("engine already built: %s", exe)
         return exe
+    if not force and extra_targets and (exe := usable_build(spec, cache)):
+        # the engine is built, only tools are missing: compile those into the same build
+        with locked(build_dir(spec, cache) / "build.lock", f"build of the engine in {build_dir(spec, cache)}"):
+            return done() or _build_tools(spec, cache, exe, extra_targets, jobs=jobs, progress=progress)
     for tool in ("cmake", "c++"):
         if not shutil.which(tool):
             raise EngineBuildError(f"'{tool}' not found on PATH: install CMake and a C/C++ compiler")
@@ -332,6 +338,37 @@ def _build(spec: BuildSpec, cache: Path, d: Path, *, jobs: int | None, progress:
               "flags": spec.flags(), "patches": [p.name for p in patch_files()] if spec.patches else [],
               "seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (d / "build.json").write_text(json.dumps(record, indent=2))
+    return exe
+
+
+def _build_tools(spec: BuildSpec, cache: Path, exe: Path, targets: tuple[str, ...], *, jobs: int | None,
+                 progress: Progress | None) -> Path:
+    """Compile the missing ``targets`` into a finished build (its tree is configured and patched
+    already), without touching what is built; the build record then lists them."""
+    d = build_dir(spec, cache)
+    missing = [t for t in targets if not (exe.parent / t).is_file()]
+    cmd = ["cmake", "--build", str(d / "build"), "--target", *missing, "-j", str(jobs or os.cpu_count() or 2)]
+    logfile = d / "build-tools.log"
+    with open(logfile, "w") as logf:
+        logf.write("$ " + " ".join(cmd) + "\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            logf.write(line)
+            m = re.match(r"\[(\d+)/(\d+)\]", line)
+            if progress and m:
+                progress(int(m.group(1)), int(m.group(2)), "compile")
+        rc = proc.wait()
+    if rc != 0 or not all((exe.parent / t).is_file() for t in missing):
+        raise EngineBuildError(f"building {', '.join(missing)} failed (exit {rc}): {_first_error(logfile)}; "
+                               f"full log: {logfile}")
+    record_path = d / "build.json"
+    record = json.loads(record_path.read_text())
+    record["targets"] = list(dict.fromkeys([*record.get("targets", SERVER_TARGETS), *missing]))
+    tmp = record_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(record_path)
     return exe
 
 

@@ -56,8 +56,27 @@ def has_patch(engine: EngineInfo | None, name: str) -> bool:
     return engine is not None and any(name in p for p in engine.patches)
 
 
-def engine_workarounds(backend: str | None, parallel: int | None, engine: EngineInfo | None = None) -> list[str]:
+def cpu_has_amx() -> bool:
+    """Whether this CPU advertises AMX (``amx_int8`` / ``amx_tile`` in ``/proc/cpuinfo``; False elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_int8" in line.split() or "amx_tile" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def engine_workarounds(backend: str | None, parallel: int | None, engine: EngineInfo | None = None, *,
+                       quantized: bool = False) -> list[str]:
     """llama-server flags that avoid known failures of the pinned engine on this backend.
+
+    CPU with AMX and a quantized target or draft (``quantized``): the pinned ggml-cpu puts Q4_0,
+    Q8_0 and K-quant weights in its AMX buffer, and llama-server then died at its warm-up decode
+    (seen here, Xeon with amx_int8, LFM2 targets Q8_0 / Q4_0 / Q4_K_M, rows 64 and 256 wide, one
+    slot: SIGSEGV in ``ggml_backend_amx_mul_mat`` with the patch series, SIGILL without it); F16 and
+    BF16 weights never go there. ``--no-repack`` keeps them out of that buffer (issue 15).
 
     CPU with 2+ parallel slots: on CPUs with AMX, the pinned ggml-cpu's repacked-weight matmul
     crashed (SIGSEGV) on the first batch holding several sequences (seen here: 7 of 10 starts with a
@@ -65,7 +84,11 @@ def engine_workarounds(backend: str | None, parallel: int | None, engine: Engine
     not broadcast. Patch 0009 fixes it; an engine built with it (``engine.patches``) keeps repacking,
     any other one (an unknown ``--server``, or no ``engine`` given) gets ``--no-repack``.
     """
-    if (backend or "cpu") != "cpu" or (parallel or 1) <= 1:
+    if (backend or "cpu") != "cpu":
+        return []
+    if quantized and cpu_has_amx():
+        return ["--no-repack"]
+    if (parallel or 1) <= 1:
         return []
     if has_patch(engine, AMX_BATCH_FIX):
         return []

@@ -107,14 +107,20 @@ def check_rates(rates: list[float], n_max: int, *, what: str = "--synthetic-rate
 
 def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardware.Decision,
                   mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int = 4096,
-                  threads: int | None = None, extra_args: list[str] | None = None) -> ServerSettings:
+                  threads: int | None = None, extra_args: list[str] | None = None,
+                  draft: str | Path | None = None) -> ServerSettings:
     """The target-only server the arms share (offload and flash attention as ``serve`` decides);
-    ``extra_args`` go to every arm's llama-server unchanged."""
+    ``extra_args`` go to every arm's llama-server unchanged. ``draft``, the one the speculative arms
+    will add, counts for the engine's workarounds (a quantized draft), so every arm runs alike."""
+    from ggufdspark.quants import is_quantized_file
+
+    quantized = any(p is not None and is_quantized_file(p) for p in (target, draft))
     return ServerSettings(
         server=engine.path, model=target, mmproj=mmproj, spec_type=None, draft_n_min=None,
         n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None, flash_attn=decision.flash_attn,
         ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads,
-        extra_args=hardware.engine_workarounds(decision.backend, parallel) + list(extra_args or []))
+        extra_args=hardware.engine_workarounds(decision.backend, parallel, quantized=quantized)
+        + list(extra_args or []))
 
 
 def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int | None = None,

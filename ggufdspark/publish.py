@@ -21,30 +21,21 @@ import logging
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ggufdspark import __version__, hardware
 from ggufdspark.check import PairReport, check_pair
 from ggufdspark.engine import PIN_COMMIT
 from ggufdspark.errors import GgufdsparkError, InputNotFoundError, PublishError
 from ggufdspark.gguffile.constants import Key, TensorType
-from ggufdspark.gguffile.reader import GGUFFile, read_gguf
+from ggufdspark.gguffile.reader import GGUFFile, read_gguf, shown
 from ggufdspark.inspect import summarize_gguf
 from ggufdspark.profiles import file_sha256
+from ggufdspark.quants import FTYPE_LABELS, QUANT_TYPES, RECOMMENDED_DRAFT, TENSOR_LABELS
 
 log = logging.getLogger(__name__)
 
-# general.file_type (llama_ftype, include/llama.h of the pinned tree) -> the quant label in file names
-# and in ``-hf REPO:QUANT``.
-FTYPE_LABELS: dict[int, str] = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
-    18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S",
-    25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
-    32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
-}
-# Used when a file has no general.file_type: the type of most of its matrices.
-TENSOR_LABELS = {TensorType.F32: "F32", TensorType.F16: "F16", TensorType.BF16: "BF16", TensorType.Q8_0: "Q8_0"}
+# The quant labels (general.file_type -> Q4_K_M) are facts of ggufdspark.quants.
 
 # How llama.cpp's Hub resolution (common/download.cpp of the pinned tree) names files: the draft
 # sidecar is found by "dspark-", the vision projector by "mmproj", and a file whose name holds any
@@ -116,9 +107,12 @@ class RepoPlan:
 @dataclass
 class PublishPlan:
     repos: list[RepoPlan]
-    commands: dict[str, str]  # backend -> llama-server command line
+    commands: dict[str, str]  # backend -> llama-server command line, for the first target
     dry_run: bool
     endpoint: str
+    pairing: dict[str, str] = field(default_factory=dict)  # target quant -> draft quant
+    # target quant -> {"cuda": llama-server line, "metal": ..., "serve": ggufdspark serve line}
+    quant_commands: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,9 +134,9 @@ def quant_label(g: GGUFFile) -> str:
     """The quant label of a GGUF (``F16``, ``BF16``, ``Q8_0``...), from ``general.file_type``."""
     ft = g.metadata.get(Key.FILE_TYPE)
     if ft is not None:
-        if int(ft) in FTYPE_LABELS:
-            return FTYPE_LABELS[int(ft)]
-        raise PublishError(f"{g.path}: unknown general.file_type {ft} (known: {sorted(FTYPE_LABELS)})")
+        if isinstance(ft, int) and not isinstance(ft, bool) and ft in FTYPE_LABELS:
+            return FTYPE_LABELS[ft]
+        raise PublishError(f"{g.path}: unknown general.file_type {shown(ft)} (known: {sorted(FTYPE_LABELS)})")
     counts: dict[str, int] = {}
     for t in g.tensors.values():
         if len(t.shape) >= 2 and t.type in TENSOR_LABELS:
@@ -309,7 +303,7 @@ def _measured_on(data: dict) -> str | None:
     return ", ".join(x for x in (where, f"llama.cpp {engine}" if engine else None) if x) or None
 
 
-def render_results(path: str | Path, target_sha: str, draft_sha: str) -> str:
+def render_results(path: str | Path, target_sha: str | Iterable[str], draft_sha: str | Iterable[str]) -> str:
     """A markdown section from a ``bench`` or ``tune`` JSON report (or a saved tune profile): its
     measurements as a table, where and how they were taken, and the recommendation.
 
@@ -328,10 +322,12 @@ def render_results(path: str | Path, target_sha: str, draft_sha: str) -> str:
         data = {"rows": data}
     pair = data.get("pair") if isinstance(data.get("pair"), dict) else {}
     for role, mine in (("target", target_sha), ("draft", draft_sha)):
+        mine = [mine] if isinstance(mine, str) else list(mine)
         theirs = pair.get(f"{role}_sha256")
-        if theirs and theirs != mine:
+        if theirs and theirs not in mine:
+            ours = " or ".join(f"{m[:16]}..." for m in mine)
             raise PublishError(f"{p}: measured on another {role} (sha256 {theirs[:16]}..., "
-                               f"this {role} is {mine[:16]}...)")
+                               f"this {role} is {ours})")
     layout = next((lay for lay in RESULT_LAYOUTS if _is_rows(data.get(lay.rows_key))), None)
     if layout is not None:
         rows, columns, title = data[layout.rows_key], layout.columns, f"ggufdspark {layout.tool}"
@@ -375,14 +371,18 @@ def render_results(path: str | Path, target_sha: str, draft_sha: str) -> str:
 
 @dataclass
 class _Pair:
-    """What the cards and the plan are made from."""
+    """What the cards and the plan are made from: one or several target quants (one file each), one
+    or several drafts, an optional mmproj, and which draft goes with which target quant."""
 
     name: str
     target_repo: str
     draft_repo: str
-    files: dict[str, PlannedFile]  # role -> file (target, draft, optional mmproj)
-    ggufs: dict[str, GGUFFile]
-    report: PairReport
+    targets: list[PlannedFile]
+    drafts: list[PlannedFile]
+    mmproj: PlannedFile | None
+    pairing: dict[str, str]  # target quant -> draft quant
+    ggufs: dict[str, GGUFFile]  # path_in_repo -> header
+    reports: dict[str, PairReport]  # target quant -> check of that target with its draft (and mmproj)
     licenses: dict[str, dict[str, str]]  # "target" / "draft" card -> license, license_name, license_link
     base_model: str | None
     draft_base_model: str | None
@@ -392,9 +392,21 @@ class _Pair:
     def single(self) -> bool:
         return self.target_repo == self.draft_repo
 
-    def ref(self, role: str) -> str:
-        repo = self.draft_repo if role == "draft" else self.target_repo
-        return f"{repo}:{self.files[role].quant}"
+    def files(self) -> list[PlannedFile]:
+        return self.targets + ([self.mmproj] if self.mmproj else []) + self.drafts
+
+    def target(self, quant: str) -> PlannedFile:
+        return next(f for f in self.targets if f.quant == quant)
+
+    def draft_for(self, quant: str) -> PlannedFile:
+        return next(f for f in self.drafts if f.quant == self.pairing[quant])
+
+    def ref(self, role: str, quant: str | None = None) -> str:
+        """``REPO:QUANT`` for -hf (role "target") or -hfd (role "draft") of target quant ``quant``."""
+        quant = quant or self.targets[0].quant
+        if role == "draft":
+            return f"{self.draft_repo}:{self.pairing[quant]}"
+        return f"{self.target_repo}:{quant}"
 
 
 def _front_matter(pair: _Pair, *, draft_card: bool) -> str:
@@ -403,29 +415,41 @@ def _front_matter(pair: _Pair, *, draft_card: bool) -> str:
     base = pair.draft_base_model if draft_card else pair.base_model
     data = ModelCardData(
         base_model=base, base_model_relation="quantized" if base else None,
-        pipeline_tag=None if draft_card else ("image-text-to-text" if "mmproj" in pair.files else "text-generation"),
+        pipeline_tag=None if draft_card else ("image-text-to-text" if pair.mmproj else "text-generation"),
         tags=CARD_TAGS + (["draft-model"] if draft_card or pair.single else []),
         **pair.licenses["draft" if draft_card else "target"])
     return f"---\n{data.to_yaml()}\n---\n"
 
 
-def _files_table(pair: _Pair, roles: Iterable[str]) -> list[str]:
+def _files_table(pair: _Pair, files: Iterable[PlannedFile]) -> list[str]:
     out = ["| File | What it is | Type | Size | sha256 |", "|---|---|---|---:|---|"]
-    for role in roles:
-        f = pair.files[role]
-        out.append(f"| `{f.path_in_repo}` | {_describe(role, pair.ggufs[role])} | {f.quant} | "
+    for f in files:
+        out.append(f"| `{f.path_in_repo}` | {_describe(f.role, pair.ggufs[f.path_in_repo])} | {f.quant} | "
                    f"{human_size(f.size)} | `{f.sha256}` |")
     return out
 
 
+def serve_command(target_ref: str, draft_ref: str) -> str:
+    """The ``ggufdspark serve`` line for a Hub pair (it picks the draft length for the hardware)."""
+    return f"ggufdspark serve --hf {target_ref} --hfd {draft_ref}"
+
+
+def _untagged_draft(pair: _Pair) -> str | None:
+    """What ``-hfd DRAFT_REPO`` without a quant takes (two-repo layout): llama.cpp ranks the draft
+    repo's ``dspark-`` files by quant bits closest to 0, i.e. the smallest draft."""
+    if pair.single:
+        return None
+    return llama_cpp_pick([f.path_in_repo for f in pair.drafts], "", "dspark-", model="")
+
+
 def render_card(pair: _Pair, repo_id: str) -> str:
     """The README.md of one repo of the pair (target repo, draft repo, or the single repo)."""
-    t, d = pair.files["target"], pair.files["draft"]
     is_target_repo = repo_id == pair.target_repo
-    roles = [r for r in ("target", "mmproj", "draft") if r in pair.files and
-             (pair.draft_repo if r == "draft" else pair.target_repo) == repo_id]
+    mine = [f for f in pair.files() if (pair.draft_repo if f.role == "draft" else pair.target_repo) == repo_id]
     source = pair.base_model if is_target_repo else pair.draft_base_model
     of = f" of {_hub_link(source)}" if source else ""
+    quants = [t.quant for t in pair.targets]
+    several = len(quants) > 1
     out = [_front_matter(pair, draft_card=not is_target_repo)]
     if pair.single:
         out += [f"# {pair.name} GGUF, with its DSpark draft", "",
@@ -440,31 +464,49 @@ def render_card(pair: _Pair, repo_id: str) -> str:
                 f"A DSpark speculative-decoding draft{of} for llama.cpp, for the target model in "
                 f"{_hub_link(pair.target_repo)}: the draft proposes a block of tokens and the target "
                 "checks them all in one pass."]
-    out += ["", "## Files", ""] + _files_table(pair, roles)
+    out += ["", "## Files", ""] + _files_table(pair, mine)
 
-    checks = pair.report.checks
-    dd = summarize_gguf(pair.ggufs["draft"]).details
-    out += ["", "## Pairing", "",
-            "| Target | Draft | Checks |", "|---|---|---|",
-            f"| `{pair.target_repo}` `{t.path_in_repo}` | `{pair.draft_repo}` `{d.path_in_repo}` | "
-            f"{sum(c.ok for c in checks)}/{len(checks)} passed |", "",
-            f"`{d.path_in_repo}` goes with `{t.path_in_repo}` (sha256 `{t.sha256}`) and with no other model: "
-            f"it reads the hidden states of target layers {dd.get('target_layer_ids')} and uses the target's "
-            "token embeddings at run time. `ggufdspark check` passed before upload:", ""]
-    out += [f"- {c.name}: {c.detail}" for c in checks]
+    first = pair.reports[quants[0]]
+    dd = summarize_gguf(pair.ggufs[pair.draft_for(quants[0]).path_in_repo]).details
+    out += ["", "## Pairing", "", "| Target | Draft | Checks |", "|---|---|---|"]
+    for q in quants:
+        t, d, checks = pair.target(q), pair.draft_for(q), pair.reports[q].checks
+        out.append(f"| `{pair.target_repo}` `{t.path_in_repo}` | `{pair.draft_repo}` `{d.path_in_repo}` | "
+                   f"{sum(c.ok for c in checks)}/{len(checks)} passed |")
+    out.append("")
+    for q in quants:
+        t, d = pair.target(q), pair.draft_for(q)
+        out.append(f"`{d.path_in_repo}` goes with `{t.path_in_repo}` (sha256 `{t.sha256}`).")
+    out += ["", f"A draft goes with this model and no other: it reads the hidden states of target layers "
+            f"{dd.get('target_layer_ids')} and uses the target's token embeddings at run time. "
+            "`ggufdspark check` passed before upload"
+            + (f" (shown for {first.pair_label()}; every pair above passed the same checks):" if several else ":"), ""]
+    out += [f"- {c.name}: {c.detail}" for c in first.checks]
 
     out += ["", "## Run with llama-server", "",
             f"Needs a llama.cpp with `--spec-type draft-dspark` (commit {PIN_COMMIT} or later). "
-            "`-hf` downloads the target" + (" and its mmproj" if "mmproj" in pair.files else "")
-            + f"; `-hfd` downloads the draft `{d.path_in_repo}`.", ""]
-    for backend, label in (("cuda", "CUDA"), ("metal", "Metal")):
-        n = hardware.DEFAULTS[backend].draft_n_max
-        out += [f"{label} (draft length {n}):", "", "```sh",
-                llama_server_command(pair.ref("target"), pair.ref("draft"), backend), "```", ""]
-    out += [f"Without the draft: `llama-server -hf {pair.ref('target')}`."]
-    if "mmproj" in pair.files:
-        out += ["For text only, add `--no-mmproj`."]
-    out += ["", "Speculative decoding pays off at low concurrency; under many parallel requests or on "
+            "`-hf REPO:QUANT` downloads that target" + (" and its mmproj" if pair.mmproj else "")
+            + "; `-hfd REPO:QUANT` downloads the draft named below.", ""]
+    for q in quants:
+        d = pair.draft_for(q)
+        if several:
+            out += [f"### {q} (draft {d.quant})", ""]
+        for backend, label in (("cuda", "CUDA"), ("metal", "Metal")):
+            n = hardware.DEFAULTS[backend].draft_n_max
+            out += [f"{label} (draft length {n}):", "", "```sh",
+                    llama_server_command(pair.ref("target", q), pair.ref("draft", q), backend), "```", ""]
+        out += ["With ggufdspark (checks the pair, picks the draft length for your hardware):", "", "```sh",
+                serve_command(pair.ref("target", q), pair.ref("draft", q)), "```", "",
+                f"Without the draft: `llama-server -hf {pair.ref('target', q)}`.", ""]
+    untagged = _untagged_draft(pair)
+    if untagged and len(pair.drafts) > 1:
+        out += [f"Give the draft's quant with `-hfd`: without one, llama.cpp takes `{untagged}` "
+                "(the fewest bits) whatever the target's quant.", ""]
+    elif untagged:
+        out += [f"`-hfd {pair.draft_repo}` without a quant also takes `{untagged}`, the only draft.", ""]
+    if pair.mmproj:
+        out += ["For text only, add `--no-mmproj`.", ""]
+    out += ["Speculative decoding pays off at low concurrency; under many parallel requests or on "
             "slow per-step backends it can lose. Measure on your machine (`ggufdspark bench`, "
             "`ggufdspark tune`) and serve without `-hfd` where it does."]
     if pair.results_md:
@@ -489,17 +531,60 @@ def _card_file(card: str) -> PlannedFile:
     return PlannedFile("card", "README.md", len(data), hashlib.sha256(data).hexdigest())
 
 
-def plan_publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: str | Path | None = None,
-                 draft_repo: str | None = None, single_repo: bool = False, private: bool = False,
-                 results: Iterable[str | Path] = (), base_model: str | None = None,
-                 draft_base_model: str | None = None, license: str | None = None,
-                 endpoint: str | None = None) -> PublishPlan:
-    """Check the pair, name and hash the files, write the cards. Reads local files only.
+def _as_list(x: str | Path | Sequence[str | Path] | None) -> list[Path]:
+    if x is None:
+        return []
+    if isinstance(x, (str, Path)):
+        return [Path(x)]
+    return [Path(p) for p in x]
+
+
+def default_pairing(target_quants: Sequence[str], draft_quants: Sequence[str],
+                    pairs: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Which draft goes with each target quant: ``pairs`` (target quant -> draft quant) where given;
+    else the only draft; else the measured recommendation (``quants.RECOMMENDED_DRAFT``) when that
+    draft is among them; else the draft of the same quant; else the draft with the most bits (drafts
+    stay F16/BF16 unless measured otherwise: docs/quantize.md).
+
+    Raises:
+        PublishError: ``pairs`` names a quant that is not among the files.
+    """
+    pairs = {k.upper(): v.upper() for k, v in (pairs or {}).items()}
+    for tq, dq in pairs.items():
+        if tq not in target_quants:
+            raise PublishError(f"--pair {tq}={dq}: no {tq} target among {', '.join(target_quants)}")
+        if dq not in draft_quants:
+            raise PublishError(f"--pair {tq}={dq}: no {dq} draft among {', '.join(draft_quants)}")
+    bits = lambda q: QUANT_TYPES[q].bits if q in QUANT_TYPES else _bits(q)  # noqa: E731
+    best = max(draft_quants, key=bits)
+
+    def pick(tq: str) -> str:
+        if tq in pairs:
+            return pairs[tq]
+        if len(draft_quants) == 1:
+            return draft_quants[0]
+        if RECOMMENDED_DRAFT.get(tq) in draft_quants:
+            return RECOMMENDED_DRAFT[tq]
+        return tq if tq in draft_quants else best
+
+    return {tq: pick(tq) for tq in target_quants}
+
+
+def plan_publish(target: str | Path | Sequence[str | Path], draft: str | Path | Sequence[str | Path], *,
+                 repo: str, mmproj: str | Path | None = None, draft_repo: str | None = None,
+                 single_repo: bool = False, private: bool = False, results: Iterable[str | Path] = (),
+                 base_model: str | None = None, draft_base_model: str | None = None, license: str | None = None,
+                 endpoint: str | None = None, pairs: Mapping[str, str] | None = None) -> PublishPlan:
+    """Check the pairs, name and hash the files, write the cards. Reads local files only.
+
+    ``target`` and ``draft`` are one file or several (one per quant: ``NAME-Q4_K_M.gguf``,
+    ``NAME-Q8_0.gguf``...); ``pairs`` says which draft quant goes with which target quant (see
+    ``default_pairing``).
 
     Raises:
         InputNotFoundError / CorruptFileError: a file is missing or not GGUF.
-        PairMismatchError: the pair (or the mmproj) fails ``check``.
-        PublishError: a bad repo id or name, an unknown quant, unusable results.
+        PairMismatchError: a target and its draft (or the mmproj) fail ``check``.
+        PublishError: a bad repo id or name, an unknown or repeated quant, unusable results.
     """
     from huggingface_hub import constants as hf_constants
 
@@ -509,46 +594,80 @@ def plan_publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: st
         if value is not None and not _valid_repo_id(value):
             raise PublishError(f"{what} {value!r} is not a valid repo id (ORG/NAME of letters, digits and _, "
                                f"joined by single '.' or '-')")
-    report = check_pair(target, draft, mmproj)
-    report.raise_for_failures()
-    paths = {"target": Path(target), **({"mmproj": Path(mmproj)} if mmproj else {}), "draft": Path(draft)}
-    ggufs = {role: read_gguf(p) for role, p in paths.items()}
-    files: dict[str, PlannedFile] = {}
-    for role, p in paths.items():
-        quant = quant_label(ggufs[role])
-        log.info("hashing %s", p)
-        files[role] = PlannedFile(role, FILE_NAME[role].format(name=name, quant=quant), p.stat().st_size,
-                                  file_sha256(p), local=str(p), quant=quant)
-    results_md = [render_results(r, files["target"].sha256, files["draft"].sha256) for r in results]
-    t_license = {"license": license} if license else license_from_gguf(ggufs["target"])
-    d_license = {"license": license} if license else (license_from_gguf(ggufs["draft"]) or t_license)
-    pair = _Pair(name, target_repo, draft_repo, files, ggufs, report, {"target": t_license, "draft": d_license},
-                 base_model, draft_base_model, results_md)
+    targets, drafts = _as_list(target), _as_list(draft)
+    if not targets or not drafts:
+        raise PublishError("give at least one --target and one --draft")
+    ggufs: dict[str, GGUFFile] = {}
+    by_role: dict[str, list[PlannedFile]] = {"target": [], "draft": [], "mmproj": []}
+    locals_: dict[str, Path] = {}
+    for role, paths in (("target", targets), ("mmproj", _as_list(mmproj)), ("draft", drafts)):
+        for p in paths:
+            g = read_gguf(p)
+            quant = quant_label(g)
+            same = next((f for f in by_role[role] if f.quant == quant), None)
+            if same is not None:
+                raise PublishError(f"{p}: a second {quant} {role} (the first is {same.local}): one file per quant")
+            log.info("hashing %s", p)
+            f = PlannedFile(role, FILE_NAME[role].format(name=name, quant=quant), p.stat().st_size,
+                            file_sha256(p), local=str(p), quant=quant)
+            by_role[role].append(f)
+            ggufs[f.path_in_repo] = g
+            locals_[f.path_in_repo] = p
+    tq = [f.quant for f in by_role["target"]]
+    pairing = default_pairing(tq, [f.quant for f in by_role["draft"]], pairs)
+    mm = by_role["mmproj"][0] if by_role["mmproj"] else None
+    reports: dict[str, PairReport] = {}
+    for t in by_role["target"]:
+        d = next(f for f in by_role["draft"] if f.quant == pairing[t.quant])
+        reports[t.quant] = check_pair(t.local, d.local, mm.local if mm else None)
+        reports[t.quant].raise_for_failures()
+    for d in by_role["draft"]:  # a draft paired with no target still has to belong to this model
+        if d.quant not in pairing.values():
+            check_pair(by_role["target"][0].local, d.local).raise_for_failures()
+    results_md = [render_results(r, [f.sha256 for f in by_role["target"]], [f.sha256 for f in by_role["draft"]])
+                  for r in results]
+    first_t, first_d = by_role["target"][0], by_role["draft"][0]
+    t_license = {"license": license} if license else license_from_gguf(ggufs[first_t.path_in_repo])
+    d_license = {"license": license} if license else (license_from_gguf(ggufs[first_d.path_in_repo]) or t_license)
+    pair = _Pair(name, target_repo, draft_repo, by_role["target"], by_role["draft"], mm, pairing, ggufs, reports,
+                 {"target": t_license, "draft": d_license}, base_model, draft_base_model, results_md)
     repos = []
     for repo_id in dict.fromkeys([target_repo, draft_repo]):
-        mine = [f for role, f in files.items() if (draft_repo if role == "draft" else target_repo) == repo_id]
+        mine = [f for f in pair.files() if (draft_repo if f.role == "draft" else target_repo) == repo_id]
         card = render_card(pair, repo_id)
         repos.append(RepoPlan(repo_id, private, mine + [_card_file(card)], card))
-    commands = {b: llama_server_command(pair.ref("target"), pair.ref("draft"), b) for b in ("cuda", "metal")}
-    return PublishPlan(repos, commands, dry_run=True, endpoint=endpoint or hf_constants.ENDPOINT)
+    quant_commands = {q: {**{b: llama_server_command(pair.ref("target", q), pair.ref("draft", q), b)
+                             for b in ("cuda", "metal")},
+                          "serve": serve_command(pair.ref("target", q), pair.ref("draft", q))} for q in tq}
+    commands = {b: quant_commands[tq[0]][b] for b in ("cuda", "metal")}
+    return PublishPlan(repos, commands, dry_run=True, endpoint=endpoint or hf_constants.ENDPOINT,
+                       pairing=pairing, quant_commands=quant_commands)
 
 
 def _resolution_warnings(plan: PublishPlan, listing: dict[str, list[str]]) -> None:
     """Warn where llama.cpp would take another file than ours for -hf / -hfd REPO:QUANT."""
-    ours = {f.role: (rp, f) for rp in plan.repos for f in rp.files}
-    t_repo, t = ours["target"]
-    picks = [("target", llama_cpp_pick(listing[t_repo.repo_id], t.quant), f"-hf {t_repo.repo_id}:{t.quant}")]
-    if "mmproj" in ours:
-        picks.append(("mmproj", llama_cpp_pick(listing[t_repo.repo_id], "", "mmproj", model=t.path_in_repo),
-                      f"-hf {t_repo.repo_id}:{t.quant}"))
-    d_repo, d = ours["draft"]
-    picks.append(("draft", llama_cpp_pick(listing[d_repo.repo_id], d.quant, "dspark-"),
-                  f"-hfd {d_repo.repo_id}:{d.quant}"))
-    for role, got, flag in picks:
-        rp, f = ours[role]
-        if got != f.path_in_repo:
-            rp.warnings.append(f"llama.cpp's {flag} would take {got or 'nothing'} as the {role}, "
-                               f"not {f.path_in_repo} (another file in the repo matches first)")
+    where = {f.path_in_repo: rp for rp in plan.repos for f in rp.files if f.role != "card"}
+    files = [f for rp in plan.repos for f in rp.files if f.role != "card"]
+    targets = [f for f in files if f.role == "target"]
+    mm = next((f for f in files if f.role == "mmproj"), None)
+    picks = []
+    for t in targets:
+        t_repo = where[t.path_in_repo].repo_id
+        picks.append((t, llama_cpp_pick(listing[t_repo], t.quant), f"-hf {t_repo}:{t.quant}"))
+        if mm is not None:
+            picks.append((mm, llama_cpp_pick(listing[t_repo], "", "mmproj", model=t.path_in_repo),
+                          f"-hf {t_repo}:{t.quant}"))
+        dq = plan.pairing.get(t.quant)
+        d = next((f for f in files if f.role == "draft" and f.quant == dq), None)
+        if d is not None:
+            d_repo = where[d.path_in_repo].repo_id
+            picks.append((d, llama_cpp_pick(listing[d_repo], dq, "dspark-"), f"-hfd {d_repo}:{dq}"))
+    for f, got, flag in picks:
+        rp = where[f.path_in_repo]
+        w = (f"llama.cpp's {flag} would take {got or 'nothing'} as the {f.role}, not {f.path_in_repo} "
+             "(another file in the repo matches first)")
+        if got != f.path_in_repo and w not in rp.warnings:
+            rp.warnings.append(w)
 
 
 # --------------------------------------------------------------------------------------- the Hub
@@ -640,16 +759,19 @@ def _verify(api, rp: RepoPlan, commit: str) -> None:
                                f"expected {f.size} bytes, sha256 {f.sha256[:16]}...)")
 
 
-def publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: str | Path | None = None,
-            draft_repo: str | None = None, single_repo: bool = False, private: bool = False,
-            dry_run: bool = False, results: Iterable[str | Path] = (), base_model: str | None = None,
-            draft_base_model: str | None = None, license: str | None = None,
+def publish(target: str | Path | Sequence[str | Path], draft: str | Path | Sequence[str | Path], *, repo: str,
+            mmproj: str | Path | None = None, draft_repo: str | None = None, single_repo: bool = False,
+            private: bool = False, dry_run: bool = False, results: Iterable[str | Path] = (),
+            base_model: str | None = None, draft_base_model: str | None = None, license: str | None = None,
             message: str | None = None, endpoint: str | None = None, token: str | None = None,
-            on_plan: Callable[[PublishPlan], None] | None = None) -> PublishResult:
+            on_plan: Callable[[PublishPlan], None] | None = None,
+            pairs: Mapping[str, str] | None = None) -> PublishResult:
     """Publish a GGUF pair: ``ORG/NAME-GGUF`` (target, mmproj) and ``ORG/NAME-DSpark-GGUF`` (draft).
 
     Args:
-        target, draft, mmproj: the GGUF files; the pair must pass ``check``.
+        target, draft, mmproj: the GGUF files (target and draft: one, or several of different quants);
+            each target must pass ``check`` with its draft.
+        pairs: target quant -> draft quant (default: ``default_pairing``).
         repo: ``ORG/NAME``; ``draft_repo`` overrides the draft's repo, ``single_repo`` puts
             everything in ``ORG/NAME-GGUF``.
         dry_run: plan only; the Hub is not contacted and no token is needed.
@@ -670,7 +792,7 @@ def publish(target: str | Path, draft: str | Path, *, repo: str, mmproj: str | P
     """
     plan = plan_publish(target, draft, repo=repo, mmproj=mmproj, draft_repo=draft_repo,
                         single_repo=single_repo, private=private, results=results, base_model=base_model,
-                        draft_base_model=draft_base_model, license=license, endpoint=endpoint)
+                        draft_base_model=draft_base_model, license=license, endpoint=endpoint, pairs=pairs)
     result = PublishResult(plan)
     local = {rp.repo_id: [f.path_in_repo for f in rp.files] for rp in plan.repos}
     if dry_run:

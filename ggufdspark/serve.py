@@ -24,6 +24,7 @@ from ggufdspark import engine as eng
 from ggufdspark import hardware, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
+from ggufdspark.quants import is_quantized_file, is_quantized_tag
 from ggufdspark.runners.server import LOOPBACK, Client, ServerProcess, ServerSettings
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,9 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None,
         n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if decision.offload and decision.draft_enabled else None,
         flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,
-        extra_args=hardware.engine_workarounds(decision.backend, parallel, info) + list(extra_args or []))
+        extra_args=hardware.engine_workarounds(decision.backend, parallel, info, quantized=_quantized(
+            model, draft if decision.draft_enabled else None, hf, hfd if decision.draft_enabled else None))
+        + list(extra_args or []))
     ui_dir, ui_note = _chat_ui(info, ui, list(extra_args or []))
     settings.public_path = ui_dir
     if host not in LOOPBACK and not settings.api_keys():
@@ -160,6 +163,12 @@ def _chat_ui(info: eng.EngineInfo, wanted: bool, extra_args: list[str]) -> tuple
     if not wanted:
         return None, "none (--no-ui)"
     return webui.ui_for_engine(info)
+
+
+def _quantized(model, draft, hf, hfd) -> bool:
+    """Whether a file (or Hub tag) served is quantized (see ``hardware.engine_workarounds``)."""
+    return (any(p and is_quantized_file(p) for p in (model, draft))
+            or any(is_quantized_tag(r) for r in (hf, hfd) if r))
 
 
 @contextlib.contextmanager

@@ -233,7 +233,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
         profile = PROFILES[acceptance]
     lengths = _parse_lengths(draft_lengths, *_length_limit(limits, profile))
     base = ms.base_settings(info, target, decision=decision, parallel=max(levels), ctx_per_slot=1024 + n_predict,
-                            threads=threads, extra_args=server_args)
+                            threads=threads, extra_args=server_args, draft=draft)
     plain_settings = ms.arm_settings(base, None)
     configs = [(n, p) for n in lengths for p in p_list]
     total = (len(configs) + 2) * len(levels) + (1 if profile is None else 0)

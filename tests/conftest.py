@@ -151,3 +151,35 @@ def isolated(dspark_engine, tmp_path, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
+
+
+# ---------------------------------------------------------------------------------------------
+# quantized pairs (tests/test_quantize.py, tests/test_publish_quants.py)
+#
+# The small pair quantized by the engine's own llama-quantize (`build-engine --with-tools`), once
+# per session. Without llama-quantize beside the engine these tests FAIL saying how to build it.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def quant_pair(small_pair, pairs_root, dspark_engine) -> dict[str, Path]:
+    """``{"target-Q8_0": path, "target-Q4_K_M": path, "draft-Q8_0": path}`` next to the F16 pair."""
+    from ggufdspark.errors import EngineError
+    from ggufdspark.quantize import find_quantize, quantize
+
+    try:
+        find_quantize(dspark_engine.path)
+    except EngineError as e:
+        pytest.fail(str(e))
+    d = pairs_root / "quant"
+    d.mkdir(exist_ok=True)
+    out = {}
+    for role, src, qtype in (("target", small_pair.target, "Q8_0"), ("target", small_pair.target, "Q4_K_M"),
+                             ("draft", small_pair.draft, "Q8_0")):
+        path = d / (src.name.replace("-F16.gguf", f"-{qtype}.gguf"))
+        if not path.exists():
+            quantize(src, qtype, output=path, server=dspark_engine.path)
+        out[f"{role}-{qtype}"] = path
+    return out
+
+# ------------------------------------------------------------------ end quantized pairs block

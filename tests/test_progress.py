@@ -12,7 +12,6 @@ import subprocess
 import sys
 import termios
 import textwrap
-from pathlib import Path
 
 
 def run_in_terminal(argv: list[str], cols: int = 120, timeout: float = 120) -> str:

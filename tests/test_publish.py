@@ -20,8 +20,8 @@ from ggufdspark.hardware import DEFAULTS
 from ggufdspark.gguffile.constants import TensorType
 from ggufdspark.gguffile.reader import GGUFFile
 from ggufdspark.gguffile.writer import GGUFWriter
-from ggufdspark.publish import (license_from_gguf, llama_cpp_pick, plan_publish, publish, quant_label,
-                                repo_names)
+from ggufdspark.publish import (human_size, license_from_gguf, llama_cpp_pick, plan_publish, publish,
+                                quant_label, repo_names)
 
 # Recognisable, and shaped like a real token (llama.cpp ignores tokens not shaped "hf_" + 34+ alnum).
 TOKEN = "hf_GgufdsparkFakeTokenNeverPrintMe0123456789"
@@ -436,3 +436,144 @@ def test_llama_server_resolves_and_downloads_published_pair(ggufdspark_cli, smal
     assert "dspark-Tiny-LFM2-F16.gguf" in log and "draft-dspark" in log
     out = srv.client().complete("The model draft target", n_predict=32)
     assert out.timings.draft_n and out.timings.draft_n > 0, out.raw.get("timings")
+
+
+# -------------------------------------------------------------------------------- several quants (issue 15)
+
+
+def run_quants(cli, env, targets, drafts, *extra, repo="org/Tiny-LFM2"):
+    args = ["publish", "--repo", repo, *extra]
+    for t in targets:
+        args += ["--target", str(t)]
+    for d in drafts:
+        args += ["--draft", str(d)]
+    return cli(*args, env=env)
+
+
+def test_dry_run_json_shows_the_plan_for_several_quants(ggufdspark_cli, quant_pair, mmproj, hub, hub_env):
+    targets = [quant_pair["target-Q8_0"], quant_pair["target-Q4_K_M"]]
+    p = run_quants(ggufdspark_cli, {**hub_env, "HF_TOKEN": ""}, targets, [quant_pair["draft-Q8_0"]],
+                   "--mmproj", str(mmproj), "--dry-run", "--json")
+    assert p.returncode == 0, p.stderr
+    assert hub.requests == []
+    plan = json.loads(p.stdout)["plan"]
+    t_repo, d_repo = plan["repos"]
+    assert [f["path_in_repo"] for f in t_repo["files"]] == [
+        "Tiny-LFM2-Q8_0.gguf", "Tiny-LFM2-Q4_K_M.gguf", "mmproj-Tiny-LFM2-F16.gguf", "README.md"]
+    assert [f["path_in_repo"] for f in d_repo["files"]] == ["dspark-Tiny-LFM2-Q8_0.gguf", "README.md"]
+    assert plan["pairing"] == {"Q8_0": "Q8_0", "Q4_K_M": "Q8_0"}
+    cmds = plan["quant_commands"]
+    assert cmds["Q4_K_M"]["cuda"].startswith(
+        "llama-server -hf org/Tiny-LFM2-GGUF:Q4_K_M -hfd org/Tiny-LFM2-DSpark-GGUF:Q8_0 --spec-type draft-dspark")
+    assert cmds["Q8_0"]["serve"] == "ggufdspark serve --hf org/Tiny-LFM2-GGUF:Q8_0 --hfd org/Tiny-LFM2-DSpark-GGUF:Q8_0"
+    assert t_repo["warnings"] == [] and d_repo["warnings"] == []
+    card = t_repo["card"]
+    for rp in (t_repo, d_repo):  # each card lists its repo's files, with size and sha256
+        for f in rp["files"][:-1]:
+            line = next(ln for ln in rp["card"].splitlines() if ln.startswith(f"| `{f['path_in_repo']}` |"))
+            assert f"| {human_size(f['size'])} | `{f['sha256']}` |" in line
+    for f in t_repo["files"][:2]:  # the draft card names the targets its draft goes with
+        assert f"(sha256 `{f['sha256']}`)" in d_repo["card"]
+    assert "### Q8_0 (draft Q8_0)" in card and "### Q4_K_M (draft Q8_0)" in card
+    assert cmds["Q4_K_M"]["metal"] in card and cmds["Q4_K_M"]["serve"] in card
+    assert "`-hfd org/Tiny-LFM2-DSpark-GGUF` without a quant also takes `dspark-Tiny-LFM2-Q8_0.gguf`" in card
+
+
+def test_several_quants_one_commit_per_repo_and_reruns_send_only_what_changed(
+        ggufdspark_cli, quant_pair, small_pair, hub, hub_env, tmp_path):
+    from ggufdspark.quantize import quantize
+
+    t_repo, d_repo = "org/Tiny-LFM2-GGUF", "org/Tiny-LFM2-DSpark-GGUF"
+    targets = [quant_pair["target-Q8_0"], quant_pair["target-Q4_K_M"]]
+    drafts = [quant_pair["draft-Q8_0"], small_pair.draft]
+    p = run_quants(ggufdspark_cli, hub_env, targets, drafts, "--pair", "q4_k_m=Q8_0")
+    assert p.returncode == 0, p.stderr
+    assert set(hub.files(t_repo)) == {".gitattributes", "README.md", "Tiny-LFM2-Q8_0.gguf", "Tiny-LFM2-Q4_K_M.gguf"}
+    assert set(hub.files(d_repo)) == {".gitattributes", "README.md", "dspark-Tiny-LFM2-Q8_0.gguf",
+                                      "dspark-Tiny-LFM2-F16.gguf"}
+    for repo in (t_repo, d_repo):
+        assert len(hub.calls("POST", rf"/api/models/{repo}/commit/")) == 1
+    assert hub.files(t_repo)["Tiny-LFM2-Q4_K_M.gguf"] == quant_pair["target-Q4_K_M"].read_bytes()
+    card = hub.files(t_repo)["README.md"].decode()
+    # Q8_0 target -> the Q8_0 draft (same quant); Q4_K_M -> Q8_0 (--pair)
+    assert "-hf org/Tiny-LFM2-GGUF:Q4_K_M -hfd org/Tiny-LFM2-DSpark-GGUF:Q8_0" in card
+    assert "-hf org/Tiny-LFM2-GGUF:Q8_0 -hfd org/Tiny-LFM2-DSpark-GGUF:Q8_0" in card
+    assert "without one, llama.cpp takes `dspark-Tiny-LFM2-Q8_0.gguf`" in card
+
+    # the same again: nothing written
+    n = len(hub.requests)
+    p = run_quants(ggufdspark_cli, hub_env, targets, drafts, "--pair", "Q4_K_M=Q8_0")
+    assert p.returncode == 0, p.stderr
+    assert not [r for r in hub.requests[n:] if re.search(WRITE_PATHS, f"{r[0]} {r[1]}")]
+    assert f"{t_repo}: up to date, nothing uploaded" in p.stdout
+
+    # one more quant: only it and the target card are sent, in one commit; the draft repo's card
+    # changes too (it lists the commands per quant)
+    q5 = quantize(small_pair.target, "Q5_K_M", output=tmp_path / "tiny-lfm2-Q5_K_M.gguf").path
+    puts = len(hub.calls("PUT", r"/_storage/"))
+    p = run_quants(ggufdspark_cli, hub_env, targets + [q5], drafts, "--pair", "Q4_K_M=Q8_0")
+    assert p.returncode == 0, p.stderr
+    assert re.findall(r"^  (upload|skip) +(\S+)", p.stdout, re.MULTILINE) == [
+        ("skip", "Tiny-LFM2-Q8_0.gguf"), ("skip", "Tiny-LFM2-Q4_K_M.gguf"), ("upload", "Tiny-LFM2-Q5_K_M.gguf"),
+        ("upload", "README.md"), ("skip", "dspark-Tiny-LFM2-Q8_0.gguf"), ("skip", "dspark-Tiny-LFM2-F16.gguf"),
+        ("upload", "README.md")]
+    assert len(hub.calls("PUT", r"/_storage/")) == puts + 1
+    assert len(hub.calls("POST", rf"/api/models/{t_repo}/commit/")) == 2
+    # Q5_K_M has no draft of its own quant: the draft with the most bits (F16)
+    assert "-hf org/Tiny-LFM2-GGUF:Q5_K_M -hfd org/Tiny-LFM2-DSpark-GGUF:F16" in hub.files(t_repo)["README.md"].decode()
+
+
+def test_several_quants_refusals(ggufdspark_cli, quant_pair, small_pair, other_pair, hub, hub_env):
+    t8, t4, d8 = quant_pair["target-Q8_0"], quant_pair["target-Q4_K_M"], quant_pair["draft-Q8_0"]
+    p = run_quants(ggufdspark_cli, hub_env, [t8, t8], [d8], "--dry-run")
+    assert_clean_failure(p)
+    assert "a second Q8_0 target" in p.stderr and str(t8) in p.stderr
+    p = run_quants(ggufdspark_cli, hub_env, [t8, t4], [d8], "--pair", "Q6_K=Q8_0", "--dry-run")
+    assert_clean_failure(p)
+    assert "--pair Q6_K=Q8_0: no Q6_K target among Q8_0, Q4_K_M" in p.stderr
+    p = run_quants(ggufdspark_cli, hub_env, [t8], [d8], "--pair", "Q8_0", "--dry-run")
+    assert p.returncode == 2 and "TQUANT=DQUANT" in p.stderr and "Traceback" not in p.stderr
+    # a draft of another model among several is refused, even when no target is paired with it
+    p = run_quants(ggufdspark_cli, hub_env, [t8], [d8, other_pair.draft], "--pair", "Q8_0=Q8_0", "--dry-run")
+    assert_clean_failure(p)
+    assert "does not belong with" in p.stderr
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["hfd-untagged", "hfd-tagged"])
+def test_llama_server_resolves_each_published_quant(ggufdspark_cli, quant_pair, hub, hub_env, start_server,
+                                                    monkeypatch, tmp_path, tagged):
+    """``llama-server -hf ORG/NAME-GGUF:QUANT -hfd ORG/NAME-DSpark-GGUF[:Q8_0]`` (the real engine, the
+    fake Hub) downloads that quant and the Q8_0 draft, and drafts with them, for two quants."""
+    from ggufdspark.hardware import engine_workarounds
+
+    p = run_quants(ggufdspark_cli, hub_env, [quant_pair["target-Q8_0"], quant_pair["target-Q4_K_M"]],
+                   [quant_pair["draft-Q8_0"]])
+    assert p.returncode == 0, p.stderr
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("MODEL_ENDPOINT", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    workaround = engine_workarounds("cpu", 1, quantized=True)  # --no-repack on AMX CPUs (hardware.py)
+    for quant in ("Q8_0", "Q4_K_M"):
+        cache = tmp_path / f"llama-cache-{quant}"
+        monkeypatch.setenv("LLAMA_CACHE", str(cache))
+        hfd = "org/Tiny-LFM2-DSpark-GGUF" + (":Q8_0" if tagged else "")
+        srv = start_server(hf_repo=f"org/Tiny-LFM2-GGUF:{quant}", hf_draft=hfd, ctx_size=512, draft_n_max=3,
+                           extra_args=workaround)
+        got = {f.name: f for f in cache.glob("models--*/snapshots/*/*.gguf")}
+        assert set(got) == {f"Tiny-LFM2-{quant}.gguf", "dspark-Tiny-LFM2-Q8_0.gguf"}, set(got)
+        assert sha256(got[f"Tiny-LFM2-{quant}.gguf"]) == sha256(quant_pair[f"target-{quant}"])
+        assert sha256(got["dspark-Tiny-LFM2-Q8_0.gguf"]) == sha256(quant_pair["draft-Q8_0"])
+        out = srv.client().complete("The model draft target", n_predict=32)
+        assert out.timings.draft_n and out.timings.draft_n > 0, out.raw.get("timings")
+        srv.stop()
+
+
+def test_default_pairing(monkeypatch):
+    from ggufdspark import publish as pub
+
+    assert pub.default_pairing(["Q8_0", "Q4_K_M"], ["Q8_0"]) == {"Q8_0": "Q8_0", "Q4_K_M": "Q8_0"}
+    assert pub.default_pairing(["Q8_0", "Q4_K_M"], ["F16", "Q8_0"]) == {"Q8_0": "Q8_0", "Q4_K_M": "F16"}
+    assert pub.default_pairing(["Q4_K_M"], ["F16", "Q8_0"], {"q4_k_m": "q8_0"}) == {"Q4_K_M": "Q8_0"}
+    monkeypatch.setitem(pub.RECOMMENDED_DRAFT, "Q4_K_M", "Q8_0")  # what the H200 table will record
+    assert pub.default_pairing(["Q4_K_M", "F16"], ["F16", "Q8_0"]) == {"Q4_K_M": "Q8_0", "F16": "F16"}

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("ggufdspark.cli.doctor", "Report the engine, its DSpark support, devices and bindings."),
     "convert": ("ggufdspark.cli.convert", "Convert a safetensors DSpark drafter to a GGUF draft."),
     "convert-target": ("ggufdspark.cli.convert_target", "Convert an LFM2 / LFM2-VL target to GGUF."),
+    "quantize": ("ggufdspark.cli.quantize", "Quantize a GGUF target or DSpark draft (Q4_K_M, Q8_0, ...)."),
     "inspect": ("ggufdspark.cli.inspect", "Describe a GGUF file from its header."),
     "check": ("ggufdspark.cli.check", "Check that a target and a DSpark draft belong together."),
     "serve": ("ggufdspark.cli.serve", "Run llama-server with the DSpark draft, tuned to the hardware."),

@@ -19,7 +19,7 @@ from ggufdspark.cli._common import ProgressLine
 @click.option("--force", is_flag=True, help="Rebuild even if a finished build is cached (the chat UI too).")
 @click.option("--no-patches", is_flag=True, help="Build the pinned tree without the project's patch series.")
 @click.option("--print-path", is_flag=True, help="Print only the llama-server path on stdout.")
-@click.option("--with-tools", is_flag=True, help="Also build llama-bench and llama-batched-bench (profiling).")
+@click.option("--with-tools", is_flag=True, help="Also build llama-quantize (for quantize), llama-bench and llama-batched-bench.")
 @click.option("--no-ui", is_flag=True, help="Do not build the chat UI (serve then has no chat page).")
 def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_tools, no_ui):
     """Fetch llama-cpp-python==0.3.36's vendored llama.cpp (sha256-checked) and build llama-server.
@@ -38,18 +38,21 @@ def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_t
         on = lambda v: os.environ.get(v, "").upper() in ("1", "ON", "TRUE", "YES")  # noqa: E731
         backend = "cuda" if on("GGML_CUDA") else "metal" if on("GGML_METAL") else "cpu"
     spec = engine.BuildSpec(backend=backend, extra_flags=list(extra), patches=not no_patches)
-    tools = ("llama-bench", "llama-batched-bench") if with_tools else ()
+    tools = engine.TOOL_TARGETS if with_tools else ()
     cached = engine.usable_build(spec) if not force else None
     if cached and not all((cached.parent / t).is_file() for t in tools):
         cached = None  # build the extra tools into the same cached build
     if cached:
         if not print_path:
             click.echo(f"engine already built ({spec.key()}): {cached}", err=True)
+        if print_path:  # a script asking where the engine is: nothing else to do
+            click.echo(cached)
+            return
         exe = cached
     else:
         click.echo(f"building llama.cpp {engine.PIN_COMMIT} ({backend}) into {engine.build_dir(spec)}", err=True)
-        # nothing usable is cached (checked just above): build, unless another build finishes it first
-        exe = engine.build_engine(spec, jobs=jobs, force=True, progress=ProgressLine("build"), extra_targets=tools)
+        # nothing usable is cached, or only the tools are missing (then only they are compiled)
+        exe = engine.build_engine(spec, jobs=jobs, force=force, progress=ProgressLine("build"), extra_targets=tools)
     click.echo(_chat_ui(no_ui, force), err=True)
     click.echo(exe)
 

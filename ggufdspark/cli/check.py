@@ -33,5 +33,6 @@ def command(target, draft, mmproj, as_json):
         for c in report.checks:
             click.echo(safe_text(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}", keep=""))
         n_bad = len(report.failures())
-        click.echo("pair OK" if report.ok else f"pair REFUSED: {n_bad} check(s) failed")
+        click.echo(f"pair OK ({report.pair_label()})" if report.ok
+                   else f"pair REFUSED: {n_bad} check(s) failed ({report.pair_label()})")
     sys.exit(0 if report.ok else 1)

@@ -32,8 +32,11 @@ def print_plan(plan: PublishPlan) -> None:
         for w in rp.warnings:
             click.echo(f"  warning: {w}")
     click.echo("\nRun:")
-    for backend, line in plan.commands.items():
-        click.echo(f"  {backend}: {line}")
+    for quant, lines in plan.quant_commands.items():
+        if len(plan.quant_commands) > 1:
+            click.echo(f"  {quant} (draft {plan.pairing[quant]}):")
+        for backend, line in lines.items():
+            click.echo(f"  {backend}: {line}")
     for rp in plan.repos:
         click.echo(f"\n----- {rp.repo_id}/README.md -----")
         click.echo(rp.card, nl=False)
@@ -41,8 +44,13 @@ def print_plan(plan: PublishPlan) -> None:
 
 
 @click.command(name="publish")
-@click.option("--target", required=True, type=click.Path(dir_okay=False), help="The target GGUF.")
-@click.option("--draft", required=True, type=click.Path(dir_okay=False), help="The DSpark draft GGUF.")
+@click.option("--target", required=True, multiple=True, type=click.Path(dir_okay=False),
+              help="A target GGUF; repeat for several quants (one file each).")
+@click.option("--draft", required=True, multiple=True, type=click.Path(dir_okay=False),
+              help="A DSpark draft GGUF; repeat for several quants.")
+@click.option("--pair", "pairs", multiple=True, metavar="TQUANT=DQUANT",
+              help="The draft quant for a target quant (default: the only draft, else the same quant, "
+                   "else the draft with the most bits).")
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="The target's vision projector GGUF.")
 @click.option("--repo", required=True, metavar="ORG/NAME",
               help="Target and mmproj go to ORG/NAME-GGUF, the draft to ORG/NAME-DSpark-GGUF.")
@@ -57,7 +65,7 @@ def print_plan(plan: PublishPlan) -> None:
 @click.option("--license", "license_", metavar="ID", help="Card license (default: the target GGUF's general.license).")
 @click.option("-m", "--message", help="Commit message.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the result as JSON.")
-def command(target, draft, mmproj, repo, draft_repo, single_repo, private, dry_run, results, base_model,
+def command(target, draft, pairs, mmproj, repo, draft_repo, single_repo, private, dry_run, results, base_model,
             draft_base_model, license_, message, as_json):
     """Publish a checked GGUF pair to the Hugging Face Hub, named for llama-server -hf / -hfd.
 
@@ -65,6 +73,12 @@ def command(target, draft, mmproj, repo, draft_repo, single_repo, private, dry_r
     HF_ENDPOINT. The plan is printed before anything is written; files whose sha256 already
     matches on the Hub are skipped.
     """
+    pairing = {}
+    for item in pairs:
+        tq, sep, dq = item.partition("=")
+        if not sep or not tq.strip() or not dq.strip():
+            raise click.BadParameter(f"{item!r}: expected TQUANT=DQUANT, e.g. Q4_K_M=Q8_0", param_hint="--pair")
+        pairing[tq.strip()] = dq.strip()
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per HTTP request otherwise
     if not sys.stderr.isatty() or logging.getLogger().getEffectiveLevel() > logging.INFO:
@@ -74,7 +88,7 @@ def command(target, draft, mmproj, repo, draft_repo, single_repo, private, dry_r
     result = publish(target, draft, repo=repo, mmproj=mmproj, draft_repo=draft_repo, single_repo=single_repo,
                      private=private, dry_run=dry_run, results=results, base_model=base_model,
                      draft_base_model=draft_base_model, license=license_, message=message,
-                     on_plan=None if as_json else print_plan)
+                     on_plan=None if as_json else print_plan, pairs=pairing)
     if as_json:
         echo_json(result.to_dict())
         return
