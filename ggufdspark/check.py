@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggufdspark import families
 from ggufdspark.convert.mmproj import ClipKey, projector_width
 from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
@@ -65,6 +66,35 @@ def _tokenizer_difference(t: GGUFFile, d: GGUFFile) -> str | None:
     return None
 
 
+def _target_shape(t: GGUFFile) -> families.TargetShape:
+    arch = t.arch
+    kv = t.metadata.get(Key.of(Key.HEAD_COUNT_KV, arch)) if arch else None
+    attention = tuple(i for i, n in enumerate(kv) if n) if isinstance(kv, list) else None
+    return families.TargetShape(arch, t.get_int(Key.EMBEDDING_LENGTH), t.get_int(Key.BLOCK_COUNT), vocab_size(t),
+                                attention)
+
+
+def check_family(t: GGUFFile, d: GGUFFile) -> CheckResult | None:
+    """Which published pair the draft was made for, against the target it meets (issue 16).
+
+    None when the draft's shape is none of the published families' (nothing to say beyond the
+    value checks). Fails, naming what differs, when the target is not the one the draft was made for.
+    """
+    taps = [x - 1 for x in (d.get_int_list(Key.TARGET_LAYERS) or [])]
+    made_for = families.identify_draft(d.get_int(Key.EMBEDDING_LENGTH), taps, vocab_size(d))
+    if not made_for:
+        return None
+    actual = _target_shape(t)
+    found = families.identify_target(actual)
+    if any(x in made_for for x in found):
+        return CheckResult("same model family", True, f"draft and target: {families.names(found)}")
+    expected = [families.target_shape(f.targets[size]) for f, size in made_for]
+    diffs = families.differences(expected[0], actual)
+    what = f"target is {families.names(found)}" if found else f"target ({actual.describe()}) is none of them"
+    return CheckResult("same model family", False,
+                       f"draft was made for {families.names(made_for)}, {what}: " + "; ".join(diffs))
+
+
 def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
     out: list[CheckResult] = []
     kind = classify(d)
@@ -74,6 +104,8 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
     tkind = classify(t)
     out.append(CheckResult("target is a text target", tkind == "target",
                            f"arch {t.arch!r}, kind {tkind}"))
+    if tkind == "target" and kind == "dspark-draft" and (fam := check_family(t, d)) is not None:
+        out.append(fam)
     diff = _tokenizer_difference(t, d)
     n_tok = len(t.get_str_list(Key.TOK_TOKENS) or [])
     out.append(CheckResult("tokenizers identical", diff is None,
