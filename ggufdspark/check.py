@@ -15,6 +15,8 @@ from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.inspect import DSPARK_TENSORS, classify, tokenizer_value, vocab_size
 
 MAX_BLOCK_SIZE = 64
+# target archs whose graph (pinned llama.cpp) has no tappable hidden state after the last layer
+LAST_LAYER_NOT_TAPPABLE = ("lfm2", "lfm2moe")
 IMAGE_TOKENS = ("<image>", "<|image|>", "<|image_pad|>")
 
 
@@ -121,9 +123,16 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
     taps = d.get_int_list(Key.TARGET_LAYERS) or []
     # the engine's convention: tap value i reads the hidden state after layer i - 1 (1..n_layers)
     bad = [x for x in taps if not (n_layers and 1 <= x <= n_layers)]
-    out.append(CheckResult("tapped target layers exist", bool(taps) and not bad,
-                           f"draft taps layers {[x - 1 for x in taps]} of a {n_layers}-layer target"
-                           + (f"; missing: {[x - 1 for x in bad]}" if bad else "") if taps else "draft names no target layers"))
+    detail = (f"draft taps layers {[x - 1 for x in taps]} of a {n_layers}-layer target"
+              + (f"; missing: {[x - 1 for x in bad]}" if bad else "") if taps else "draft names no target layers")
+    if taps and not bad and t.arch in LAST_LAYER_NOT_TAPPABLE and n_layers in taps:
+        # src/models/lfm2.cpp (LFM2 and LFM2-MoE) records the input of layers 0..n-1 only: the hidden
+        # state after the last layer is never exposed, and llama-server aborts at the first request
+        # ("layer input tensor is null"); checked with the pinned engine
+        bad = [n_layers]
+        detail += (f"; layer {n_layers - 1} is the target's last: llama.cpp's {t.arch} graph exposes no "
+                   f"hidden state after it (llama-server aborts at the first request)")
+    out.append(CheckResult("tapped target layers exist", bool(taps) and not bad, detail))
     if (fc := d.tensor_shape("fc.weight", 2)) is not None and th and taps:
         width = fc[1]
         out.append(CheckResult("fc input width", width == len(taps) * th,

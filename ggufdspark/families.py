@@ -25,7 +25,8 @@ the same relative depths as the published ones. The block size is whatever the d
 ``config.json`` says (``block_size``); the converter and every later step read it from there.
 
 The small sizes are test shapes, one per family, different from each other in the way the full
-ones differ (layer count, taps, MoE or dense) so a drafter of one never passes for another's.
+ones differ (layer count, taps, MoE or dense) so a drafter of one never passes for another's. No
+drafter taps its target's last layer: the pinned engine's LFM2 graph cannot (see ``check``).
 """
 
 from __future__ import annotations
@@ -80,14 +81,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            {"small": TargetSpec(hidden_size=64, intermediate_size=192, num_hidden_layers=10,
                                 attention_layers=(2, 5, 8)),
             "full": _FULL_2_6B},
-           {"small": replace(SMALL_DRAFTER, target_layer_ids=(2, 5, 7, 9), block_size=7),
+           {"small": replace(SMALL_DRAFTER, target_layer_ids=(2, 5, 7, 8), block_size=7),
             "full": FULL_DRAFTER},
            "vocabulary 128000 (the LFM2.5 tokenizer); drafter layout beyond its taps; drafter repo name"),
     Family("8b-a1b", "LiquidAI/LFM2.5-8B-A1B", "LiquidAI/LFM2.5-8B-A1B-DSpark", False,
            {"small": TargetSpec(hidden_size=64, intermediate_size=128, num_hidden_layers=6, attention_layers=(2, 4),
                                 num_experts=4, num_experts_per_tok=2, num_dense_layers=2, moe_intermediate_size=64),
             "full": _FULL_8B_A1B},
-           {"small": replace(SMALL_DRAFTER, target_layer_ids=(1, 3, 5)),
+           {"small": replace(SMALL_DRAFTER, target_layer_ids=(0, 2, 4)),
             "full": replace(FULL_DRAFTER, target_layer_ids=(2, 7, 14, 17, 22))},
            "attention layer positions; drafter taps and layout; drafter repo name"),
     Family("vl-3b", "LiquidAI/LFM2.5-VL-3B", "LiquidAI/LFM2.5-VL-3B-DSpark", True,

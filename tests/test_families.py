@@ -226,3 +226,31 @@ def test_publish_text_pair_has_no_mmproj_and_a_text_generation_card(family_pairs
     n = FAMILIES["8b-a1b"].targets["small"]
     assert f"lfm2moe, {n.num_hidden_layers} layers" in card and f"{n.num_experts} experts" in card
     assert "same model family" in card
+
+
+# ----------------------------------------------------------------------------- the last layer
+
+
+def test_tap_of_the_last_layer_is_refused_because_the_engine_aborts(family_pairs, start_server, tmp_path):
+    """The pinned engine's LFM2 graph exposes no hidden state after the last layer: a drafter tapping
+    it passes every value check but kills llama-server at the first request. ``check`` says so."""
+    from dataclasses import replace
+
+    from ggufdspark.check import check_pair
+    from ggufdspark.errors import EngineError
+    from ggufdspark.testing import synth
+
+    pair = family_pairs["2.6b"]
+    last = FAMILIES["2.6b"].targets["small"].num_hidden_layers - 1
+    spec = replace(FAMILIES["2.6b"].drafters["small"], target_layer_ids=(2, 5, last))
+    ddir = synth.make_drafter(tmp_path / "drafter", pair.target_dir, spec)
+    draft = convert_drafter(ddir, pair.target, output=tmp_path / "last.gguf").path
+    report = check_pair(pair.target, draft)
+    bad = {c.name: c.detail for c in report.failures()}
+    assert list(bad) == ["tapped target layers exist"], report.to_dict()
+    assert f"layer {last} is the target's last" in bad["tapped target layers exist"]
+    # what the check prevents: the real engine dies at the first request
+    srv = start_server(model=pair.target, draft=draft, draft_n_max=4)
+    with pytest.raises(EngineError):
+        srv.client().complete("one two three", n_predict=8)
+    assert "layer input tensor is null" in srv.log_text()
