@@ -69,11 +69,7 @@ def _tokenizer_difference(t: GGUFFile, d: GGUFFile) -> str | None:
 
 
 def _target_shape(t: GGUFFile) -> families.TargetShape:
-    arch = t.arch
-    kv = t.metadata.get(Key.of(Key.HEAD_COUNT_KV, arch)) if arch else None
-    attention = tuple(i for i, n in enumerate(kv) if n) if isinstance(kv, list) else None
-    return families.TargetShape(arch, t.get_int(Key.EMBEDDING_LENGTH), t.get_int(Key.BLOCK_COUNT), vocab_size(t),
-                                attention)
+    return families.TargetShape(t.arch, t.get_int(Key.EMBEDDING_LENGTH), t.get_int(Key.BLOCK_COUNT), vocab_size(t))
 
 
 def check_family(t: GGUFFile, d: GGUFFile) -> CheckResult | None:
