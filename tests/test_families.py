@@ -139,6 +139,28 @@ def test_moe_target_matches_reference_in_every_output_type(outtype, family_pairs
     assert "blk.0.ffn_gate.weight" in g.tensors and "blk.0.ffn_gate_exps.weight" not in g.tensors
 
 
+def test_moe_narrow_experts_in_f32_match_reference_in_q8_0(tmp_path):
+    """Experts whose rows are no multiple of 32 (down_exps here) fall back to F16 in a Q8_0 file, as
+    in the reference; F32 input; what ``inspect`` says about an MoE target."""
+    from dataclasses import replace
+
+    from ggufdspark.inspect import inspect_gguf
+    from ggufdspark.testing import synth
+
+    spec = replace(FAMILIES["8b-a1b"].targets["small"], moe_intermediate_size=48)
+    tdir = synth.make_target(tmp_path / "t", spec, dtype="F32")
+    mine = convert_target(tdir, output=tmp_path / "mine.gguf", outtype="q8_0").path
+    ref = tmp_path / "ref.gguf"
+    _reference([str(tdir), "--outtype", "q8_0", "--outfile", str(ref)])
+    _compare_gguf(mine, ref)
+    g = read_gguf(mine)
+    assert (g.tensors["blk.2.ffn_gate_exps.weight"].type_name, g.tensors["blk.2.ffn_down_exps.weight"].type_name) == (
+        "Q8_0", "F16")
+    d = inspect_gguf(mine).details
+    assert (d["experts"], d["experts_used"], d["dense_lead_layers"]) == (
+        spec.num_experts, spec.num_experts_per_tok, spec.num_dense_layers)
+
+
 def test_moe_checkpoint_missing_an_expert_is_one_line_and_writes_nothing(family_pairs, tmp_path):
     src = family_pairs["8b-a1b"].target_dir
     bad = tmp_path / "bad"
