@@ -175,14 +175,15 @@ def plan_target(directory: Path, cfg: dict, ttype: TensorType, *, moe: bool = Fa
         name = _tower_name(raw_name)
         if name is None:
             continue
+        m = EXPERT_RE.fullmatch(name.removeprefix("model.")) if moe else None
+        gname = None if m else _gguf_name(name)
+        if gname is None and m is None:
+            unknown.append(raw_name)
+            continue
         if t.dtype not in ("BF16", "F16", "F32"):
             raise UnsupportedModelError(f"{t.file}: tensor {raw_name} is {t.dtype}; expected BF16, F16 or F32")
-        if moe and (m := EXPERT_RE.fullmatch(name.removeprefix("model."))):
+        if m:
             experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = t
-            continue
-        gname = _gguf_name(name)
-        if gname is None:
-            unknown.append(raw_name)
             continue
         if gname == "output.weight" and tied:
             continue
