@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggufdspark import families
 from ggufdspark.gguffile.mmproj import ClipKey, projector_width
 from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
@@ -15,6 +16,8 @@ from ggufdspark.inspect import DSPARK_TENSORS, classify, tokenizer_value, vocab_
 from ggufdspark.quants import precision
 
 MAX_BLOCK_SIZE = 64
+# target archs whose graph (pinned llama.cpp) has no tappable hidden state after the last layer
+LAST_LAYER_NOT_TAPPABLE = ("lfm2", "lfm2moe")
 IMAGE_TOKENS = ("<image>", "<|image|>", "<|image_pad|>")
 
 
@@ -72,6 +75,31 @@ def _tokenizer_difference(t: GGUFFile, d: GGUFFile) -> str | None:
     return None
 
 
+def _target_shape(t: GGUFFile) -> families.TargetShape:
+    return families.TargetShape(t.arch, t.get_int(Key.EMBEDDING_LENGTH), t.get_int(Key.BLOCK_COUNT), vocab_size(t))
+
+
+def check_family(t: GGUFFile, d: GGUFFile) -> CheckResult | None:
+    """Which published pair the draft was made for, against the target it meets (issue 16).
+
+    None when the draft's shape is none of the published families' (nothing to say beyond the
+    value checks). Fails, naming what differs, when the target is not the one the draft was made for.
+    """
+    taps = [x - 1 for x in (d.get_int_list(Key.TARGET_LAYERS) or [])]
+    made_for = families.identify_draft(d.get_int(Key.EMBEDDING_LENGTH), taps, vocab_size(d))
+    if not made_for:
+        return None
+    actual = _target_shape(t)
+    found = families.identify_target(actual)
+    if any(x in made_for for x in found):
+        return CheckResult("same model family", True, f"draft and target: {families.names(found)}")
+    expected = [families.target_shape(f.targets[size]) for f, size in made_for]
+    diffs = families.differences(expected[0], actual)
+    what = f"target is {families.names(found)}" if found else f"target ({actual.describe()}) is none of them"
+    return CheckResult("same model family", False,
+                       f"draft was made for {families.names(made_for)}, {what}: " + "; ".join(diffs))
+
+
 def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
     out: list[CheckResult] = []
     kind = classify(d)
@@ -81,6 +109,8 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
     tkind = classify(t)
     out.append(CheckResult("target is a text target", tkind == "target",
                            f"arch {t.arch!r}, kind {tkind}"))
+    if tkind == "target" and kind == "dspark-draft" and (fam := check_family(t, d)) is not None:
+        out.append(fam)
     diff = _tokenizer_difference(t, d)
     n_tok = len(t.get_str_list(Key.TOK_TOKENS) or [])
     out.append(CheckResult("tokenizers identical", diff is None,
@@ -96,9 +126,16 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
     taps = d.get_int_list(Key.TARGET_LAYERS) or []
     # the engine's convention: tap value i reads the hidden state after layer i - 1 (1..n_layers)
     bad = [x for x in taps if not (n_layers and 1 <= x <= n_layers)]
-    out.append(CheckResult("tapped target layers exist", bool(taps) and not bad,
-                           f"draft taps layers {[x - 1 for x in taps]} of a {n_layers}-layer target"
-                           + (f"; missing: {[x - 1 for x in bad]}" if bad else "") if taps else "draft names no target layers"))
+    detail = (f"draft taps layers {[x - 1 for x in taps]} of a {n_layers}-layer target"
+              + (f"; missing: {[x - 1 for x in bad]}" if bad else "") if taps else "draft names no target layers")
+    if taps and not bad and t.arch in LAST_LAYER_NOT_TAPPABLE and n_layers in taps:
+        # src/models/lfm2.cpp (LFM2 and LFM2-MoE) records the input of layers 0..n-1 only: the hidden
+        # state after the last layer is never exposed, and llama-server aborts at the first request
+        # ("layer input tensor is null"); checked with the pinned engine
+        bad = [n_layers]
+        detail += (f"; layer {n_layers - 1} is the target's last: llama.cpp's {t.arch} graph exposes no "
+                   f"hidden state after it (llama-server aborts at the first request)")
+    out.append(CheckResult("tapped target layers exist", bool(taps) and not bad, detail))
     if (fc := d.tensor_shape("fc.weight", 2)) is not None and th and taps:
         width = fc[1]
         out.append(CheckResult("fc input width", width == len(taps) * th,

@@ -96,6 +96,9 @@ def summarize_gguf(g: GGUFFile) -> GGUFSummary:
                  attention_layers=sum(1 for x in kv if x) if isinstance(kv, list) else None,
                  tokenizer_pre=g.metadata.get(Key.TOK_PRE),
                  chat_template=Key.CHAT_TEMPLATE in g.metadata)
+        if (n_exp := g.get_int(Key.EXPERT_COUNT)) is not None:  # LFM2-MoE
+            d.update(experts=n_exp, experts_used=g.get_int(Key.EXPERT_USED_COUNT),
+                     dense_lead_layers=g.get_int(Key.LEADING_DENSE_BLOCK_COUNT))
     elif kind == "mmproj":
         d.update(projector_type=g.metadata.get("clip.projector_type"),
                  projection_dim=g.metadata.get("clip.vision.projection_dim"),

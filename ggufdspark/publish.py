@@ -239,8 +239,9 @@ def _hub_link(repo_id: str) -> str:
 def _describe(role: str, g: GGUFFile) -> str:
     d = summarize_gguf(g).details
     if role == "target":
+        moe = (f", {d['experts']} experts ({d.get('experts_used')} active)" if d.get("experts") else "")
         return (f"target model: {g.arch}, {d.get('layers')} layers, hidden {d.get('hidden_size')}, "
-                f"vocabulary {d.get('vocab_size')}")
+                f"vocabulary {d.get('vocab_size')}{moe}")
     if role == "draft":
         extra = ", confidence head" if d.get("confidence_head") else ""
         return (f"DSpark draft: {d.get('layers')} layers, block size {d.get('block_size')}, reads target "

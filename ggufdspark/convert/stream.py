@@ -16,13 +16,18 @@ from ggufdspark.gguffile.writer import GGUFWriter
 @dataclass
 class TensorPlan:
     """One output tensor: where it comes from, its output shape and type, an optional transform
-    (applied to the float32 values, for the few tensors whose layout changes)."""
+    (applied to the float32 values, for the few tensors whose layout changes).
+
+    ``stack``: when set, the output is these source tensors stacked along a new first axis (an
+    MoE layer's experts, ``src`` being the first of them); each is converted as it is read.
+    """
 
     gguf_name: str
     src: STensor
     shape: tuple[int, ...]
     ttype: TensorType
     transform: Callable[[np.ndarray], np.ndarray] | None = None
+    stack: tuple[STensor, ...] = ()
 
 
 def write_plans(w: GGUFWriter, plans: list[TensorPlan], *, force: bool,
@@ -34,6 +39,12 @@ def write_plans(w: GGUFWriter, plans: list[TensorPlan], *, force: bool,
     with MappedFiles() as files:
         def produce(name: str) -> Iterator[memoryview]:
             p = by_name[name]
+            if p.stack:
+                # row-wise conversion of each part, one after the other, equals converting the stack
+                for part in p.stack:
+                    yield from quant.convert_rows(array(files.view(part), part), part.dtype, p.ttype)
+                    files.release(part)
+                return
             raw = array(files.view(p.src), p.src).reshape(p.shape)
             if p.transform is not None:
                 yield from quant.convert_rows(p.transform(quant.to_f32(raw, p.src.dtype)), "F32", p.ttype)

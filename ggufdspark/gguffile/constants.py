@@ -97,6 +97,8 @@ FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
 OUTTYPE_TENSOR = {"f32": TensorType.F32, "f16": TensorType.F16, "bf16": TensorType.BF16,
                   "q8_0": TensorType.Q8_0}
 QUANTIZATION_VERSION = 2
+# llama_expert_gating_func_type (src/llama-hparams.h): LFM2-MoE routes with a sigmoid
+EXPERT_GATING_SIGMOID = 2
 
 
 class Key:
@@ -123,6 +125,12 @@ class Key:
     RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
     ROPE_FREQ_BASE = "{arch}.rope.freq_base"
     SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
+    # mixture of experts (LFM2-MoE)
+    EXPERT_COUNT = "{arch}.expert_count"
+    EXPERT_USED_COUNT = "{arch}.expert_used_count"
+    EXPERT_FEED_FORWARD_LENGTH = "{arch}.expert_feed_forward_length"
+    LEADING_DENSE_BLOCK_COUNT = "{arch}.leading_dense_block_count"
+    EXPERT_GATING_FUNC = "{arch}.expert_gating_func"
 
     # DSpark / DFlash draft
     BLOCK_SIZE = "{arch}.block_size"

@@ -150,6 +150,21 @@ class TargetSpec:
     max_position_embeddings: int = 128000
     rope_theta: float = 1000000.0
     norm_eps: float = 1e-5
+    # LFM2's ``block_auto_adjust_ff_dim``: the config then says ``block_ff_dim`` = 3/2 of the width the
+    # weights have (LFM2-1.2B: 12288 in the config, 8192 in the weights); intermediate_size must be a
+    # multiple of 256 (``block_multiple_of``) for the round trip to give it back
+    ff_auto_adjust: bool = False
+    # LFM2-MoE (``Lfm2MoeForCausalLM``) when num_experts > 0: the first num_dense_layers layers keep the
+    # dense FFN (intermediate_size wide), the others route to num_experts experts of width
+    # moe_intermediate_size, num_experts_per_tok active, with a sigmoid router and an expert bias
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    num_dense_layers: int = 0
+    moe_intermediate_size: int = 0
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
 
     def layer_types(self) -> list[str]:
         return ["full_attention" if i in self.attention_layers else "conv" for i in range(self.num_hidden_layers)]
@@ -261,7 +276,8 @@ def _write_weights(out: Path, items: list, n_shards: int) -> None:
 
 def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF16", seed: int = 1,
                 tokenizer_from: Path | None = None) -> Path:
-    """Write an ``Lfm2ForCausalLM`` checkpoint (config, weights, tokenizer) to ``out``."""
+    """Write an ``Lfm2ForCausalLM`` checkpoint (config, weights, tokenizer) to ``out``; an
+    ``Lfm2MoeForCausalLM`` one when ``spec.num_experts`` > 0."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer_from:
@@ -283,6 +299,21 @@ def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF1
         "bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD],
         "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype], "use_cache": True,
     }
+    if spec.ff_auto_adjust:
+        if spec.intermediate_size % 256:
+            raise ValueError(f"ff_auto_adjust needs intermediate_size a multiple of 256, not {spec.intermediate_size}")
+        config["block_ff_dim"] = config["intermediate_size"] = spec.intermediate_size * 3 // 2
+        config["block_auto_adjust_ff_dim"] = True
+    if spec.moe:
+        # the published LFM2-MoE config (transformers' Lfm2MoeConfig) has no block_* keys
+        for key in [k for k in config if k.startswith("block_")]:
+            del config[key]
+        config.update({
+            "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe",
+            "num_experts": spec.num_experts, "num_experts_per_tok": spec.num_experts_per_tok,
+            "num_dense_layers": spec.num_dense_layers, "moe_intermediate_size": spec.moe_intermediate_size,
+            "use_expert_bias": True, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+        })
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD]}, indent=2))
@@ -301,15 +332,33 @@ def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF1
                       (p + "self_attn.out_proj.weight", dtype, (h, h), w.normal((h, h), 0.5 / np.sqrt(h))),
                       (p + "self_attn.q_layernorm.weight", dtype, (hd,), w.around_one((hd,))),
                       (p + "self_attn.k_layernorm.weight", dtype, (hd,), w.around_one((hd,)))]
-        ff = spec.intermediate_size
-        items += [(p + "feed_forward.w1.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
-                  (p + "feed_forward.w3.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
-                  (p + "feed_forward.w2.weight", dtype, (h, ff), w.normal((h, ff), 0.5 / np.sqrt(ff))),
-                  (p + "operator_norm.weight", dtype, (h,), w.around_one((h,))),
+        if spec.moe and i >= spec.num_dense_layers:
+            items += _expert_items(p, spec, dtype, w)
+        else:
+            ff = spec.intermediate_size
+            items += [(p + "feed_forward.w1.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
+                      (p + "feed_forward.w3.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
+                      (p + "feed_forward.w2.weight", dtype, (h, ff), w.normal((h, ff), 0.5 / np.sqrt(ff)))]
+        items += [(p + "operator_norm.weight", dtype, (h,), w.around_one((h,))),
                   (p + "ffn_norm.weight", dtype, (h,), w.around_one((h,)))]
     items.append(("model.embedding_norm.weight", dtype, (h,), w.around_one((h,))))
     _write_weights(out, items, 1)
     return out
+
+
+def _expert_items(p: str, spec: TargetSpec, dtype: str, w: Weights) -> list[tuple]:
+    """One LFM2-MoE block's router, expert bias and experts, in the published per-expert layout
+    (``feed_forward.experts.E.w1/w3/w2``; transformers 5 fuses them only when loading)."""
+    h, ff, n = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
+    items = [(p + "feed_forward.gate.weight", dtype, (n, h), w.normal((n, h), 1 / np.sqrt(h))),
+             # a float32 buffer in transformers' Lfm2MoeSparseMoeBlock, saved as such whatever the dtype
+             (p + "feed_forward.expert_bias", "F32", (n,), Weights("F32", int(w.rng.integers(1 << 30))).normal((n,), 0.1))]
+    for e in range(n):
+        q = f"{p}feed_forward.experts.{e}."
+        items += [(q + "w1.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
+                  (q + "w3.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
+                  (q + "w2.weight", dtype, (h, ff), w.normal((h, ff), 0.5 / np.sqrt(ff)))]
+    return items
 
 
 def added_ids(tokenizer_json: Path) -> dict[str, int]:
