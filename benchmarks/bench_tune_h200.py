@@ -31,8 +31,8 @@ from pathlib import Path
 
 from ggufdspark import measure as ms
 from ggufdspark import tune
-from ggufdspark.testing import synth
-from ggufdspark.testing.pairs import build_pair
+from ggufdspark.synthetic import synth
+from ggufdspark.synthetic.pairs import build_pair
 
 GOAL_ONE_REQUEST = 1.3
 GOAL_UNDER_LOAD = 1.0

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from ggufdspark import engine  # noqa: E402
-from ggufdspark.testing import synth  # noqa: E402
+from ggufdspark.synthetic import synth  # noqa: E402
 
 
 def full_inputs(work: Path) -> tuple[Path, Path]:
@@ -87,7 +87,7 @@ def main() -> None:
     arms = {
         "ggufdspark convert": [py, "-m", "ggufdspark", "-q", "convert", str(ddir), "--target", str(tdir),
                                "-o", str(out_mine), "--outtype", args.outtype, "--force"],
-        "llama.cpp convert_hf_to_gguf.py": [py, "-m", "ggufdspark.testing.oracle", str(tree), "lfm2", "--",
+        "llama.cpp convert_hf_to_gguf.py": [py, str(Path(__file__).resolve().parent.parent / "tests" / "oracle.py"), str(tree), "lfm2", "--",
                                             str(ddir), "--target-model-dir", str(tdir), "--outtype", args.outtype,
                                             "--outfile", str(out_ref)],
         "cp (I/O floor)": ["cp", str(ddir / "model.safetensors"), str(out_cp)],

@@ -30,8 +30,8 @@ from ggufdspark import engine, hardware
 from ggufdspark.quantize import quantize
 from ggufdspark.quants import is_quantized_file
 from ggufdspark.runners.server import ServerProcess, ServerSettings
-from ggufdspark.testing import synth
-from ggufdspark.testing.pairs import build_pair
+from ggufdspark.synthetic import synth
+from ggufdspark.synthetic.pairs import build_pair
 from ggufdspark.tune import geometric_rates
 
 PROMPT = ("Describe in detail how speculative decoding works with a small draft model and a large "

@@ -12,7 +12,7 @@ from ggufdspark import timings as tm
 from ggufdspark.check import check_pair
 from ggufdspark.errors import GgufdsparkError
 from ggufdspark.serve import serving
-from ggufdspark.testing.pairs import build_pair
+from ggufdspark.synthetic.pairs import build_pair
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ggufdspark.testing.synth import (FULL_DRAFTER, FULL_TARGET, SMALL_DRAFTER, SMALL_TARGET, DrafterSpec,
+from ggufdspark.synthetic.synth import (FULL_DRAFTER, FULL_TARGET, SMALL_DRAFTER, SMALL_TARGET, DrafterSpec,
                                       TargetSpec)
 
 SIZES = ("small", "full")

@@ -216,7 +216,7 @@ def _run(args: list[str], src: Path, name: str, progress: Progress | None) -> No
                 progress(int(m.group(1)), int(m.group(2)), m.group(3))
         rc = proc.wait()
     except BaseException:
-        lifeline._killpg(proc.pid)
+        lifeline.killpg(proc.pid)
         proc.wait()
         raise
     finally:

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/capture_timings.py            # rewrites tests/fixtures/timings/
     .venv/bin/python scripts/capture_timings.py --out DIR  # anywhere else (the live test does)
 
-Generates the small target + DSpark draft pair (ggufdspark.testing.pairs.build_pair), starts the
+Generates the small target + DSpark draft pair (ggufdspark.synthetic.pairs.build_pair), starts the
 built llama-server through ggufdspark.runners.server three times (RUNS: the real draft, the
 draft with llama.cpp's synthetic acceptance so accept lengths vary, and no draft), sends the same
 requests to each (REQUESTS: /completion, /v1/completions, /v1/chat/completions, streamed and
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ggufdspark.engine import find_engine
 from ggufdspark.runners.server import ServerProcess, ServerSettings
-from ggufdspark.testing.pairs import build_pair
+from ggufdspark.synthetic.pairs import build_pair
 
 log = logging.getLogger("capture_timings")
 

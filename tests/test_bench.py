@@ -210,7 +210,7 @@ def test_image_prompts_with_the_mmproj(isolated, tmp_path):
     same image prompts (each server has its own media marker) and the gate still passes."""
     from ggufdspark.convert.drafter import convert_drafter
     from ggufdspark.convert.target import convert_target
-    from ggufdspark.testing import synth, synth_vl
+    from ggufdspark.synthetic import synth, synth_vl
 
     vl = synth_vl.make_vl_target(tmp_path / "tiny-lfm2-vl")
     r = convert_target(vl, output=tmp_path)

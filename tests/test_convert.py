@@ -14,8 +14,8 @@ import pytest
 from ggufdspark.convert.drafter import convert_drafter
 from ggufdspark.convert.target import convert_target
 from ggufdspark.gguffile.reader import read_gguf
-from ggufdspark.testing import synth
-from ggufdspark.testing.oracle import run_reference
+from ggufdspark.synthetic import synth
+from oracle import run_reference
 
 PROMPTS = [
     "The model draft target",

@@ -20,8 +20,8 @@ from ggufdspark.convert.drafter import convert_drafter
 from ggufdspark.convert.target import convert_target
 from ggufdspark.families import FAMILIES
 from ggufdspark.gguffile.reader import read_gguf
-from ggufdspark.testing.oracle import run_reference
-from ggufdspark.testing.pairs import Pair
+from oracle import run_reference
+from ggufdspark.synthetic.pairs import Pair
 from test_convert import PROMPTS, _compare_gguf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def test_full_size_families_keep_the_published_numbers():
         t, d = fam.targets["full"], fam.drafters["full"]
         assert t.hidden_size == 2048 and max(d.target_layer_ids) < t.num_hidden_layers
     # the default family is what generate made before --family existed
-    from ggufdspark.testing import synth
+    from ggufdspark.synthetic import synth
     assert f["vl-3b"].targets == {"small": synth.SMALL_TARGET, "full": synth.FULL_TARGET}
     assert f["vl-3b"].drafters == {"small": synth.SMALL_DRAFTER, "full": synth.FULL_DRAFTER}
 
@@ -145,7 +145,7 @@ def test_moe_narrow_experts_in_f32_match_reference_in_q8_0(tmp_path):
     from dataclasses import replace
 
     from ggufdspark.inspect import inspect_gguf
-    from ggufdspark.testing import synth
+    from ggufdspark.synthetic import synth
 
     spec = replace(FAMILIES["8b-a1b"].targets["small"], moe_intermediate_size=48)
     tdir = synth.make_target(tmp_path / "t", spec, dtype="F32")
@@ -260,7 +260,7 @@ def test_tap_of_the_last_layer_is_refused_because_the_engine_aborts(family_pairs
 
     from ggufdspark.check import check_pair
     from ggufdspark.errors import EngineError
-    from ggufdspark.testing import synth
+    from ggufdspark.synthetic import synth
 
     pair = family_pairs["2.6b"]
     last = FAMILIES["2.6b"].targets["small"].num_hidden_layers - 1

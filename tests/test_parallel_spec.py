@@ -82,8 +82,8 @@ def test_repacked_weights_serve_many_sequences_at_once(pairs_root, start_server)
     first batch holding several sequences (a 320M LFM2 pair, F16; 2 of 2 runs here). Patch 0009
     fixes the batched offsets; this serves 8 sequences at once with repacking on (the default), with
     and without the draft, and checks every answer against one-at-a-time greedy decoding."""
-    from ggufdspark.testing.pairs import build_pair
-    from ggufdspark.testing.synth import MEDIUM_DRAFTER, MEDIUM_TARGET
+    from ggufdspark.synthetic.pairs import build_pair
+    from ggufdspark.synthetic.synth import MEDIUM_DRAFTER, MEDIUM_TARGET
 
     pair = build_pair(pairs_root, target_spec=MEDIUM_TARGET, drafter_spec=MEDIUM_DRAFTER, name="medium-lfm2")
     rng = random.Random(3)

@@ -21,7 +21,7 @@ from ggufdspark.gguffile.reader import read_gguf
 from ggufdspark.quantize import find_quantize
 from ggufdspark.quants import DRAFT_TYPES, precision
 from ggufdspark.serve import serving
-from ggufdspark.testing import synth
+from ggufdspark.synthetic import synth
 
 PROMPTS = ["The model draft target", "One two three four five six", "Once upon a time in a small house by the river"]
 

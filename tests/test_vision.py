@@ -23,8 +23,8 @@ from ggufdspark.runners.server import ServerSettings
 from ggufdspark.serve import plan
 from ggufdspark import images
 from ggufdspark.runners.server import image_data_uri
-from ggufdspark.testing import synth, synth_vl
-from ggufdspark.testing.oracle import run_reference
+from ggufdspark.synthetic import synth, synth_vl
+from oracle import run_reference
 
 OUTTYPES = ["f32", "f16", "bf16", "q8_0"]
 TEXT_PROMPTS = ["Question: {img} what is shown here? Answer: the", "The model draft target {img} one two three",

@@ -30,7 +30,7 @@ from ggufdspark import images, webui
 from ggufdspark import timings as tm
 from ggufdspark.convert.drafter import convert_drafter
 from ggufdspark.convert.target import convert_target
-from ggufdspark.testing import synth, synth_vl
+from ggufdspark.synthetic import synth, synth_vl
 
 REPO = Path(__file__).resolve().parent.parent
 N_PREDICT = 24  # the server's default answer length (-n): the page asks for no limit of its own

@@ -8,7 +8,7 @@ import click
 
 from ggufdspark.errors import InvalidArgumentError, OutputExistsError
 from ggufdspark.families import DEFAULT_FAMILY, FAMILIES
-from ggufdspark.testing import synth
+from ggufdspark.synthetic import synth
 
 
 @click.command(name="generate")
@@ -41,7 +41,7 @@ def command(out, family, size, only, dtype, vl, force):
     if only in ("both", "target"):
         click.echo(f"generating {what} target ({size}) in {tdir}", err=True)
         if vl:
-            from ggufdspark.testing import synth_vl
+            from ggufdspark.synthetic import synth_vl
 
             vision = synth_vl.SO400M_VISION if size == "full" else synth_vl.SMALL_VISION
             synth_vl.make_vl_target(tdir, tspec, vision, dtype=dtype)

@@ -189,7 +189,7 @@ def run(args: list[str], *, timeout: float, **popen_kw: Any) -> subprocess.Compl
         try:
             out, err = proc.communicate(timeout=timeout)
         except BaseException:
-            _killpg(proc.pid)
+            killpg(proc.pid)
             proc.communicate()  # the pipes close once the whole group is dead
             raise
     except subprocess.TimeoutExpired:
@@ -199,7 +199,7 @@ def run(args: list[str], *, timeout: float, **popen_kw: Any) -> subprocess.Compl
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-def _killpg(pgid: int) -> None:
+def killpg(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:

@@ -5,7 +5,7 @@ tokenizer generated here is unknown to it. The oracle is told the pre-tokenizer 
 the real LFM2 tokenizer maps to) by replacing that one lookup; nothing else is changed. It runs in
 a child process, with the pinned tree's own ``gguf-py`` first on ``sys.path``.
 
-Usage (module): ``python -m ggufdspark.testing.oracle TREE PRE -- convert_hf_to_gguf args...``
+Usage (script): ``python tests/oracle.py TREE PRE -- convert_hf_to_gguf args...``
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def run_reference(args: list[str], *, pre: str = "lfm2", tree: Path | None = Non
     if not (tree / "convert_hf_to_gguf.py").is_file():
         raise FileNotFoundError(f"{tree}: pinned llama.cpp tree not found; run 'ggufdspark build-engine'")
     env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
-    cmd = [sys.executable, "-m", "ggufdspark.testing.oracle", str(tree), pre, "--", *args]
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(tree), pre, "--", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
 
 

@@ -1,5 +1,5 @@
 """Generate synthetic LFM2-VL checkpoints (``Lfm2VlForConditionalGeneration``): an LFM2 language
-tower from :mod:`ggufdspark.testing.synth` plus a SigLIP2 NaFlex vision encoder and the LFM2-VL
+tower from :mod:`ggufdspark.synthetic.synth` plus a SigLIP2 NaFlex vision encoder and the LFM2-VL
 projector, with random weights (numpy, seeded, streamed to disk).
 
 The checkpoint copies the published LFM2-VL layout, not what the installed transformers would save,
@@ -30,7 +30,7 @@ from typing import Iterator
 import numpy as np
 
 from ggufdspark.convert.safetensors import read_header, write_safetensors
-from ggufdspark.testing import synth
+from ggufdspark.synthetic import synth
 
 LAYOUTS = ("published", "transformers")
 # where each layout keeps the vision encoder's tensors

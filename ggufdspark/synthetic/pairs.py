@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ggufdspark.convert.drafter import convert_drafter
 from ggufdspark.convert.target import convert_target
-from ggufdspark.testing import synth
+from ggufdspark.synthetic import synth
 
 
 @dataclass
