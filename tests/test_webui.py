@@ -271,7 +271,7 @@ def test_build_engine_builds_the_ui_once_then_finds_it(ggufdspark_cli, tmp_path)
     dist = tmp_path / "cache" / "ui" / "0c1e570" / "dist"
     p = ggufdspark_cli("build-engine", "--no-patches", "-j", "1", env=env)
     assert p.returncode == 0, p.stderr
-    assert f"UI: built from the pinned source in" in p.stderr and str(dist) in p.stderr, p.stderr
+    assert "UI: built from the pinned source in" in p.stderr and str(dist) in p.stderr, p.stderr
     assert (dist / "index.html").is_file() and calls.read_text().splitlines() == ["ci", "run build"]
     assert not (tree / "tools" / "ui" / "node_modules").exists(), "npm ran in the source tree, not a copy"
     assert [q.name for q in dist.parent.iterdir() if q.name.startswith("build-")] == [], "work dir left behind"
