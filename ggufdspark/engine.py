@@ -310,19 +310,7 @@ def _build(spec: BuildSpec, cache: Path, d: Path, *, jobs: int | None, progress:
     failed = None
     with open(logfile, "w") as logf:
         for step, cmd in (("configure", configure), ("compile", compile_)):
-            logf.write("$ " + " ".join(cmd) + "\n")
-            logf.flush()
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                logf.write(line)
-                m = re.match(r"\[(\d+)/(\d+)\]", line) or re.match(r"\[\s*(\d+)%\]", line)
-                if progress and m:
-                    if m.lastindex == 2:
-                        progress(int(m.group(1)), int(m.group(2)), "compile")
-                    else:
-                        progress(int(m.group(1)), 100, "compile")
-            rc = proc.wait()
+            rc = _run_logged(cmd, logf, progress)
             if rc != 0:
                 failed = (step, rc)
                 break
@@ -341,6 +329,24 @@ def _build(spec: BuildSpec, cache: Path, d: Path, *, jobs: int | None, progress:
     return exe
 
 
+def _run_logged(cmd: list[str], logf, progress: Progress | None) -> int:
+    """Run a build command with its output into ``logf``; ninja's [i/n] (or make's [ p%]) lines
+    drive ``progress``. Returns the exit status."""
+    logf.write("$ " + " ".join(cmd) + "\n")
+    logf.flush()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        logf.write(line)
+        m = re.match(r"\[(\d+)/(\d+)\]", line) or re.match(r"\[\s*(\d+)%\]", line)
+        if progress and m:
+            if m.lastindex == 2:
+                progress(int(m.group(1)), int(m.group(2)), "compile")
+            else:
+                progress(int(m.group(1)), 100, "compile")
+    return proc.wait()
+
+
 def _build_tools(spec: BuildSpec, cache: Path, exe: Path, targets: tuple[str, ...], *, jobs: int | None,
                  progress: Progress | None) -> Path:
     """Compile the missing ``targets`` into a finished build (its tree is configured and patched
@@ -350,16 +356,7 @@ def _build_tools(spec: BuildSpec, cache: Path, exe: Path, targets: tuple[str, ..
     cmd = ["cmake", "--build", str(d / "build"), "--target", *missing, "-j", str(jobs or os.cpu_count() or 2)]
     logfile = d / "build-tools.log"
     with open(logfile, "w") as logf:
-        logf.write("$ " + " ".join(cmd) + "\n")
-        logf.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            logf.write(line)
-            m = re.match(r"\[(\d+)/(\d+)\]", line)
-            if progress and m:
-                progress(int(m.group(1)), int(m.group(2)), "compile")
-        rc = proc.wait()
+        rc = _run_logged(cmd, logf, progress)
     if rc != 0 or not all((exe.parent / t).is_file() for t in missing):
         raise EngineBuildError(f"building {', '.join(missing)} failed (exit {rc}): {_first_error(logfile)}; "
                                f"full log: {logfile}")
