@@ -18,7 +18,7 @@
 #                    patched engine, and the sampled-drafts layout for comparison;
 #   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted;
 #   stage "kernels": Nsight Compute's device time per kernel over a window of drafted decode steps;
-#   stage "small-shapes": patch 0008's kernels (GGML_CUDA_SMALL_SHAPES=1) against the default.
+#   stage "small-shapes": patch 0008's kernels (on by default) against GGML_CUDA_SMALL_SHAPES=0.
 #
 # Environment: WORK (work dir, default .devwork: kept between calls on a warm machine), OUT (results),
 # STAGES (default: setup abort matrix speed profile small-shapes). Engine switches exported before the
@@ -92,7 +92,7 @@ arms)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
     $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 \
         --lengths ${LENGTHS:-4,5,6} --concurrency "" \
-        --env-variants "${ENV_VARIANTS:-GGML_CUDA_MMVF_MAX_N=8;GGML_CUDA_SMALL_SHAPES=1;GGML_CUDA_MMVF_MAX_N=8,GGML_CUDA_SMALL_SHAPES=1;LLAMA_SAMPLER_NO_FAST_GREEDY=1}" \
+        --env-variants "${ENV_VARIANTS:-GGML_CUDA_SMALL_SHAPES=0;GGML_CUDA_SMALL_N_CUBLAS=8;GGML_CUDA_MMV_FEW=2;LLAMA_SAMPLER_NO_FAST_GREEDY=1}" \
         --json "$OUT/arms.json" --log-dir "$W/arms" 2>&1 | tee "$OUT/arms.txt" | tail -n 24
     ;;
 load)
@@ -126,14 +126,14 @@ profile)
     for f in "$W"/prof/*.log; do echo "$(basename "$f"): $(grep "spec profile" "$f" | tail -n 1)"; done | tee "$OUT/profile.txt"
     ;;
 small-shapes)
-    # patch 0008 (GGML_CUDA_SMALL_SHAPES=1): speed against the default in one run, and greedy output
+    # patch 0008 (on by default; GGML_CUDA_SMALL_SHAPES=0 turns it off): speed with and without in one run, and greedy output
     # with the patch's argmax doing the target's sampling on the device (-bs) against a plain server
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
     sp=(--gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 --lengths 5 --concurrency "")
-    $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/ss-off.json" --log-dir "$W/ss-off" 2>&1 | tail -n 3
-    GGML_CUDA_SMALL_SHAPES=1 $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/ss-on.json" --log-dir "$W/ss-on" 2>&1 | tail -n 3
+    $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/ss-on.json" --log-dir "$W/ss-on" 2>&1 | tail -n 3
+    GGML_CUDA_SMALL_SHAPES=0 $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/ss-off0.json" --log-dir "$W/ss-off0" 2>&1 | tail -n 3
     $py benchmarks/parallel_load.py --target "$T" --draft "$D" --server "$BIN" --gpu --prompt-tokens 420-500 \
-        --n-predict 64-256 --slots 8 --n-max 5 --runs 1 --env GGML_CUDA_SMALL_SHAPES=1 --extra=-bs \
+        --n-predict 64-256 --slots 8 --n-max 5 --runs 1 --extra=-bs \
         --json "$OUT/ss-lossless.json" --log-dir "$W/ss-real" 2>&1 | tail -n 5
     ;;
 cap)

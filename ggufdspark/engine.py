@@ -94,10 +94,11 @@ def patch_files() -> list[Path]:
     return sorted(d.glob("*.patch")) if d.is_dir() else []
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: str | Path) -> str:
+    """sha256 of a file, read in 4 MB chunks (multi-GB models stay out of memory)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
 
@@ -176,7 +177,7 @@ def _fetch_source(cache: Path) -> Path:
         if proc.returncode != 0 or not tarball.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise EngineBuildError(f"could not download {PIN_PACKAGE}=={PIN_VERSION}: {tail[0]}")
-    digest = _sha256(tarball)
+    digest = sha256_file(tarball)
     if digest != PIN_SHA256:
         bad = tarball.with_suffix(".bad")
         tarball.replace(bad)
@@ -213,7 +214,7 @@ class BuildSpec:
         """Cache key: commit, backend, and a digest of extra flags and patches when present."""
         extras = list(self.extra_flags)
         if self.patches:
-            extras += [f"patch:{p.name}:{_sha256(p)}" for p in patch_files()]
+            extras += [f"patch:{p.name}:{sha256_file(p)}" for p in patch_files()]
         key = f"{PIN_COMMIT}-{self.backend}{RECIPE}"
         if extras:
             key += "-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:10]

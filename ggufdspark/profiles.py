@@ -7,7 +7,6 @@ target and the draft (hashes are cached by path, size and mtime, so a multi-GB f
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 from ggufdspark.bindings import DeviceReport
-from ggufdspark.engine import cache_dir
+from ggufdspark.engine import cache_dir, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +34,7 @@ def file_sha256(path: str | Path) -> str:
         known = {}
     if key in known:
         return known[key]
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    known[key] = h.hexdigest()
+    known[key] = sha256_file(p)
     store.parent.mkdir(parents=True, exist_ok=True)
     tmp = store.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(known))

@@ -13,7 +13,6 @@ into place; on any failure nothing is left behind.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -244,13 +243,5 @@ def _verify(tmp: Path, out: Path, src: Path, kind: str, name: str, src_type: str
     counts: dict[str, int] = {}
     for info in g.tensors.values():
         counts[info.type_name] = counts.get(info.type_name, 0) + 1
-    return QuantizeResult(out, src, kind, name, src_type, tmp.stat().st_size, _sha256(tmp), 0.0, keep,
+    return QuantizeResult(out, src, kind, name, src_type, tmp.stat().st_size, engine.sha256_file(tmp), 0.0, keep,
                           dict(sorted(counts.items())))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
