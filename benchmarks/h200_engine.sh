@@ -12,7 +12,10 @@
 #                    each, and real acceptance (greedy output equal to the plain server's);
 #   stage "arms":    the series' run-time switches (ENV_VARIANTS) against the default, one request;
 #   stage "load":    plain vs drafted at 1, 8 and 32 requests under the exported environment;
-#   stage "few":     patch 0012's verify kernel (GGML_CUDA_MMV_FEW=1): test-backend-ops, speed, profile;
+#   stage "few-check": patch 0012's verify kernel through test-backend-ops (results and kernel speed);
+#   stage "few":     patch 0012 in the server (GGML_CUDA_MMV_FEW=1,2,4): speed arms and step profile;
+#   stage "splitk-check": patch 0013 (split-K mul_mat_f) through test-backend-ops at the verify's shapes;
+#   stage "splitk":  patch 0013 in the server (GGML_CUDA_MMF_SPLIT_K=2,4,8): speed arms and step profile;
 #   stage "cap":     load-aware drafting (patch 0011, --spec-draft-max-slots CAP) at 8, 16, 32 requests;
 #   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
 #                    patched engine, and the sampled-drafts layout for comparison;
@@ -39,6 +42,30 @@ if [ ! -f "$W/src/llama.cpp/CMakeLists.txt" ]; then
     mkdir -p "$W/src" && tar -xJf .carry/llama.cpp.tar.xz -C "$W/src"
 fi
 export GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
+
+# kernel_check VAR "TEST_VALUES" PERF_FILTER ["PERF_VALUES"]: test-backend-ops (built in the engine's own
+# build tree) runs MUL_MAT against the CPU backend with VAR set to each test value (F16/BF16 weights),
+# then its perf mode on PERF_FILTER's cases with VAR unset and set to each perf value
+kernel_check() {
+    local var=$1 tvals=$2 filter=$3 pvals=${4:-$2} BIN B t0 v
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    B=$(dirname "$(dirname "$BIN")")
+    t0=$SECONDS
+    if ! { cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo.log" 2>&1 && cmake --build "$B" --target test-backend-ops -j "$(nproc)" >> "$W/tbo.log" 2>&1; }; then
+        echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; return
+    fi
+    echo "test-backend-ops built in $((SECONDS - t0)) s"
+    for v in $tvals; do
+        env "$var=$v" timeout 120 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(f16|bf16)" > "$OUT/tbo-$var-$v.txt" 2>&1
+        echo "test-backend-ops MUL_MAT f16/bf16 with $var=$v: rc=$?"; grep -E "FAIL|tests passed|backends passed" "$OUT/tbo-$var-$v.txt" | tail -n 4
+    done
+    for v in 0 $pvals; do
+        echo "== perf, $var=$v"
+        env "$var=$v" timeout 120 "$B/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 -p "$filter" > "$OUT/tbo-perf-$var-$v.txt" 2>&1
+        grep -E "MUL_MAT" "$OUT/tbo-perf-$var-$v.txt" | sed -E 's/MUL_MAT\(type_a=([a-z0-9]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
+    done
+    echo "kernel check done at $((SECONDS - t0)) s"
+}
 
 for stage in $STAGES; do
 case $stage in
@@ -152,24 +179,46 @@ cap)
     echo "== without the cap"
     $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/nocap.json" --log-dir "$W/nocap" 2>&1 | tail -n 6
     ;;
+few-check)
+    # patch 0012 (GGML_CUDA_MMV_FEW=R, the verify's mat-vec kernel for 2-8 columns, R rows a warp):
+    # its results against the CPU backend and its speed against the default selection
+    kernel_check GGML_CUDA_MMV_FEW "1 2 4" "type_a=(f16|bf16),type_b=f32,m=4096,n=[1-8],k=14336"
+    ;;
+splitk-check)
+    # patch 0013 (GGML_CUDA_MMF_SPLIT_K=S, mul_mat_f cut along the shared dimension): results against
+    # the CPU backend, and the speed at the verify's own shapes (patch 0014's perf cases)
+    kernel_check GGML_CUDA_MMF_SPLIT_K "8" "type_a=f16,type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," "2 4 8"
+    ;;
+splitk)
+    # patch 0013 in the server: the speed arms (S = 2, 4, 8 against the default) and the step profile
+    ENV_VARIANTS=${ENV_VARIANTS:-GGML_CUDA_MMF_SPLIT_K=2;GGML_CUDA_MMF_SPLIT_K=4;GGML_CUDA_MMF_SPLIT_K=8} LENGTHS=${LENGTHS:-5} STAGES=arms bash "$0"
+    GGML_CUDA_MMF_SPLIT_K=${SPLIT_K:-4} OUT=$OUT/splitk-profile STAGES=profile bash "$0"
+    ;;
 few)
-    # patch 0012 (GGML_CUDA_MMV_FEW=R, the verify's mat-vec kernel for 2-8 columns, R rows a warp): first its
-    # correctness against the CPU backend (test-backend-ops MUL_MAT, built in the engine's own build
-    # tree), then the speed arms and the step profile with it against the default
-    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
-    B=$(dirname "$(dirname "$BIN")")
-    t0=$SECONDS
-    if cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo.log" 2>&1 && cmake --build "$B" --target test-backend-ops -j "$(nproc)" >> "$W/tbo.log" 2>&1; then
-        echo "test-backend-ops built in $((SECONDS - t0)) s"
-        for r in 1 2 4; do
-            GGML_CUDA_MMV_FEW=$r "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 > "$OUT/tbo-few$r.txt" 2>&1
-            echo "test-backend-ops MUL_MAT with GGML_CUDA_MMV_FEW=$r: rc=$?"; grep -E "FAIL|passed|tests" "$OUT/tbo-few$r.txt" | tail -n 4
-        done
-    else
-        echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"
-    fi
-    ENV_VARIANTS="GGML_CUDA_MMV_FEW=1;GGML_CUDA_MMV_FEW=2;GGML_CUDA_MMV_FEW=4" LENGTHS=${LENGTHS:-4,5,6} STAGES=arms bash "$0"
+    # patch 0012 in the server: the speed arms (R = 1, 2, 4 against the default) and the step profile
+    ENV_VARIANTS=${ENV_VARIANTS:-GGML_CUDA_MMV_FEW=1;GGML_CUDA_MMV_FEW=2;GGML_CUDA_MMV_FEW=4} LENGTHS=${LENGTHS:-4,5,6} STAGES=arms bash "$0"
     GGML_CUDA_MMV_FEW=${FEW_R:-2} OUT=$OUT/few-profile STAGES=profile bash "$0"
+    ;;
+graphs)
+    # does the verify run as a CUDA graph? one drafted request (n_max 5, 256 tokens) with the step
+    # profile, CUDA graphs on (default) and off (GGML_CUDA_DISABLE_GRAPHS=1): if the verify's device
+    # wait does not move, its steps already run kernel by kernel
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    rates=$($py -c "from ggufdspark.acceptance import geometric_rates as g; print(','.join(f'{x:.4f}' for x in g(4.22, 9)[:5]))")
+    for arm in "default:" "nographs:GGML_CUDA_DISABLE_GRAPHS=1"; do
+        name=${arm%%:*}; envs=${arm#*:}
+        env LLAMA_SPEC_PROFILE=1 $envs "$BIN" -m "$T" -md "$D" --spec-type draft-dspark --spec-draft-n-max 5 \
+            --spec-synth-rates "$rates" -ngl 99 -ngld 99 -fa on -c 4096 --host 127.0.0.1 --port 18778 \
+            > "$OUT/graphs-$name.log" 2>&1 &
+        srv=$!
+        for _ in $(seq 240); do curl -sf 127.0.0.1:18778/health > /dev/null && break; sleep 0.5; done
+        for _ in 1 2; do
+            curl -s 127.0.0.1:18778/completion -d '{"prompt":"Describe speculative decoding in detail.","n_predict":256,"ignore_eos":true,"temperature":0}' \
+                | $py -c "import json,sys; t=json.load(sys.stdin)['timings']; print('$name', round(t['predicted_per_second'],1), 'tok/s', t.get('draft_n'), t.get('draft_n_accepted'))"
+        done
+        kill "$srv"; wait "$srv"
+        echo "$name: $(grep 'spec profile' "$OUT/graphs-$name.log" | tail -n 1)"
+    done
     ;;
 kernels)
     # Nsight Compute's per-kernel device time over a window of one draft-dspark server's decode
