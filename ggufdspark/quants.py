@@ -22,23 +22,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ggufdspark.gguffile.constants import Key, TensorType
+from ggufdspark.gguffile.constants import (FTYPE_LABELS, OUTTYPE_LABEL, OUTTYPE_TENSOR, TYPE_SIZES, Key,
+                                           TensorType)
 from ggufdspark.gguffile.reader import GGUFFile
 
 log = logging.getLogger(__name__)
 
-# general.file_type (llama_ftype, include/llama.h of the pinned tree) -> the quant label in file names
-# and in ``-hf REPO:QUANT``.
-FTYPE_LABELS: dict[int, str] = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
-    18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S",
-    25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
-    32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
-}
-# Used when a file has no general.file_type: the type of most of its matrices.
-TENSOR_LABELS = {TensorType.F32: "F32", TensorType.F16: "F16", TensorType.BF16: "BF16", TensorType.Q8_0: "Q8_0"}
-FLOAT_TYPES = {TensorType.F32: "f32", TensorType.F16: "f16", TensorType.BF16: "bf16"}
+# Used when a file has no general.file_type: the type of most of its matrices, among the output types.
+TENSOR_LABELS = {t: OUTTYPE_LABEL[o] for o, t in OUTTYPE_TENSOR.items()}
+# The unquantized output types (one weight per block), by their --outtype name.
+FLOAT_TYPES = {t: o for o, t in OUTTYPE_TENSOR.items() if TYPE_SIZES[t][0] == 1}
 
 
 @dataclass(frozen=True)
@@ -72,19 +65,32 @@ RECOMMENDED_DRAFT: dict[str, str] = {}
 DRAFT_KEEP_FLOAT = ("markov_w1.weight", "markov_w2.weight")
 
 
-def precision(g: GGUFFile) -> str:
-    """The quant label of a GGUF (``F16``, ``Q4_K_M``...), from ``general.file_type``, else from the
-    type of most of its matrices; ``?`` when neither says."""
-    ft = g.metadata.get(Key.FILE_TYPE)
+def ftype_label(ft: object) -> str | None:
+    """The quant label of a ``general.file_type`` value; None unless it is a known ``llama_ftype``."""
     if isinstance(ft, int) and not isinstance(ft, bool):
-        return FTYPE_LABELS.get(ft, f"file_type {ft}")
-    # none, or not an integer (a damaged header: check reports what matters; this is only a label)
+        return FTYPE_LABELS.get(ft)
+    return None
+
+
+def matrix_label(g: GGUFFile) -> str | None:
+    """The label of the type most of ``g``'s matrices are in (``TENSOR_LABELS``: F32, F16, BF16,
+    Q8_0), by element count; None when no matrix is in one of them."""
     counts: dict[str, int] = {}
     for t in g.tensors.values():
         if len(t.shape) >= 2 and t.type in TENSOR_LABELS:
             label = TENSOR_LABELS[t.type]
             counts[label] = counts.get(label, 0) + t.n_elements
-    return max(counts, key=counts.get) if counts else "?"
+    return max(counts, key=counts.get) if counts else None
+
+
+def precision(g: GGUFFile) -> str:
+    """The quant label of a GGUF (``F16``, ``Q4_K_M``...), from ``general.file_type``, else from the
+    type of most of its matrices; ``?`` when neither says."""
+    ft = g.metadata.get(Key.FILE_TYPE)
+    if isinstance(ft, int) and not isinstance(ft, bool):
+        return ftype_label(ft) or f"file_type {ft}"
+    # none, or not an integer (a damaged header: check reports what matters; this is only a label)
+    return matrix_label(g) or "?"
 
 
 def float_type(g: GGUFFile) -> str | None:

@@ -479,6 +479,19 @@ def test_dry_run_json_shows_the_plan_for_several_quants(ggufdspark_cli, quant_pa
     assert "`-hfd org/Tiny-LFM2-DSpark-GGUF` without a quant also takes `dspark-Tiny-LFM2-Q8_0.gguf`" in card
 
 
+def test_short_options_name_targets_and_drafts(ggufdspark_cli, quant_pair, small_pair, hub, hub_env):
+    """``-m`` / ``-md`` (llama-server's spelling) repeat and mix with ``--target`` / ``--draft``."""
+    p = ggufdspark_cli("publish", "-m", str(quant_pair["target-Q8_0"]), "--target", str(small_pair.target),
+                       "-md", str(quant_pair["draft-Q8_0"]), "--draft", str(small_pair.draft),
+                       "--repo", "org/Tiny-LFM2", "--dry-run", "--json", env={**hub_env, "HF_TOKEN": ""})
+    assert p.returncode == 0, p.stderr
+    assert hub.requests == []
+    t_repo, d_repo = json.loads(p.stdout)["plan"]["repos"]
+    assert [f["path_in_repo"] for f in t_repo["files"]] == ["Tiny-LFM2-Q8_0.gguf", "Tiny-LFM2-F16.gguf", "README.md"]
+    assert [f["path_in_repo"] for f in d_repo["files"]] == [
+        "dspark-Tiny-LFM2-Q8_0.gguf", "dspark-Tiny-LFM2-F16.gguf", "README.md"]
+
+
 def test_several_quants_one_commit_per_repo_and_reruns_send_only_what_changed(
         ggufdspark_cli, quant_pair, small_pair, hub, hub_env, tmp_path):
     from ggufdspark.quantize import quantize

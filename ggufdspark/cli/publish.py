@@ -1,4 +1,5 @@
-"""``ggufdspark publish --target T.gguf --draft D.gguf --repo ORG/NAME [--mmproj M.gguf] ...``."""
+"""``ggufdspark publish -m T.gguf -md D.gguf --repo ORG/NAME [--mmproj M.gguf] ...`` (``-m`` / ``-md``
+are ``--target`` / ``--draft``, as in llama-server and the other verbs)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def print_plan(plan: PublishPlan) -> None:
             click.echo(f"  {ACTIONS[f.action]}  {f.path_in_repo:<{width}}  {human_size(f.size):>9}  "
                        f"sha256 {f.sha256}  {what}{note}")
         for w in rp.warnings:
-            click.echo(f"  warning: {w}")
+            click.secho(f"  WARNING: {w}", fg="yellow")
     click.echo("\nRun:")
     for quant, lines in plan.quant_commands.items():
         if len(plan.quant_commands) > 1:
@@ -44,9 +45,9 @@ def print_plan(plan: PublishPlan) -> None:
 
 
 @click.command(name="publish")
-@click.option("--target", required=True, multiple=True, type=click.Path(dir_okay=False),
+@click.option("-m", "--target", "target", required=True, multiple=True, type=click.Path(dir_okay=False),
               help="A target GGUF; repeat for several quants (one file each).")
-@click.option("--draft", required=True, multiple=True, type=click.Path(dir_okay=False),
+@click.option("-md", "--draft", "draft", required=True, multiple=True, type=click.Path(dir_okay=False),
               help="A DSpark draft GGUF; repeat for several quants.")
 @click.option("--pair", "pairs", multiple=True, metavar="TQUANT=DQUANT",
               help="The draft quant for a target quant (default: the only draft, else the same quant, "
@@ -63,7 +64,7 @@ def print_plan(plan: PublishPlan) -> None:
 @click.option("--base-model", metavar="ORG/NAME", help="Hub id of the source target (card metadata).")
 @click.option("--draft-base-model", metavar="ORG/NAME", help="Hub id of the source drafter (card metadata).")
 @click.option("--license", "license_", metavar="ID", help="Card license (default: the target GGUF's general.license).")
-@click.option("-m", "--message", help="Commit message.")
+@click.option("--message", help="Commit message (default: Upload FILES (ggufdspark publish)).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the result as JSON.")
 def command(target, draft, pairs, mmproj, repo, draft_repo, single_repo, private, dry_run, results, base_model,
             draft_base_model, license_, message, as_json):

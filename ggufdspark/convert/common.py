@@ -11,13 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from ggufdspark.errors import CorruptFileError, InputNotFoundError, UnsafeOutputError, UnsupportedModelError
-from ggufdspark.gguffile.constants import OUTTYPE_TENSOR, Key, TensorType
+from ggufdspark.gguffile.constants import OUTTYPE_LABEL, OUTTYPE_TENSOR, OUTTYPES, Key, TensorType
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 
 log = logging.getLogger(__name__)
-
-OUTTYPES = ("f32", "f16", "bf16", "q8_0")
-OUTTYPE_LABEL = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
 
 
 # The files of a checkpoint the converters read (and fetch from the Hub).

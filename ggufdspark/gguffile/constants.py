@@ -92,10 +92,26 @@ TYPE_SIZES: dict[TensorType, tuple[int, int]] = {
     TensorType.Q1_0: (128, 18), TensorType.Q2_0: (64, 18),
 }
 
+# general.file_type (llama_ftype, include/llama.h of the pinned tree) -> the quant label in file names
+# and in ``-hf REPO:QUANT``.
+FTYPE_LABELS: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
+    18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S",
+    25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
+    32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
+}
+
+# The output types the converters write (``--outtype``), each the tensor type of every matrix. The
+# one table of them: the names, labels and file types below, and quants.TENSOR_LABELS / FLOAT_TYPES,
+# are read from it.
+OUTTYPE_TENSOR: dict[str, TensorType] = {"f32": TensorType.F32, "f16": TensorType.F16, "bf16": TensorType.BF16,
+                                         "q8_0": TensorType.Q8_0}
+OUTTYPES = tuple(OUTTYPE_TENSOR)
+# the quant label of an output type (file names, -hf REPO:QUANT): its tensor type's name
+OUTTYPE_LABEL = {o: t.name for o, t in OUTTYPE_TENSOR.items()}
 # general.file_type (llama_ftype) for the output types we write
-FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
-OUTTYPE_TENSOR = {"f32": TensorType.F32, "f16": TensorType.F16, "bf16": TensorType.BF16,
-                  "q8_0": TensorType.Q8_0}
+FILE_TYPE = {o: next(ft for ft, label in FTYPE_LABELS.items() if label == OUTTYPE_LABEL[o]) for o in OUTTYPE_TENSOR}
 QUANTIZATION_VERSION = 2
 # llama_expert_gating_func_type (src/llama-hparams.h): LFM2-MoE routes with a sigmoid
 EXPERT_GATING_SIGMOID = 2
