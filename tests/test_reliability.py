@@ -802,7 +802,7 @@ def test_a_hung_engine_probe_leaves_nothing_behind(tmp_path, monkeypatch):
     exe = d / "llama-server"
     exe.write_text(HANGING_SERVER)
     exe.chmod(0o755)
-    monkeypatch.setattr(engine, "PROBE_TIMEOUT", 2.0)
+    monkeypatch.setattr(engine.probe, "PROBE_TIMEOUT", 2.0)
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="did not answer within 2 s"):
         engine.probe_engine(exe, "explicit")
