@@ -25,7 +25,8 @@ from ggufdspark import hardware, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.quants import is_quantized_file, is_quantized_tag
-from ggufdspark.runners.server import LOOPBACK, Client, ServerProcess, ServerSettings
+from ggufdspark.runners.client import Client
+from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
 
 log = logging.getLogger(__name__)
 
