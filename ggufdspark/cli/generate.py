@@ -19,8 +19,10 @@ from ggufdspark.synthetic import synth
 @click.option("--size", type=click.Choice(["small", "full"]), default="small", show_default=True,
               help="small: a tiny test pair of the family's layout; full: the family's published shapes "
                    "(see docs/families.md; vl-3b: 2.4B target, 279.5M drafter; 8b-a1b: 8.3B target).")
-@click.option("--only", type=click.Choice(["both", "target", "drafter"]), default="both", show_default=True)
-@click.option("--dtype", type=click.Choice(["BF16", "F16", "F32"]), default="BF16", show_default=True)
+@click.option("--only", type=click.Choice(["both", "target", "drafter"]), default="both", show_default=True,
+              help="What to write; a drafter alone still needs OUT/target (made first when missing).")
+@click.option("--dtype", type=click.Choice(["BF16", "F16", "F32"]), default="BF16", show_default=True,
+              help="Type of the safetensors weights written.")
 @click.option("--vl", is_flag=True, help="Make the target an LFM2-VL checkpoint (vision tower + projector); "
                                          "--family vl-3b only.")
 @click.option("--force", is_flag=True, help="Write into a non-empty directory.")

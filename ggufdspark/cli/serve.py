@@ -10,16 +10,18 @@ import click
 
 from ggufdspark import logfiles
 from ggufdspark import serve as serve_lib
+from ggufdspark.cli._common import draft_option, target_option
 from ggufdspark.errors import InvalidArgumentError
 
 
 @click.command(name="serve", context_settings={"ignore_unknown_options": False})
-@click.option("-m", "--model", "--target", "model", type=click.Path(dir_okay=False), help="Target GGUF.")
-@click.option("-md", "--draft", "draft", type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
+@target_option()
+@draft_option()
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (image requests).")
 @click.option("--hf", help="Target from the Hub: REPO[:QUANT].")
 @click.option("--hfd", help="Draft from the Hub: REPO[:QUANT].")
-@click.option("--host", default="127.0.0.1", show_default=True, callback=lambda ctx, param, v: _host(v))
+@click.option("--host", default="127.0.0.1", show_default=True, callback=lambda ctx, param, v: _host(v),
+              help="Address to listen on (another than loopback wants --api-key: it warns without one).")
 @click.option("--port", type=click.IntRange(*serve_lib.PORT_RANGE), default=8080, show_default=True,
               help="0 picks a free port.")
 @click.option("--api-key", envvar="GGUFDSPARK_API_KEY",
@@ -30,12 +32,16 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--no-draft", is_flag=True, help="Serve the target alone.")
 @click.option("--force", is_flag=True, help="Serve even if 'check' fails (loudly).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
-@click.option("-c", "--ctx-size", type=click.IntRange(0), default=4096, show_default=True)
-@click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True)
+@click.option("-c", "--ctx-size", type=click.IntRange(0), default=4096, show_default=True,
+              help="Context size in tokens, llama-server's -c (0: the model's own).")
+@click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True,
+              help="Requests served at once (llama-server's slots, -np).")
 @click.option("--log", "log_file", type=click.Path(dir_okay=False),
               help="llama-server log file, appended to (default: a new file in ~/.local/state/ggufdspark/logs).")
-@click.option("--start-timeout", type=float, default=300, show_default=True)
-@click.option("--max-restarts", type=int, default=5, show_default=True)
+@click.option("--start-timeout", type=float, default=300, show_default=True,
+              help="Seconds llama-server has to become healthy before serve gives up.")
+@click.option("--max-restarts", type=int, default=5, show_default=True,
+              help="Restarts after crashes (with a growing pause) before serve gives up.")
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
