@@ -10,7 +10,7 @@ import click
 
 from ggufdspark import logfiles
 from ggufdspark import serve as serve_lib
-from ggufdspark.cli._common import draft_option, target_option
+from ggufdspark.cli._common import draft_option, echo_json, target_option
 from ggufdspark.errors import InvalidArgumentError
 
 
@@ -44,16 +44,21 @@ from ggufdspark.errors import InvalidArgumentError
               help="Restarts after crashes (with a growing pause) before serve gives up.")
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --dry-run: print the plan (command line, settings and why) as JSON.")
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
 @click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_max_slots, no_draft, force, server,
-            ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, no_ui, open_page, extra):
+            ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, as_json, no_ui, open_page,
+            extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
 
     The chat page (built by 'ggufdspark build-engine' when node and npm are there) is at
     http://HOST:PORT/; its URL is printed once the server is up.
     """
+    if as_json and not dry_run:
+        raise click.UsageError("--json prints the plan of --dry-run: add --dry-run")
     if no_ui and open_page:
         raise click.UsageError("--open and --no-ui: there is no chat page to open without the UI")
     p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
@@ -73,7 +78,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     for r in d.reasons:
         click.echo(f"  because {r}", err=True)
     if dry_run:
-        click.echo(shlex.join(p.settings.redacted()))
+        echo_json(p.to_dict()) if as_json else click.echo(shlex.join(p.settings.redacted()))
         return
     log_path = logfiles.check_log_path(log_file) if log_file else logfiles.new_log("serve")
     p.settings.pick_port()  # so the command printed below names the port actually used

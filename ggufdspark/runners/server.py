@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ggufdspark import logfiles
@@ -159,6 +159,16 @@ class ServerSettings:
     def redacted(self) -> list[str]:
         """The command line for printing and logs (it never holds the key; see ``args``)."""
         return self.args()
+
+    def redacted_dict(self) -> dict:
+        """The settings as JSON-ready data, redacted as ``redacted()`` is: no key, only
+        ``api_key_file`` (``KEY_FILE_PLACEHOLDER`` when the engine will read one, else None), and
+        ``extra_args`` without ``--api-key`` and its value."""
+        d = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        del d["api_key"]
+        d["api_key_file"] = KEY_FILE_PLACEHOLDER if self.api_keys() else None
+        d["extra_args"] = _split_key_args(self.extra_args)[0]
+        return d
 
 
 KEY_FILE_PLACEHOLDER = "<api-key-file>"
