@@ -14,8 +14,8 @@ The package's modules, one concern each: ``source`` (pins, cache, fetching), ``b
 lookup above). Every public name is importable from ``ggufdspark.engine`` itself.
 """
 
-from ggufdspark.engine.build import (BACKEND_FLAGS, BASE_FLAGS, RECIPE, SERVER_TARGETS, TOOL_TARGETS, BuildSpec,
-                                     Progress, build_dir, build_engine, built_server, usable_build)
+from ggufdspark.engine.build import (BACKEND_FLAGS, BASE_FLAGS, RECIPE, SERVER_TARGETS, TOOL_TARGETS, BuildResult,
+                                     BuildSpec, Progress, build_dir, build_engine, built_server, usable_build)
 from ggufdspark.engine.find import find_engine
 from ggufdspark.engine.probe import PROBE_TIMEOUT, EngineInfo, engine_problem, probe_engine, require_dspark
 from ggufdspark.engine.source import (ENV_CACHE, ENV_SERVER, ENV_SOURCE, PIN_COMMIT, PIN_PACKAGE, PIN_SDIST, PIN_SHA256,
@@ -23,7 +23,7 @@ from ggufdspark.engine.source import (ENV_CACHE, ENV_SERVER, ENV_SOURCE, PIN_COM
                                       patches_dir, sdist_path, sha256_file, source_root)
 
 __all__ = [
-    "BACKEND_FLAGS", "BASE_FLAGS", "RECIPE", "SERVER_TARGETS", "TOOL_TARGETS", "BuildSpec", "Progress", "build_dir",
+    "BACKEND_FLAGS", "BASE_FLAGS", "RECIPE", "SERVER_TARGETS", "TOOL_TARGETS", "BuildResult", "BuildSpec", "Progress", "build_dir",
     "build_engine", "built_server", "usable_build", "find_engine", "PROBE_TIMEOUT", "EngineInfo", "engine_problem",
     "probe_engine", "require_dspark", "ENV_CACHE", "ENV_SERVER", "ENV_SOURCE", "PIN_COMMIT", "PIN_PACKAGE",
     "PIN_SDIST", "PIN_SHA256", "PIN_VERSION", "cache_dir", "fetch_source", "llama_cpp_tree", "locked",

@@ -12,7 +12,7 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -113,13 +113,44 @@ def _apply_patches(tree: Path, work: Path) -> Path:
     return patched
 
 
+@dataclass
+class BuildResult:
+    """A finished engine build, as ``build_engine`` left it (``build-engine --json``)."""
+
+    path: str  # the llama-server
+    backend: str
+    key: str  # the cache key: <cache>/engine/<key>
+    build_dir: str
+    patches: list[str]  # the patch series it was built with (from its build record)
+    targets: list[str]  # what was compiled: llama-server, and the tools when asked for
+    built: bool  # False: a finished build was reused as it was; True: something was compiled now
+
+    @classmethod
+    def of(cls, spec: BuildSpec, exe: Path, *, built: bool, cache: Path | None = None) -> "BuildResult":
+        """The result for the finished build ``exe`` of ``spec``, read from its build record."""
+        d = build_dir(spec, cache)
+        try:
+            record = json.loads((d / "build.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            record = {}
+        if not isinstance(record, dict):
+            record = {}
+        patches = record.get("patches", [p.name for p in patch_files()] if spec.patches else [])
+        return cls(path=str(exe), backend=spec.backend, key=spec.key(), build_dir=str(d), patches=list(patches),
+                   targets=list(record.get("targets", SERVER_TARGETS)), built=built)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jobs: int | None = None,
                  force: bool = False, progress: Progress | None = None,
-                 extra_targets: tuple[str, ...] = ()) -> Path:
+                 extra_targets: tuple[str, ...] = ()) -> BuildResult:
     """Build ``llama-server`` and the shared libraries for ``spec``, reusing a finished build.
 
     Returns:
-        Path of the built ``llama-server``.
+        ``BuildResult``: ``path`` is the ``llama-server``; ``built`` says whether anything was
+        compiled (False: a finished build, made before or meanwhile by another process, was reused).
 
     Raises:
         EngineBuildError: fetching, configuring or compiling failed; the message names the log.
@@ -131,13 +162,18 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
         exe = usable_build(spec, cache)
         return exe if exe and all((exe.parent / t).is_file() for t in extra_targets) else None
 
+    def result(exe: Path, built: bool) -> BuildResult:
+        return BuildResult.of(spec, exe, built=built, cache=cache)
+
     if not force and (exe := done()):
         log.info("engine already built: %s", exe)
-        return exe
+        return result(exe, False)
     if not force and extra_targets and (exe := usable_build(spec, cache)):
         # the engine is built, only tools are missing: compile those into the same build
         with locked(build_dir(spec, cache) / "build.lock", f"build of the engine in {build_dir(spec, cache)}"):
-            return done() or _build_tools(spec, cache, exe, extra_targets, jobs=jobs, progress=progress)
+            if finished := done():
+                return result(finished, False)
+            return result(_build_tools(spec, cache, exe, extra_targets, jobs=jobs, progress=progress), True)
     for tool in ("cmake", "c++"):
         if not shutil.which(tool):
             raise EngineBuildError(f"'{tool}' not found on PATH: install CMake and a C/C++ compiler")
@@ -145,8 +181,8 @@ def build_engine(spec: BuildSpec | None = None, *, cache: Path | None = None, jo
     with locked(d / "build.lock", f"build of the engine in {d}") as waited:
         if waited and (exe := done()):
             log.info("the other build finished: %s", exe)
-            return exe
-        return _build(spec, cache, d, jobs=jobs, progress=progress, extra_targets=extra_targets)
+            return result(exe, False)
+        return result(_build(spec, cache, d, jobs=jobs, progress=progress, extra_targets=extra_targets), True)
 
 
 def _build(spec: BuildSpec, cache: Path, d: Path, *, jobs: int | None, progress: Progress | None,
