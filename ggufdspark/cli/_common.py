@@ -132,6 +132,15 @@ def safe_text(text: str, keep: str = "\n\t") -> str:
     return "".join(out)
 
 
+# How a warning reads in every verb, whether logged (``ggufdspark.cli.MarkedFormatter``) or printed.
+WARNING = "WARNING: "
+
+
+def echo_warning(text: str, *, err: bool = True) -> None:
+    """Print ``WARNING: text`` (yellow on a terminal), on stderr unless ``err`` is false."""
+    click.secho(WARNING + text, fg="yellow", err=err)
+
+
 def echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
 

@@ -10,7 +10,7 @@ import click
 
 from ggufdspark import logfiles
 from ggufdspark import serve as serve_lib
-from ggufdspark.cli._common import draft_option, echo_json, target_option
+from ggufdspark.cli._common import draft_option, echo_json, echo_warning, target_option
 from ggufdspark.errors import InvalidArgumentError
 
 
@@ -69,7 +69,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     if keyed and p.ui and open_page:
         raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
     for w in p.warnings:
-        click.secho(f"WARNING: {w}", fg="yellow", err=True)
+        echo_warning(w)
     d = p.decision
     click.echo(f"backend: {d.backend}; draft: "
                + (f"on, n_max {d.draft_n_max}" if d.draft_enabled else "off")
