@@ -3,8 +3,10 @@ same way in every verb that takes one."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
+from pathlib import Path
 
 import click
 
@@ -21,6 +23,25 @@ def test_every_option_of_every_command_has_help():
         missing += [f"ggufdspark {name} {'/'.join(p.opts)}" for p in command.params
                     if isinstance(p, click.Option) and not p.help]
     assert not missing, "options without a help text: " + ", ".join(missing)
+
+
+def test_every_option_of_the_benchmarks_and_scripts_has_help():
+    """The argparse parsers of benchmarks/ and scripts/, read from their source (importing them would
+    run their path set-up): each add_argument call for an option carries help=."""
+    repo = Path(__file__).resolve().parent.parent
+    files = sorted([*(repo / "benchmarks").glob("*.py"), *(repo / "scripts").glob("*.py")])
+    assert files, f"no benchmarks or scripts under {repo}"
+    missing = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "add_argument"):
+                continue
+            names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if any(k.arg == "help" for k in node.keywords):
+                continue
+            missing.append(f"{f.relative_to(repo)}:{node.lineno} {'/'.join(names)}")
+    assert not missing, "arguments without a help text: " + ", ".join(missing)
 
 
 def test_check_names_the_pair_like_serve(ggufdspark_cli, small_pair):
