@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
@@ -99,10 +100,7 @@ def parse_env_variants(text: str) -> list[dict[str, str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="target GGUF")
-    ap.add_argument("--draft", required=True, help="DSpark draft GGUF")
-    ap.add_argument("--server", help="llama-server (default: the cached build ggufdspark finds)")
-    ap.add_argument("--gpu", action="store_true", help="offload both models, flash attention on")
+    add_pair_arguments(ap)
     ap.add_argument("--n-predict", type=int, default=256, help="tokens generated per request")
     ap.add_argument("--trials", type=int, default=3, help="measured requests per arm (medians reported)")
     ap.add_argument("--accept-len", type=float, default=4.22,

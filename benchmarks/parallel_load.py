@@ -35,6 +35,7 @@ from ggufdspark import engine  # noqa: E402
 from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
 
@@ -151,10 +152,7 @@ def compare(res: RunResult, plain: list, spec: list, gap: float) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="target GGUF")
-    ap.add_argument("--draft", required=True, help="DSpark draft GGUF")
-    ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
-    ap.add_argument("--gpu", action="store_true", help="-ngl 99 -ngld 99 -fa on")
+    add_pair_arguments(ap)
     ap.add_argument("--slots", type=int, default=8, help="parallel slots (llama-server -np) and concurrent requests")
     ap.add_argument("--requests", type=int, default=0, help="default: 2 waves of --slots")
     ap.add_argument("--n-max", default="4,6,9", help="draft lengths of the drafted arms, comma-separated")

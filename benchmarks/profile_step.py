@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.dspark_speed import PROMPT  # noqa: E402
+from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
 from ggufdspark import engine  # noqa: E402
@@ -65,10 +66,7 @@ def profile(name: str, settings: ServerSettings, args, env: dict[str, str], log_
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="target GGUF")
-    ap.add_argument("--draft", required=True, help="DSpark draft GGUF")
-    ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
-    ap.add_argument("--gpu", action="store_true", help="offload both models, flash attention on")
+    add_pair_arguments(ap)
     ap.add_argument("--n-predict", type=int, default=256, help="tokens generated per request")
     ap.add_argument("--trials", type=int, default=3, help="measured requests per configuration (after one warm-up)")
     ap.add_argument("--lengths", default="6,9", help="draft lengths to profile, comma-separated")
