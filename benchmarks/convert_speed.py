@@ -75,9 +75,10 @@ def run_child(cmd: list[str]) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--outtype", default="f16")
-    ap.add_argument("--work", type=Path, default=engine.cache_dir() / "bench" / "convert")
+    ap.add_argument("--trials", type=int, default=3, help="runs of each converter (medians reported)")
+    ap.add_argument("--outtype", default="f16", help="output type for both converters")
+    ap.add_argument("--work", type=Path, default=engine.cache_dir() / "bench" / "convert",
+                    help="where the full-size inputs and the outputs go (inputs reused)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     tdir, ddir = full_inputs(args.work)

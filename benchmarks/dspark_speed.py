@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
@@ -99,24 +100,22 @@ def parse_env_variants(text: str) -> list[dict[str, str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--server", help="llama-server (default: the cached build ggufdspark finds)")
-    ap.add_argument("--gpu", action="store_true", help="offload both models, flash attention on")
-    ap.add_argument("--n-predict", type=int, default=256)
-    ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--accept-len", type=float, default=4.22)
-    ap.add_argument("--block", type=int, default=9)
-    ap.add_argument("--lengths", default="1,2,3,4,5,6,7,8,9")
-    ap.add_argument("--concurrency", default="8,32")
+    add_pair_arguments(ap)
+    ap.add_argument("--n-predict", type=int, default=256, help="tokens generated per request")
+    ap.add_argument("--trials", type=int, default=3, help="measured requests per arm (medians reported)")
+    ap.add_argument("--accept-len", type=float, default=4.22,
+                    help="mean accept length of the synthetic acceptance held fixed")
+    ap.add_argument("--block", type=int, default=9, help="block size the synthetic rates are spread over")
+    ap.add_argument("--lengths", default="1,2,3,4,5,6,7,8,9", help="draft lengths (n_max) to measure, comma-separated")
+    ap.add_argument("--concurrency", default="8,32", help="parallel-request levels, comma-separated")
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="extra llama-server argument for every arm, plain included (repeat; e.g. --engine-arg=-bs)")
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
     ap.add_argument("--env-variants", default="",
                     help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each measured "
                          "at every draft length beside the default (e.g. 'GGML_CUDA_MMVF_MAX_N=8;GGML_CUDA_SMALL_SHAPES=1')")
-    ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"))
-    ap.add_argument("--log-dir", type=Path, default=Path("dspark_speed_logs"))
+    ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"), help="write the raw numbers here")
+    ap.add_argument("--log-dir", type=Path, default=Path("dspark_speed_logs"), help="keep the server logs here")
     args = ap.parse_args()
     args.log_dir.mkdir(parents=True, exist_ok=True)
     server = args.server or engine.find_engine().path

@@ -55,8 +55,8 @@ def run(code: str, *args: str) -> tuple[float, int, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("file", type=Path)
-    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("file", type=Path, help="the GGUF file to read")
+    ap.add_argument("--trials", type=int, default=5, help="reads per reader (median reported)")
     a = ap.parse_args()
     if not a.file.is_file():
         raise SystemExit(f"gguf_read: {a.file}: no such file")

@@ -35,6 +35,7 @@ from ggufdspark import engine  # noqa: E402
 from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
 
@@ -151,27 +152,24 @@ def compare(res: RunResult, plain: list, spec: list, gap: float) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
-    ap.add_argument("--gpu", action="store_true", help="-ngl 99 -ngld 99 -fa on")
-    ap.add_argument("--slots", type=int, default=8)
+    add_pair_arguments(ap)
+    ap.add_argument("--slots", type=int, default=8, help="parallel slots (llama-server -np) and concurrent requests")
     ap.add_argument("--requests", type=int, default=0, help="default: 2 waves of --slots")
-    ap.add_argument("--n-max", default="4,6,9")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--prompt-tokens", default="420-500")
-    ap.add_argument("--n-predict", default="64-256")
+    ap.add_argument("--n-max", default="4,6,9", help="draft lengths of the drafted arms, comma-separated")
+    ap.add_argument("--runs", type=int, default=3, help="rounds of every arm, each with its own workload seed")
+    ap.add_argument("--prompt-tokens", default="420-500", help="prompt length range LO-HI in tokens")
+    ap.add_argument("--n-predict", default="64-256", help="generated tokens range LO-HI per request")
     ap.add_argument("--synthetic", type=float, default=None,
                     help="llama.cpp's synthetic acceptance at this mean length (block 9, held fixed)")
-    ap.add_argument("--ctx-per-slot", type=int, default=1024)
+    ap.add_argument("--ctx-per-slot", type=int, default=1024, help="context per slot (-c is this times --slots)")
     ap.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
     ap.add_argument("--cache-prompt", action="store_true", help="let the server reuse cached prompt prefixes")
     ap.add_argument("--extra", default="", help="extra llama-server flags for the drafted arms")
     ap.add_argument("--env", default="", help="NAME=VALUE,... for the drafted arms' engine")
     ap.add_argument("--repack", action="store_true",
                     help="CPU: keep repacked weights (by default --no-repack, see hardware.engine_workarounds)")
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--log-dir", type=Path, default=Path("parallel_load_logs"))
+    ap.add_argument("--json", type=Path, default=None, help="write the raw numbers here")
+    ap.add_argument("--log-dir", type=Path, default=Path("parallel_load_logs"), help="keep the server logs here")
     a = ap.parse_args()
 
     exe = a.server or engine.find_engine().path

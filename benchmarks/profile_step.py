@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.dspark_speed import PROMPT  # noqa: E402
+from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
 from ggufdspark import engine  # noqa: E402
@@ -65,15 +66,12 @@ def profile(name: str, settings: ServerSettings, args, env: dict[str, str], log_
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--server")
-    ap.add_argument("--gpu", action="store_true")
-    ap.add_argument("--n-predict", type=int, default=256)
-    ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--lengths", default="6,9")
-    ap.add_argument("--json", type=Path, default=Path("profile_step.json"))
-    ap.add_argument("--log-dir", type=Path, default=Path("profile_step_logs"))
+    add_pair_arguments(ap)
+    ap.add_argument("--n-predict", type=int, default=256, help="tokens generated per request")
+    ap.add_argument("--trials", type=int, default=3, help="measured requests per configuration (after one warm-up)")
+    ap.add_argument("--lengths", default="6,9", help="draft lengths to profile, comma-separated")
+    ap.add_argument("--json", type=Path, default=Path("profile_step.json"), help="write the raw numbers here")
+    ap.add_argument("--log-dir", type=Path, default=Path("profile_step_logs"), help="keep the server logs here")
     args = ap.parse_args()
     args.log_dir.mkdir(parents=True, exist_ok=True)
     server = args.server or engine.find_engine().path

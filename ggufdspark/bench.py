@@ -38,7 +38,8 @@ from ggufdspark.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoin
 from ggufdspark.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStats, accept_histogram, bracket_drift,
                                check_plot_path, decode_tps, format_report, group_stats, plain_drift, plot_report,
                                ratio)
-from ggufdspark.runners.server import Client, ServerSettings
+from ggufdspark.runners.client import Client
+from ggufdspark.runners.server import ServerSettings
 
 # The verb's own names, and the public names of measure, gate and report that callers have long
 # imported from here (the CLI, tests, benchmarks); new code imports those from their modules.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ggufdspark.errors import InputNotFoundError, MissingDependencyError
 from ggufdspark.measure import Outcome, Turn
-from ggufdspark.runners.server import Client
+from ggufdspark.runners.client import Client
 
 
 # A divergence is a near-tie when, at the first differing position, the plain run's top-1 and

@@ -26,7 +26,8 @@ from ggufdspark.images import image_b64
 from ggufdspark.errors import BenchError, EngineError, InputNotFoundError
 from ggufdspark.gguffile.constants import Key
 from ggufdspark.gguffile.reader import read_gguf
-from ggufdspark.runners.server import Client, ServerProcess, ServerSettings
+from ggufdspark.runners.client import Client
+from ggufdspark.runners.server import ServerProcess, ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import contextlib
 import ipaddress
 import logging
 import re
+import shlex
 import signal
 import socket
 import time
@@ -25,7 +26,8 @@ from ggufdspark import hardware, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.quants import is_quantized_file, is_quantized_tag
-from ggufdspark.runners.server import LOOPBACK, Client, ServerProcess, ServerSettings
+from ggufdspark.runners.client import Client
+from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,16 @@ class ServePlan:
     check: dict | None = None
     ui: Path | None = None  # the chat UI directory passed as --path (None: none passed)
     ui_note: str = ""  # where the page at / comes from, for printing
+
+    def to_dict(self) -> dict:
+        """The plan as JSON-ready data: the command line (as a list and as one shell line), the
+        settings, the decision and its reasons, the engine, the check report, the chat UI and the
+        warnings. API keys are redacted exactly as on the printed command line (``--api-key-file
+        <api-key-file>``; see ``ServerSettings.redacted_dict``)."""
+        argv = self.settings.redacted()
+        return {"command": shlex.join(argv), "argv": argv, "settings": self.settings.redacted_dict(),
+                "decision": self.decision.to_dict(), "engine": self.engine.to_dict(), "check": self.check,
+                "ui": str(self.ui) if self.ui else None, "ui_note": self.ui_note, "warnings": list(self.warnings)}
 
 
 # Accepted ranges, shared by the CLI's option types and the Python API.

@@ -98,3 +98,12 @@ def test_doctor_never_raises_for_a_broken_engine(non_dspark_server):
     assert any("could not list devices" in w for w in report.warnings)
     assert report.bindings is not None and not report.bindings.loaded
     assert any("python bindings unavailable" in w for w in report.warnings)
+
+
+def test_doctor_text_marks_warnings_as_the_rest_of_the_cli_does(non_dspark_server, ggufdspark_cli):
+    """Each warning is a 'WARNING: ' line (issue 14), as logged warnings and serve's are."""
+    proc = ggufdspark_cli("doctor", "--server", str(non_dspark_server))
+    lines = proc.stdout.splitlines()
+    assert any(ln.startswith("WARNING: could not list devices") for ln in lines), proc.stdout
+    assert any(ln.startswith("WARNING: python bindings unavailable") for ln in lines), proc.stdout
+    assert not any(ln.lower().startswith("warning:") and not ln.startswith("WARNING: ") for ln in lines), proc.stdout

@@ -606,6 +606,43 @@ def test_broken_cached_engine_is_rebuilt(ggufdspark_cli, tmp_path, monkeypatch):
     assert subprocess.run([str(exe), "--version"], capture_output=True).returncode == 0
 
 
+def test_build_engine_json_says_built_then_reused(ggufdspark_cli, tmp_path, monkeypatch):
+    """build-engine --json (issue 14): one JSON object on stdout; a real build, then the same build reused."""
+    from ggufdspark import engine
+
+    env = _build_env(tmp_path, _tiny_tree(tmp_path / "tree"))
+    monkeypatch.setenv("GGUFDSPARK_CACHE", env["GGUFDSPARK_CACHE"])
+    spec = engine.BuildSpec(patches=False)
+    args = ("build-engine", "--no-patches", "--no-ui", "-j", "1", "--json")
+    first, again = (ggufdspark_cli(*args, env={**env, "GGML_CUDA": "", "GGML_METAL": ""}) for _ in range(2))
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    built, reused = json.loads(first.stdout), json.loads(again.stdout)
+    exe = engine.build_dir(spec) / "build" / "bin" / "llama-server"
+    assert built == {"path": str(exe), "backend": "cpu", "key": spec.key(), "build_dir": str(engine.build_dir(spec)),
+                     "patches": [], "targets": ["llama-server"], "built": True,
+                     "ui": {"status": "skipped", "path": None, "reason": "--no-ui", "seconds": None}}
+    assert reused == {**built, "built": False}
+    assert "UI: skipped (--no-ui)" in again.stderr
+    p = ggufdspark_cli(*args, "--print-path", env=env)
+    assert p.returncode == 2 and "--print-path and --json" in p.stderr and p.stdout == ""
+
+
+def test_build_engine_json_reuses_the_cached_engine(ggufdspark_cli, dspark_engine):
+    """The engine the tests run on, reported as it is: its patch series, nothing rebuilt."""
+    from ggufdspark import engine
+
+    cached = engine.built_server(engine.BuildSpec())
+    assert cached is not None and str(cached) == dspark_engine.path, (
+        f"the engine under test ({dspark_engine.path}) is not the default CPU build of this checkout "
+        f"({engine.build_dir(engine.BuildSpec())}): run 'ggufdspark build-engine'")
+    p = ggufdspark_cli("build-engine", "--json", "--no-ui", env={"GGML_CUDA": "", "GGML_METAL": ""})
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["built"] is False and r["path"] == dspark_engine.path and r["backend"] == "cpu"
+    assert r["key"] == engine.BuildSpec().key() and r["patches"] == [f.name for f in engine.patch_files()]
+    assert "llama-server" in r["targets"] and "engine already built" in p.stderr
+
+
 def test_build_engine_argument_errors(ggufdspark_cli, tmp_path):
     env = {"GGUFDSPARK_CACHE": str(tmp_path / "cache")}
     _one_line(ggufdspark_cli("build-engine", "--cuda", "--metal", env=env), "--cuda and --metal")
@@ -802,7 +839,7 @@ def test_a_hung_engine_probe_leaves_nothing_behind(tmp_path, monkeypatch):
     exe = d / "llama-server"
     exe.write_text(HANGING_SERVER)
     exe.chmod(0o755)
-    monkeypatch.setattr(engine, "PROBE_TIMEOUT", 2.0)
+    monkeypatch.setattr(engine.probe, "PROBE_TIMEOUT", 2.0)
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="did not answer within 2 s"):
         engine.probe_engine(exe, "explicit")

@@ -200,6 +200,29 @@ def test_serve_dry_run_prints_command_for_this_hardware(ggufdspark_cli, small_pa
     assert "--spec-draft-n-max 7" in p.stdout
 
 
+def test_serve_dry_run_json_is_the_plan_with_keys_redacted(ggufdspark_cli, small_pair):
+    """--dry-run --json: one JSON object on stdout, the same command line as the text form, the
+    settings and the reasons; no key anywhere, only the key file's placeholder (issue 14)."""
+    args = ("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run", "--api-key",
+            "sk-secret-123")
+    extra = ("--", "--seed", "7", "--api-key", "sk-extra-456")
+    p = ggufdspark_cli(*args, "--json", *extra)
+    assert p.returncode == 0, p.stderr
+    plan_ = json.loads(p.stdout)
+    assert "sk-secret-123" not in p.stdout + p.stderr and "sk-extra-456" not in p.stdout + p.stderr
+    assert plan_["command"] == ggufdspark_cli(*args, *extra).stdout.strip()
+    assert plan_["argv"][0] == plan_["engine"]["path"] and plan_["argv"][-2:] == ["--seed", "7"]
+    s = plan_["settings"]
+    assert "api_key" not in s and s["api_key_file"] == "<api-key-file>" and s["extra_args"][-2:] == ["--seed", "7"]
+    assert s["model"] == str(small_pair.target) and s["draft"] == str(small_pair.draft) and s["host"] == "127.0.0.1"
+    d = plan_["decision"]
+    assert d["backend"] == "cpu" and d["draft_enabled"] and d["draft_n_max"] == 3 == s["draft_n_max"]
+    assert d["reasons"] and all(isinstance(r, str) for r in d["reasons"])
+    assert plan_["engine"]["dspark"] is True and plan_["check"]["ok"] is True and plan_["warnings"] == []
+    refused = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--json")
+    assert refused.returncode == 2 and "add --dry-run" in refused.stderr and refused.stdout == ""
+
+
 def test_a_pair_is_named_the_same_way_in_every_verb(ggufdspark_cli, small_pair):
     """-m/-md, with --target/--draft as aliases (issue 14): the same command either way."""
     t, d = str(small_pair.target), str(small_pair.draft)

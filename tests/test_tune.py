@@ -15,7 +15,8 @@ import pytest
 from ggufdspark import bench as bn
 from ggufdspark import tune
 from ggufdspark.errors import BenchError, EngineError
-from ggufdspark.runners.server import Client, ServerSettings
+from ggufdspark.runners.client import Client
+from ggufdspark.runners.server import ServerSettings
 
 
 def test_published_profile_is_the_documented_derivation():

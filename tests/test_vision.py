@@ -22,7 +22,7 @@ from ggufdspark.gguffile.reader import read_gguf
 from ggufdspark.runners.server import ServerSettings
 from ggufdspark.serve import plan
 from ggufdspark import images
-from ggufdspark.runners.server import image_data_uri
+from ggufdspark.runners.client import image_data_uri
 from ggufdspark.synthetic import synth, synth_vl
 from oracle import run_reference
 

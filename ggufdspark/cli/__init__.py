@@ -17,7 +17,7 @@ import sys
 import click
 
 from ggufdspark import __version__
-from ggufdspark.cli._common import close_progress, safe_text
+from ggufdspark.cli._common import WARNING, close_progress, safe_text
 from ggufdspark.errors import GgufdsparkError
 
 # verb -> (module, one-line help)
@@ -130,7 +130,7 @@ class MarkedFormatter(logging.Formatter):
         if record.levelno >= logging.ERROR:
             return f"ERROR: {text}"
         if record.levelno >= logging.WARNING:
-            return f"WARNING: {text}"
+            return WARNING + text
         return text
 
 

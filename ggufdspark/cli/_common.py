@@ -1,4 +1,5 @@
-"""Small helpers shared by the CLI verbs: progress display and JSON output."""
+"""Small helpers shared by the CLI verbs: progress display, JSON output and the options that name
+a pair the same way in every verb."""
 
 from __future__ import annotations
 
@@ -131,5 +132,27 @@ def safe_text(text: str, keep: str = "\n\t") -> str:
     return "".join(out)
 
 
+# How a warning reads in every verb, whether logged (``ggufdspark.cli.MarkedFormatter``) or printed.
+WARNING = "WARNING: "
+
+
+def echo_warning(text: str, *, err: bool = True) -> None:
+    """Print ``WARNING: text`` (yellow on a terminal), on stderr unless ``err`` is false."""
+    click.secho(WARNING + text, fg="yellow", err=err)
+
+
 def echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
+
+
+def target_option(*, required: bool = False):
+    """``-m`` / ``--model`` / ``--target``: the target GGUF, named the same way by every verb that
+    takes a pair (its value is the ``model`` parameter)."""
+    return click.option("-m", "--model", "--target", "model", required=required, type=click.Path(dir_okay=False),
+                        help="Target GGUF.")
+
+
+def draft_option(*, required: bool = False):
+    """``-md`` / ``--draft``: the DSpark draft GGUF of the pair (its value is the ``draft`` parameter)."""
+    return click.option("-md", "--draft", "draft", required=required, type=click.Path(dir_okay=False),
+                        help="DSpark draft GGUF.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ggufdspark import bench as bench_lib
-from ggufdspark.cli._common import ProgressLine, echo_json
+from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, target_option
 
 
 def number_list(kind: type):
@@ -23,8 +23,8 @@ def number_list(kind: type):
 
 
 @click.command(name="bench")
-@click.option("-m", "--model", "--target", "model", required=True, type=click.Path(dir_okay=False), help="Target GGUF.")
-@click.option("-md", "--draft", "draft", required=True, type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
+@target_option(required=True)
+@draft_option(required=True)
 @click.option("--mmproj", type=click.Path(dir_okay=False),
               help="Vision projector: image prompts are sent as images.")
 @click.option("--prompts", type=click.Path(dir_okay=False),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 
 import click
 
 from ggufdspark import engine, webui
-from ggufdspark.cli._common import ProgressLine
+from ggufdspark.cli._common import ProgressLine, echo_json
 
 
 @click.command(name="build-engine")
@@ -21,7 +22,9 @@ from ggufdspark.cli._common import ProgressLine
 @click.option("--print-path", is_flag=True, help="Print only the llama-server path on stdout.")
 @click.option("--with-tools", is_flag=True, help="Also build llama-quantize (for quantize), llama-bench and llama-batched-bench.")
 @click.option("--no-ui", is_flag=True, help="Do not build the chat UI (serve then has no chat page).")
-def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_tools, no_ui):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result as JSON: path, backend, cache key, patches, built or reused, the chat UI.")
+def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_tools, no_ui, as_json):
     """Fetch llama-cpp-python==0.3.36's vendored llama.cpp (sha256-checked) and build llama-server.
 
     The backend defaults to $GGML_CUDA / $GGML_METAL when set to 1/ON, else CPU. A second build of
@@ -30,6 +33,8 @@ def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_t
     Then the chat UI, from the same tree's sources with npm (when node and npm are there), cached
     apart from the engine in <cache>/ui/<commit>; one line says whether it was built, found or skipped.
     """
+    if print_path and as_json:
+        raise click.UsageError("--print-path and --json: choose one (the JSON has the path)")
     chosen = [name for name, on in (("cuda", cuda), ("metal", metal), ("cpu", cpu)) if on]
     if len(chosen) > 1:
         raise click.UsageError(f"choose one backend: {' and '.join('--' + b for b in chosen)} were given")
@@ -48,22 +53,29 @@ def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_t
         if print_path:  # a script asking where the engine is: nothing else to do
             click.echo(cached)
             return
-        exe = cached
+        result = engine.BuildResult.of(spec, cached, built=False)
     else:
         click.echo(f"building llama.cpp {engine.PIN_COMMIT} ({backend}) into {engine.build_dir(spec)}", err=True)
         # nothing usable is cached, or only the tools are missing (then only they are compiled)
-        exe = engine.build_engine(spec, jobs=jobs, force=force, progress=ProgressLine("build"), extra_targets=tools)
-    click.echo(_chat_ui(no_ui, force), err=True)
-    click.echo(exe)
+        result = engine.build_engine(spec, jobs=jobs, force=force, progress=ProgressLine("build"), extra_targets=tools)
+    ui = webui.UiBuild("skipped", reason=NO_UI) if no_ui else webui.build_ui(force=force)
+    click.echo(_ui_line(ui), err=True)
+    if as_json:
+        echo_json({**result.to_dict(), "ui": asdict(ui)})
+    else:
+        click.echo(result.path)
 
 
-def _chat_ui(no_ui: bool, force: bool) -> str:
-    """Build (or find) the chat UI; the one line that says what happened."""
-    if no_ui:
-        return "UI: skipped (--no-ui): serve will have no chat page"
-    r = webui.build_ui(force=force)
+# why the chat UI was skipped when --no-ui said so
+NO_UI = "--no-ui"
+
+
+def _ui_line(r: webui.UiBuild) -> str:
+    """The one line that says what happened to the chat UI."""
     if r.status == "built":
         return f"UI: built from the pinned source in {r.seconds:g} s: {r.path}"
     if r.status == "cached":
         return f"UI: already built: {r.path}"
+    if r.reason == NO_UI:
+        return "UI: skipped (--no-ui): serve will have no chat page"
     return f"UI: skipped: {r.reason}; serve will have no chat page"

@@ -1,4 +1,4 @@
-"""``ggufdspark check TARGET.gguf DRAFT.gguf [--mmproj M.gguf]``."""
+"""``ggufdspark check [TARGET.gguf] [DRAFT.gguf] [-m TARGET.gguf] [-md DRAFT.gguf] [--mmproj M.gguf]``."""
 
 from __future__ import annotations
 
@@ -7,17 +7,25 @@ import sys
 import click
 
 from ggufdspark.check import check_pair
-from ggufdspark.cli._common import echo_json, safe_text
+from ggufdspark.cli._common import draft_option, echo_json, safe_text, target_option
 from ggufdspark.errors import GgufdsparkError
 
 
 @click.command(name="check")
-@click.argument("target", type=click.Path(dir_okay=False))
-@click.argument("draft", type=click.Path(dir_okay=False), required=False)
+@click.argument("paths", nargs=-1, metavar="[TARGET] [DRAFT]", type=click.Path(dir_okay=False))
+@target_option()
+@draft_option()
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Also check a vision projector against the target.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def command(target, draft, mmproj, as_json):
-    """Check that DRAFT (and/or --mmproj) belongs with TARGET. Exit 0 only when every check passes."""
+def command(paths, model, draft, mmproj, as_json):
+    """Check that DRAFT (and/or --mmproj) belongs with TARGET. Exit 0 only when every check passes.
+
+    The files are named as serve, bench and tune name them (-m/--target, -md/--draft), or by
+    position: TARGET then DRAFT, filling whichever of the two the options did not give.
+    """
+    target, draft = pair_from(paths, model, draft)
+    if target is None:
+        raise click.UsageError("give a TARGET (or -m/--target)")
     if draft is None and mmproj is None:
         raise click.UsageError("give a DRAFT, --mmproj, or both")
     try:
@@ -36,3 +44,17 @@ def command(target, draft, mmproj, as_json):
         click.echo(f"pair OK ({report.pair_label()})" if report.ok
                    else f"pair REFUSED: {n_bad} check(s) failed ({report.pair_label()})")
     sys.exit(0 if report.ok else 1)
+
+
+def pair_from(paths: tuple[str, ...], target: str | None, draft: str | None) -> tuple[str | None, str | None]:
+    """(target, draft) from the options, then the positional PATHS in order for the roles left open.
+
+    Raises:
+        click.UsageError: more positional files than open roles (the extra ones are named).
+    """
+    open_roles = [role for role, given in (("target", target), ("draft", draft)) if given is None]
+    if len(paths) > len(open_roles):
+        raise click.UsageError(f"unexpected file(s) {', '.join(paths[len(open_roles):])}: "
+                               f"the target and the draft are already given")
+    roles = {"target": target, "draft": draft, **dict(zip(open_roles, paths))}
+    return roles["target"], roles["draft"]

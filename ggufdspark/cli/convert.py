@@ -9,11 +9,19 @@ from ggufdspark.convert.common import OUTTYPES
 from ggufdspark.convert.drafter import convert_drafter
 
 
+
+def outtype_option():
+    """``--outtype``: the GGUF's tensor type, the same choice for the draft and the target."""
+    return click.option("--outtype", type=click.Choice(OUTTYPES), default="f16", show_default=True,
+                        help="Type of the weight tensors written (norms and biases stay F32; q8_0 falls back to "
+                             "F16 for rows not a multiple of 32).")
+
+
 @click.command(name="convert")
 @click.argument("drafter")
 @click.option("--target", "-t", required=True, help="The target: its GGUF, Hub directory or repo id (tokenizer and shape).")
 @click.option("-o", "--output", type=click.Path(), help="Output file or directory (default: dspark-<model>-<TYPE>.gguf).")
-@click.option("--outtype", type=click.Choice(OUTTYPES), default="f16", show_default=True)
+@outtype_option()
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(drafter, target, output, outtype, force, as_json):

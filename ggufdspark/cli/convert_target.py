@@ -6,15 +6,14 @@ from __future__ import annotations
 import click
 
 from ggufdspark.cli._common import ProgressLine, echo_json
-from ggufdspark.cli.convert import report
-from ggufdspark.convert.common import OUTTYPES
+from ggufdspark.cli.convert import outtype_option, report
 from ggufdspark.convert.target import convert_target
 
 
 @click.command(name="convert-target")
 @click.argument("target")
 @click.option("-o", "--output", type=click.Path(), help="Output file or directory (default: <name>-<TYPE>.gguf).")
-@click.option("--outtype", type=click.Choice(OUTTYPES), default="f16", show_default=True)
+@outtype_option()
 @click.option("--mmproj/--no-mmproj", default=True, show_default=True,
               help="For LFM2-VL: also write the vision encoder + projector.")
 @click.option("--mmproj-output", type=click.Path(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ggufdspark.cli._common import echo_json
+from ggufdspark.cli._common import echo_json, echo_warning
 from ggufdspark.doctor import DoctorReport, doctor
 from ggufdspark.errors import EngineError
 
@@ -24,12 +24,15 @@ def command(server, as_json):
         echo_json(report.to_dict())
     elif report.engine is not None:
         click.echo("\n".join(render(report)))
+        for w in report.warnings:
+            echo_warning(w, err=False)  # part of the report: on stdout, before its status line
+        click.echo("status:       " + ("ok" if report.ok else "UNUSABLE"))
     if not report.ok:
         raise EngineError(report.problems[0] if report.problems else "engine unusable")
 
 
 def render(report: DoctorReport) -> list[str]:
-    """The report as aligned text lines (engine found)."""
+    """The report as aligned text lines (engine found), up to its warnings and status line."""
     info = report.engine
     assert info is not None
     rows = [
@@ -45,10 +48,7 @@ def render(report: DoctorReport) -> list[str]:
     rows += _device_rows(report)
     rows.append(("bindings", _bindings_text(report)))
     rows.append(("cache", report.cache_dir))
-    lines = [f"{k + ':' if k else '':<14}{v}" for k, v in rows]
-    lines += [f"warning: {w}" for w in report.warnings]
-    lines.append("status:       " + ("ok" if report.ok else "UNUSABLE"))
-    return lines
+    return [f"{k + ':' if k else '':<14}{v}" for k, v in rows]
 
 
 def _device_rows(report: DoctorReport) -> list[tuple[str, str]]:

@@ -10,16 +10,18 @@ import click
 
 from ggufdspark import logfiles
 from ggufdspark import serve as serve_lib
+from ggufdspark.cli._common import draft_option, echo_json, echo_warning, target_option
 from ggufdspark.errors import InvalidArgumentError
 
 
 @click.command(name="serve", context_settings={"ignore_unknown_options": False})
-@click.option("-m", "--model", "--target", "model", type=click.Path(dir_okay=False), help="Target GGUF.")
-@click.option("-md", "--draft", "draft", type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
+@target_option()
+@draft_option()
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (image requests).")
 @click.option("--hf", help="Target from the Hub: REPO[:QUANT].")
 @click.option("--hfd", help="Draft from the Hub: REPO[:QUANT].")
-@click.option("--host", default="127.0.0.1", show_default=True, callback=lambda ctx, param, v: _host(v))
+@click.option("--host", default="127.0.0.1", show_default=True, callback=lambda ctx, param, v: _host(v),
+              help="Address to listen on (another than loopback wants --api-key: it warns without one).")
 @click.option("--port", type=click.IntRange(*serve_lib.PORT_RANGE), default=8080, show_default=True,
               help="0 picks a free port.")
 @click.option("--api-key", envvar="GGUFDSPARK_API_KEY",
@@ -30,24 +32,33 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--no-draft", is_flag=True, help="Serve the target alone.")
 @click.option("--force", is_flag=True, help="Serve even if 'check' fails (loudly).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
-@click.option("-c", "--ctx-size", type=click.IntRange(0), default=4096, show_default=True)
-@click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True)
+@click.option("-c", "--ctx-size", type=click.IntRange(0), default=4096, show_default=True,
+              help="Context size in tokens, llama-server's -c (0: the model's own).")
+@click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True,
+              help="Requests served at once (llama-server's slots, -np).")
 @click.option("--log", "log_file", type=click.Path(dir_okay=False),
               help="llama-server log file, appended to (default: a new file in ~/.local/state/ggufdspark/logs).")
-@click.option("--start-timeout", type=float, default=300, show_default=True)
-@click.option("--max-restarts", type=int, default=5, show_default=True)
+@click.option("--start-timeout", type=float, default=300, show_default=True,
+              help="Seconds llama-server has to become healthy before serve gives up.")
+@click.option("--max-restarts", type=int, default=5, show_default=True,
+              help="Restarts after crashes (with a growing pause) before serve gives up.")
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --dry-run: print the plan (command line, settings and why) as JSON.")
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
 @click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_max_slots, no_draft, force, server,
-            ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, no_ui, open_page, extra):
+            ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, as_json, no_ui, open_page,
+            extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
 
     The chat page (built by 'ggufdspark build-engine' when node and npm are there) is at
     http://HOST:PORT/; its URL is printed once the server is up.
     """
+    if as_json and not dry_run:
+        raise click.UsageError("--json prints the plan of --dry-run: add --dry-run")
     if no_ui and open_page:
         raise click.UsageError("--open and --no-ui: there is no chat page to open without the UI")
     p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
@@ -58,7 +69,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     if keyed and p.ui and open_page:
         raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
     for w in p.warnings:
-        click.secho(f"WARNING: {w}", fg="yellow", err=True)
+        echo_warning(w)
     d = p.decision
     click.echo(f"backend: {d.backend}; draft: "
                + (f"on, n_max {d.draft_n_max}" if d.draft_enabled else "off")
@@ -67,7 +78,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     for r in d.reasons:
         click.echo(f"  because {r}", err=True)
     if dry_run:
-        click.echo(shlex.join(p.settings.redacted()))
+        echo_json(p.to_dict()) if as_json else click.echo(shlex.join(p.settings.redacted()))
         return
     log_path = logfiles.check_log_path(log_file) if log_file else logfiles.new_log("serve")
     p.settings.pick_port()  # so the command printed below names the port actually used

@@ -6,13 +6,13 @@ import click
 
 from ggufdspark import bench as bench_lib
 from ggufdspark import tune as tune_lib
-from ggufdspark.cli._common import ProgressLine, echo_json
+from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, target_option
 from ggufdspark.cli.bench import number_list
 
 
 @click.command(name="tune")
-@click.option("-m", "--model", "--target", "model", required=True, type=click.Path(dir_okay=False), help="Target GGUF.")
-@click.option("-md", "--draft", "draft", required=True, type=click.Path(dir_okay=False), help="DSpark draft GGUF.")
+@target_option(required=True)
+@draft_option(required=True)
 @click.option("--show", is_flag=True, help="Print the stored profile of this pair on this machine and exit.")
 @click.option("--acceptance", default="measure", show_default=True,
               help="Acceptance profile to hold fixed: 'measure' (this pair, built-in prompts) or "
@@ -24,7 +24,8 @@ from ggufdspark.cli.bench import number_list
 @click.option("--p-min", "p_mins", callback=number_list(float), help="Confidence thresholds to try (default 0).")
 @click.option("--concurrency", callback=number_list(int),
               help="Parallel-request levels, e.g. 1,8,32 (default per backend).")
-@click.option("-n", "--n-predict", type=click.IntRange(1), default=bench_lib.DEFAULT_N_PREDICT, show_default=True)
+@click.option("-n", "--n-predict", type=click.IntRange(1), default=bench_lib.DEFAULT_N_PREDICT, show_default=True,
+              help="Tokens generated per request.")
 @click.option("--requests", type=click.IntRange(1), default=4, show_default=True,
               help="Requests per point at 1 parallel request.")
 @click.option("--trials", type=click.IntRange(1), default=1, show_default=True,

@@ -5,7 +5,7 @@ their own, shaped like the published ones:
 
 * a target in Hub layout (``config.json`` of ``Lfm2ForCausalLM``, ``model.safetensors``, a real
   byte-level BPE ``tokenizer.json`` trained here with the LFM2 pre-tokenizer, a ChatML chat template
-  in ``tokenizer_config.json``);
+  in ``tokenizer_config.json``: see ``ggufdspark.synthetic.tokenizer``);
 * a drafter with the published config layout (``Lfm2DSparkDraftModel``, ``model_type: qwen3``,
   ``dflash_config``, Markov and confidence heads, interleaved RoPE) and tensor names without a
   ``model.`` prefix.
@@ -29,61 +29,7 @@ import numpy as np
 
 from ggufdspark.convert.safetensors import write_safetensors
 from ggufdspark.errors import MissingDependencyError
-
-SPECIAL_TOKENS = [
-    "<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|fim_pre|>", "<|fim_mid|>", "<|fim_suf|>",
-    "<|im_start|>", "<|im_end|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
-    "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>", "<|image_start|>",
-    "<|image_end|>", "<image>",
-] + [f"<|reserved_{i}|>" for i in range(8)]
-BOS, EOS, PAD = "<|startoftext|>", "<|im_end|>", "<|pad|>"
-MASK_TOKEN = "<|reserved_0|>"
-
-# LFM2's pre-tokenizer (llama.cpp maps the real tokenizer to "lfm2", which uses this regex).
-LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-CHAT_TEMPLATE = (
-    "{{- bos_token -}}"
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for item in message['content'] -%}"
-    "{%- if item['type'] == 'image' -%}{{- '<image>' -}}"
-    "{%- elif item['type'] == 'text' -%}{{- item['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
-)
-
-_WORDS = ("the a model draft target token speed decode verify accept block layer head fast slow "
-          "image chart table text answer question reason because therefore number value small large "
-          "llama server metal cuda gpu cpu memory cache weight bias norm attention convolution "
-          "markov confidence sample greedy output input prompt reply summary caption photo scene "
-          "red green blue cat dog house tree river mountain city road car train plane ship bird "
-          "one two three four five six seven eight nine ten hundred thousand percent year month day "
-          "is are was were be been has have had do does did can could will would should may might "
-          "and or but if then else when while for with without from into over under between").split()
-
-
-def training_corpus(n_sentences: int = 4000, seed: int = 0) -> list[str]:
-    """Deterministic pseudo-English text (plus digits, punctuation, code and CJK) for BPE training."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n_sentences):
-        words = rng.choice(_WORDS, size=int(rng.integers(4, 16)))
-        s = " ".join(words).capitalize()
-        s += rng.choice([".", "?", "!", ",", ":", ";"])
-        if i % 7 == 0:
-            s += f" {int(rng.integers(0, 100000))} {rng.random():.3f}"
-        if i % 11 == 0:
-            s += "\n  def f(x):\n    return x * 2\n"
-        if i % 13 == 0:
-            s += " 我想在苹果工作 нещо на Български 🚀"
-        out.append(s)
-    return out
-
+from ggufdspark.synthetic.tokenizer import BOS, EOS, MASK_TOKEN, PAD, added_ids, make_tokenizer
 
 # Packages generating needs beyond the core install, and the pip extra that brings them
 # (pyproject.toml, [project.optional-dependencies]).
@@ -103,35 +49,6 @@ def require_dependencies() -> None:
             why = (str(e).splitlines() or ["cannot be imported"])[0]
             raise MissingDependencyError(f"generating checkpoints needs the Python package {module!r} ({why}): "
                                          f"pip install 'ggufdspark[{extra}]'") from None
-
-
-def make_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
-    """Train and save an LFM2-style byte-level BPE tokenizer. Returns special token ids."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(training_corpus(), trainer=trainer)
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, ids[BOS])])
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    config = {
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "model_max_length": 128000,
-        "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-        "legacy": False, "chat_template": CHAT_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2))
-    return ids
 
 
 # --------------------------------------------------------------------------- specs
@@ -359,11 +276,6 @@ def _expert_items(p: str, spec: TargetSpec, dtype: str, w: Weights) -> list[tupl
                   (q + "w3.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
                   (q + "w2.weight", dtype, (h, ff), w.normal((h, ff), 0.5 / np.sqrt(ff)))]
     return items
-
-
-def added_ids(tokenizer_json: Path) -> dict[str, int]:
-    data = json.loads(tokenizer_json.read_text())
-    return {t["content"]: t["id"] for t in data.get("added_tokens", [])}
 
 
 def drafter_config(target_config: dict, spec: DrafterSpec, mask_token_id: int) -> dict:

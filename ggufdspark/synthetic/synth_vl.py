@@ -31,6 +31,7 @@ import numpy as np
 
 from ggufdspark.convert.safetensors import read_header, write_safetensors
 from ggufdspark.synthetic import synth
+from ggufdspark.synthetic.tokenizer import added_ids
 
 LAYOUTS = ("published", "transformers")
 # where each layout keeps the vision encoder's tensors
@@ -157,7 +158,7 @@ def make_vl_target(out: Path, text: synth.TargetSpec = synth.SMALL_TARGET, visio
     out = Path(out)
     synth.make_target(out, text, dtype=dtype, seed=seed, tokenizer_from=tokenizer_from)
     tcfg = json.loads((out / "config.json").read_text())
-    ids = synth.added_ids(out / "tokenizer.json")
+    ids = added_ids(out / "tokenizer.json")
     text_cfg = {**tcfg, "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2"}
     config = {
         "architectures": ["Lfm2VlForConditionalGeneration"], "model_type": "lfm2_vl",

@@ -1,0 +1,127 @@
+"""A minimal ``llama-server`` HTTP client (stdlib only): completions and chat return the text plus
+parsed timings; image parts of a chat message may be local files (sent as data URIs)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import mimetypes
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from ggufdspark import timings as tm
+from ggufdspark.errors import EngineError
+
+
+@dataclass
+class Completion:
+    """A finished request: the text, token ids where the endpoint gives them, parsed timings."""
+
+    text: str
+    timings: tm.RequestTimings
+    tokens: list[int] | None = None
+    probs: list[dict] | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+class Client:
+    """A minimal llama-server HTTP client (stdlib only)."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 600.0):
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    def _request(self, path: str, body: dict | None = None, *, stream: bool = False):
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=headers,
+                                     method="POST" if body is not None else "GET")
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300]
+            raise EngineError(f"{self.url}{path}: HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            raise EngineError(f"{self.url}{path}: {getattr(e, 'reason', e)}") from None
+        return resp
+
+    def post_json(self, path: str, body: dict) -> dict:
+        with self._request(path, body) as r:
+            return json.loads(r.read())
+
+    def get_text(self, path: str) -> str:
+        with self._request(path) as r:
+            return r.read().decode()
+
+    def stream_lines(self, path: str, body: dict) -> Iterator[str]:
+        """Raw SSE lines of a streamed request."""
+        with self._request(path, {**body, "stream": True}) as r:
+            for raw in r:
+                yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+    def health(self) -> dict:
+        return json.loads(self.get_text("/health"))
+
+    def metrics(self) -> str:
+        return self.get_text("/metrics")
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        return self.post_json("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})["tokens"]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.post_json("/detokenize", {"tokens": tokens})["content"]
+
+    def apply_template(self, messages: list[dict]) -> str:
+        return self.post_json("/apply-template", {"messages": messages})["prompt"]
+
+    def complete(self, prompt: str | list[int], *, n_predict: int = 64, temperature: float = 0.0,
+                 n_probs: int = 0, speculative: dict | None = None, **extra: Any) -> Completion:
+        """``/completion``. ``speculative`` maps to per-request ``speculative.*`` keys (n_max...)."""
+        body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
+                                "cache_prompt": False, "return_tokens": True, **extra}
+        if temperature == 0:
+            body.setdefault("top_k", 1)
+        if n_probs:
+            body["n_probs"] = n_probs
+        for k, v in (speculative or {}).items():
+            body[f"speculative.{k}"] = v
+        out = self.post_json("/completion", body)
+        return Completion(text=out.get("content", ""), timings=tm.parse_response(out, where=f"{self.url}/completion"),
+                          tokens=out.get("tokens"), probs=out.get("completion_probabilities"), raw=out)
+
+    def chat(self, messages: list[dict], *, max_tokens: int = 64, temperature: float = 0.0,
+             **extra: Any) -> Completion:
+        """``/v1/chat/completions``; image parts may be local file paths (sent as data URIs)."""
+        body = {"messages": [_inline_images(m) for m in messages], "max_tokens": max_tokens,
+                "temperature": temperature, **extra}
+        out = self.post_json("/v1/chat/completions", body)
+        text = out["choices"][0]["message"].get("content") or ""
+        return Completion(text=text, timings=tm.parse_response(out, where=f"{self.url}/v1/chat/completions"), raw=out)
+
+
+def image_data_uri(path: str | Path) -> str:
+    """``data:image/png;base64,...`` for an ``image_url`` part of a chat message."""
+    p = Path(path)
+    mime = mimetypes.guess_type(p.name)[0] or "image/png"
+    return f"data:{mime};base64,{base64.b64encode(p.read_bytes()).decode()}"
+
+
+def _inline_images(message: dict) -> dict:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for part in content:
+        if part.get("type") == "image" and "path" in part:
+            parts.append({"type": "image_url", "image_url": {"url": image_data_uri(part["path"])}})
+        elif part.get("type") == "image_url" and not str(part["image_url"].get("url", "")).startswith(("data:", "http")):
+            parts.append({"type": "image_url", "image_url": {"url": image_data_uri(part["image_url"]["url"])}})
+        else:
+            parts.append(part)
+    return {**message, "content": parts}
