@@ -68,6 +68,14 @@ kernel_check() {
 }
 
 for stage in $STAGES; do
+# every stage but setup measures the pair setup makes: on a machine without it (a fresh one: the
+# device is given back after 30 s idle) say so at once instead of building and timing out
+case $stage in setup|few-check|splitk-check) ;; *)
+    if [ ! -f "$D" ]; then
+        echo "stage $stage: no pair at $D: run the setup stage first (in this call, or in a call on the same warm machine)"
+        continue
+    fi ;;
+esac
 case $stage in
 setup)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
