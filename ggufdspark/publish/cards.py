@@ -13,6 +13,7 @@ from ggufdspark.gguffile.reader import GGUFFile
 from ggufdspark.inspect import summarize_gguf
 from ggufdspark.publish.naming import llama_cpp_pick
 from ggufdspark.publish.records import PlannedFile
+from ggufdspark.runners.server import ServerSettings
 
 CARD_TAGS = ["gguf", "llama.cpp", "speculative-decoding", "dspark"]
 
@@ -72,14 +73,12 @@ def human_size(n: int) -> str:
 def llama_server_command(target_ref: str, draft_ref: str, backend: str) -> str:
     """The llama-server line for a backend of ``hardware.DEFAULTS`` (draft length, offload, -fa)."""
     d = hardware.DEFAULTS[backend]
-    parts = ["llama-server", "-hf", target_ref, "-hfd", draft_ref, "--spec-type", "draft-dspark",
-             "--spec-draft-n-max", str(d.draft_n_max)]
-    if d.offload:
-        every = str(hardware.OFFLOAD_ALL_LAYERS)
-        parts += ["-ngl", every, "-ngld", every]
-    if d.flash_attn:
-        parts += ["-fa", d.flash_attn]
-    return " ".join(parts)
+    every = hardware.OFFLOAD_ALL_LAYERS if d.offload else None
+    settings = ServerSettings(server="llama-server", hf_repo=target_ref, hf_draft=draft_ref, spec_type="draft-dspark",
+                              draft_n_max=d.draft_n_max, draft_n_min=None, n_gpu_layers=every,
+                              n_gpu_layers_draft=every, flash_attn=d.flash_attn or None, ctx_size=None,
+                              parallel=None, metrics=False)
+    return " ".join(settings.args(network=False))
 
 
 def serve_command(target_ref: str, draft_ref: str) -> str:

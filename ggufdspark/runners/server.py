@@ -95,12 +95,13 @@ class ServerSettings:
                                            "llama-server's key file cannot hold it")
         return list(dict.fromkeys(keys))
 
-    def args(self, *, key_file: str | Path | None = None) -> list[str]:
+    def args(self, *, key_file: str | Path | None = None, network: bool = True) -> list[str]:
         """The llama-server command line.
 
         The API key is never on it (every local user can read a command line): when there is one,
         the engine reads it from ``--api-key-file KEY_FILE``, which ``ServerProcess`` writes; without
-        ``key_file`` the flag's value is the placeholder ``KEY_FILE_PLACEHOLDER``.
+        ``key_file`` the flag's value is the placeholder ``KEY_FILE_PLACEHOLDER``. ``network=False``
+        leaves out ``--host`` and ``--port`` (a line for a model card, run wherever the reader likes).
         """
         a: list[str] = [str(self.server)]
         if self.model:
@@ -146,7 +147,8 @@ class ServerSettings:
             a += ["--path", str(self.public_path)]
         if self.api_keys():
             a += ["--api-key-file", str(key_file or KEY_FILE_PLACEHOLDER)]
-        a += ["--host", self.host, "--port", str(self.port)]
+        if network:
+            a += ["--host", self.host, "--port", str(self.port)]
         a += _split_key_args(self.extra_args)[0]
         return a
 
