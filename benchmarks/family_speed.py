@@ -72,7 +72,7 @@ def make_pair(fdir: Path, fam: str, size: str, keep: bool) -> dict:
     t2 = time.perf_counter()
     convert_drafter(fdir / "drafter", t, output=d, force=True)
     t3 = time.perf_counter()
-    if not keep:
+    if not keep:  # the GGUFs are all the measurement needs
         for sub in ("target", "drafter"):
             shutil.rmtree(fdir / sub, ignore_errors=True)
     info.update(generated=True, checkpoint_bytes=g.bytes, target_bytes=t.stat().st_size, draft_bytes=d.stat().st_size,
@@ -80,6 +80,14 @@ def make_pair(fdir: Path, fam: str, size: str, keep: bool) -> dict:
     print(f"{fam}: generate {info['generate_s']} s ({g.bytes / 1e9:.1f} GB), convert-target {info['convert_target_s']} s, "
           f"convert {info['convert_draft_s']} s", file=sys.stderr, flush=True)
     return info
+
+
+def remove_pair(fdir: Path) -> None:
+    """What ``make_pair`` writes: the two GGUFs and the checkpoint directories."""
+    for name in (TARGET, DRAFT):
+        (fdir / name).unlink(missing_ok=True)
+    for sub in ("target", "drafter"):
+        shutil.rmtree(fdir / sub, ignore_errors=True)
 
 
 def measure_family(a, server: str, fam: str, target: Path, draft: Path, logs: Path) -> dict:
@@ -158,18 +166,17 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         fdir = a.dir / fam
         fdir.mkdir(parents=True, exist_ok=True)
-        if fam in given:
-            files = {"target": str(given[fam][0]), "draft": str(given[fam][1]), "given": True}
-        else:
-            files = make_pair(fdir, fam, a.size, a.keep)
         logs = a.dir / "logs" / fam
         logs.mkdir(parents=True, exist_ok=True)
-        res = measure_family(a, server, fam, Path(files["target"]), Path(files["draft"]), logs)
-        if not (a.keep or fam in given):
-            for name in (TARGET, DRAFT):
-                (fdir / name).unlink(missing_ok=True)
-            for sub in ("target", "drafter"):
-                shutil.rmtree(fdir / sub, ignore_errors=True)
+        try:
+            if fam in given:
+                files = {"target": str(given[fam][0]), "draft": str(given[fam][1]), "given": True}
+            else:
+                files = make_pair(fdir, fam, a.size, a.keep)
+            res = measure_family(a, server, fam, Path(files["target"]), Path(files["draft"]), logs)
+        finally:  # measured or failed, the next family needs the disk
+            if not (a.keep or fam in given):
+                remove_pair(fdir)
         res.update(files=files, seconds=round(time.perf_counter() - t0, 1))
         report["families"].append(res)
         print(f"{fam}: done in {res['seconds']} s", file=sys.stderr, flush=True)
