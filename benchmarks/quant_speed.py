@@ -80,8 +80,9 @@ def quant_files(a, target: Path, draft: Path) -> tuple[dict, dict, list[dict]]:
             made)
 
 
-def run(a, server: str, targets: dict, drafts: dict, rates: list[float], levels: list[int], logs: Path) -> list[dict]:
-    rows = []
+def run(a, server: str, targets: dict, drafts: dict, rates: list[float], levels: list[int], logs: Path,
+        rows: list[dict], on_target) -> None:
+    """Every target's arms into ``rows``; ``on_target()`` after each target (the JSON so far)."""
     top = max(levels)
     for tq, tpath in targets.items():
         quantized = is_quantized_file(tpath) or any(is_quantized_file(p) for p in drafts.values())
@@ -90,11 +91,14 @@ def run(a, server: str, targets: dict, drafts: dict, rates: list[float], levels:
         kw = dict(levels=levels, n_predict=a.n_predict, trials=a.trials)
         plain = arms.measure_arm(f"plain-{tq}", base, logs, **kw,
                                  reference_tokens=0 if a.no_lossless else a.check_tokens)
-        rows.append({"target": tq, "draft": None, **plain.to_dict(), "ratio": {n: 1.0 for n in levels}})
-        print(f"target {tq:7s} draft -      {describe(plain, levels)}", file=sys.stderr, flush=True)
+        pd = plain.to_dict()
+        rows.append({"target": tq, "draft": None, **pd, "ratio": {n: 1.0 for n in levels}})
+        print(f"target {tq:7s} draft -      {describe(pd, levels)}", file=sys.stderr, flush=True)
         for dq, dpath in drafts.items():
-            spec = arms.measure_arm(f"spec-{tq}-{dq}", arms.drafted(base, dpath, a.draft_n_max, rates), logs, **kw)
-            row = {"target": tq, "draft": dq, **spec.to_dict(), "ratio": ratios(spec, plain, levels)}
+            spec = arms.measure_arm(f"spec-{tq}-{dq}", arms.drafted(base, dpath, a.draft_n_max, rates), logs,
+                                    **kw).to_dict()
+            row = {"target": tq, "draft": dq, **spec,
+                   "ratio": {n: speed(spec, n) / speed(pd, n) if speed(pd, n) else None for n in levels}}
             if plain.reference:
                 row["lossless"] = arms.lossless(f"real-{tq}-{dq}", arms.drafted(base, dpath, a.draft_n_max, None),
                                                 logs, plain.reference)
@@ -103,19 +107,15 @@ def run(a, server: str, targets: dict, drafts: dict, rates: list[float], levels:
             print(f"target {tq:7s} draft {dq:6s} {describe(spec, levels)}{tail}", file=sys.stderr, flush=True)
         for r in rows:
             r.pop("reference", None)  # kept in the plain arm only while its drafts are checked
-    return rows
+        on_target()
 
 
-def speed(arm: dict | arms.Arm, n: int) -> float | None:
-    d = arm if isinstance(arm, dict) else arm.to_dict()
-    return d["tps"] if n == 1 else d["load"][n]["tps"]
+def speed(arm: dict, n: int) -> float | None:
+    """An arm's tok/s at level ``n``: median decode speed of single requests, else the aggregate."""
+    return arm["tps"] if n == 1 else arm["load"][n]["tps"]
 
 
-def ratios(spec: arms.Arm, plain: arms.Arm, levels: list[int]) -> dict:
-    return {n: speed(spec, n) / speed(plain, n) if speed(plain, n) else None for n in levels}
-
-
-def describe(arm: arms.Arm, levels: list[int]) -> str:
+def describe(arm: dict, levels: list[int]) -> str:
     return "  ".join(f"{n} req {speed(arm, n):8.1f} tok/s" for n in levels)
 
 
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check-tokens", type=int, default=64, help="length of the lossless check's greedy request")
     ap.add_argument("--no-lossless", action="store_true", help="skip the lossless check (one server less per combination)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for llama-server")
-    ap.add_argument("--json", type=Path, help="write every number, command line and file here")
+    ap.add_argument("--json", type=Path, help="write every number, command line and file here (rewritten after each target)")
     a = ap.parse_args(argv)
     a.dir.mkdir(parents=True, exist_ok=True)
     levels = arms.levels(a.concurrency)
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     targets, drafts, made = quant_files(a, target, draft)
     logs = a.dir / "logs"
     logs.mkdir(exist_ok=True)
-    rows = run(a, server, targets, drafts, rates, levels, logs)
+    rows: list[dict] = []
     report = {"tool": "benchmarks/quant_speed.py", "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "server": server,
               "gpu": a.gpu, "target": str(target), "draft": str(draft), "size": None if a.target else a.size,
               "files": {"targets": {q: str(p) for q, p in targets.items()},
@@ -169,12 +169,17 @@ def main(argv=None) -> int:
               "synthetic": f"mean accept length {arms.PUBLISHED_ACCEPT_LEN} over {len(rates)} positions, "
                            f"rates {[round(r, 4) for r in rates[:a.draft_n_max]]}",
               "check_tokens": None if a.no_lossless else a.check_tokens,
-              "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+              "seconds": None, "rows": rows}
+
+    def save() -> None:  # after every target: a run cut short keeps what it measured
+        report["seconds"] = round(time.perf_counter() - t0, 1)
+        if a.json:
+            a.json.write_text(json.dumps(report, indent=2, default=str))
+
+    run(a, server, targets, drafts, rates, levels, logs, rows, save)
     print(f"\nsynthetic acceptance: {report['synthetic']}; draft length {a.draft_n_max}; {a.n_predict} tokens, "
           f"greedy; 1 req: median of {a.trials}; N req: aggregate over the wall time\n")
     print(table(rows, levels))
-    if a.json:
-        a.json.write_text(json.dumps(report, indent=2, default=str))
     return 0
 
 
