@@ -34,9 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import arms  # noqa: E402
+from benchmarks.cli_args import add_engine_arguments  # noqa: E402
 from ggufdspark import engine, hardware  # noqa: E402
 from ggufdspark.convert.drafter import convert_drafter  # noqa: E402
 from ggufdspark.convert.target import convert_target  # noqa: E402
+from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.families import FAMILIES, SIZES  # noqa: E402
 from ggufdspark.generate import generate  # noqa: E402
 
@@ -119,6 +121,9 @@ def table(results: list[dict], lengths: list[int], check_length: int) -> str:
             + f" | lossless at n_max {check_length} |")
     lines = [head, "|---|---|---:|" + "---:|" * len(lengths) + "---|"]
     for r in results:
+        if "error" in r:
+            lines.append(f"| {r['family']} | {r['model'].split('/')[-1]} | failed: {r['error'].splitlines()[0][:160]} |")
+            continue
         cells = []
         for n in lengths:
             d = r["drafted"].get(n)
@@ -137,8 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", choices=SIZES, default="full", help="shapes of the generated pairs (small: tiny test pairs)")
     ap.add_argument("--pair", action="append", default=[],
                     help="FAMILY=TARGET,DRAFT: measure these files instead of generating (repeat; never deleted)")
-    ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
-    ap.add_argument("--gpu", action="store_true", help="offload both models (-ngl 99 -ngld 99), flash attention on")
+    add_engine_arguments(ap)
     ap.add_argument("--lengths", default="4,5,6", help="draft lengths (n_max) to measure, comma-separated")
     ap.add_argument("--check-length", type=int, default=None,
                     help="draft length of the lossless check (default: serve's default for the backend)")
@@ -168,12 +172,16 @@ def main(argv=None) -> int:
         fdir.mkdir(parents=True, exist_ok=True)
         logs = a.dir / "logs" / fam
         logs.mkdir(parents=True, exist_ok=True)
+        files: dict = {}
         try:
             if fam in given:
                 files = {"target": str(given[fam][0]), "draft": str(given[fam][1]), "given": True}
             else:
                 files = make_pair(fdir, fam, a.size, a.keep)
             res = measure_family(a, server, fam, Path(files["target"]), Path(files["draft"]), logs)
+        except GgufdsparkError as e:  # one family's failure (a server that died...) does not cost the others
+            res = {"family": fam, "model": FAMILIES[fam].model, "moe": FAMILIES[fam].moe, "error": str(e)}
+            print(f"{fam}: FAILED: {e}", file=sys.stderr, flush=True)
         finally:  # measured or failed, the next family needs the disk
             if not (a.keep or fam in given):
                 remove_pair(fdir)
@@ -185,7 +193,7 @@ def main(argv=None) -> int:
     print(f"\nsynthetic acceptance: mean accept length {arms.PUBLISHED_ACCEPT_LEN} over each draft's block, "
           f"geometric rates truncated per length; {a.n_predict} tokens, greedy, one request, median of {a.trials}\n")
     print(table(report["families"], a.lengths, a.check_length))
-    return 0
+    return 1 if any("error" in r for r in report["families"]) else 0
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks import arms  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from ggufdspark import engine, hardware  # noqa: E402
+from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.quantize import default_output, quantize  # noqa: E402
 from ggufdspark.gguffile.reader import read_gguf  # noqa: E402
 from ggufdspark.quants import is_quantized_file, precision  # noqa: E402
@@ -89,25 +90,39 @@ def run(a, server: str, targets: dict, drafts: dict, rates: list[float], levels:
         base = arms.base_settings(server, tpath, gpu=a.gpu, parallel=top, n_predict=a.n_predict,
                                   threads=a.threads, quantized=quantized)
         kw = dict(levels=levels, n_predict=a.n_predict, trials=a.trials)
-        plain = arms.measure_arm(f"plain-{tq}", base, logs, **kw,
-                                 reference_tokens=0 if a.no_lossless else a.check_tokens)
+        try:
+            plain = arms.measure_arm(f"plain-{tq}", base, logs, **kw,
+                                     reference_tokens=0 if a.no_lossless else a.check_tokens)
+        except GgufdsparkError as e:  # a server that died costs this target's row, not the run
+            rows.append(failed(tq, None, e))
+            continue
         pd = plain.to_dict()
         rows.append({"target": tq, "draft": None, **pd, "ratio": {n: 1.0 for n in levels}})
         print(f"target {tq:7s} draft -      {describe(pd, levels)}", file=sys.stderr, flush=True)
         for dq, dpath in drafts.items():
-            spec = arms.measure_arm(f"spec-{tq}-{dq}", arms.drafted(base, dpath, a.draft_n_max, rates), logs,
-                                    **kw).to_dict()
-            row = {"target": tq, "draft": dq, **spec,
-                   "ratio": {n: speed(spec, n) / speed(pd, n) if speed(pd, n) else None for n in levels}}
-            if plain.reference:
-                row["lossless"] = arms.lossless(f"real-{tq}-{dq}", arms.drafted(base, dpath, a.draft_n_max, None),
-                                                logs, plain.reference)
+            try:
+                spec = arms.measure_arm(f"spec-{tq}-{dq}", arms.drafted(base, dpath, a.draft_n_max, rates), logs,
+                                        **kw).to_dict()
+                row = {"target": tq, "draft": dq, **spec,
+                       "ratio": {n: speed(spec, n) / speed(pd, n) if speed(pd, n) else None for n in levels}}
+                if plain.reference:
+                    row["lossless"] = arms.lossless(f"real-{tq}-{dq}",
+                                                    arms.drafted(base, dpath, a.draft_n_max, None), logs,
+                                                    plain.reference)
+            except GgufdsparkError as e:
+                rows.append(failed(tq, dq, e))
+                continue
             rows.append(row)
             tail = f"  lossless: {row['lossless']['verdict']}" if "lossless" in row else ""
             print(f"target {tq:7s} draft {dq:6s} {describe(spec, levels)}{tail}", file=sys.stderr, flush=True)
         for r in rows:
             r.pop("reference", None)  # kept in the plain arm only while its drafts are checked
         on_target()
+
+
+def failed(target: str, draft: str | None, e: Exception) -> dict:
+    print(f"target {target:7s} draft {draft or '-':6s} FAILED: {e}", file=sys.stderr, flush=True)
+    return {"target": target, "draft": draft, "error": str(e)}
 
 
 def speed(arm: dict, n: int) -> float | None:
@@ -123,6 +138,9 @@ def table(rows: list[dict], levels: list[int]) -> str:
     head = "| target | draft | " + " | ".join(f"{n} req tok/s | vs plain" for n in levels) + " | lossless (real acceptance) |"
     lines = [head, "|---|---|" + "---:|---:|" * len(levels) + "---|"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['target']} | {r['draft'] or '-'} | failed: {r['error'].splitlines()[0][:160]} |")
+            continue
         cells = " | ".join(f"{speed(r, n):.1f} | {r['ratio'][n]:.2f}" for n in levels)
         loss = r["lossless"]["verdict"] if "lossless" in r else "-"
         lines.append(f"| {r['target']} | {r['draft'] or '-'} | {cells} | {loss} |")
@@ -180,7 +198,7 @@ def main(argv=None) -> int:
     print(f"\nsynthetic acceptance: {report['synthetic']}; draft length {a.draft_n_max}; {a.n_predict} tokens, "
           f"greedy; 1 req: median of {a.trials}; N req: aggregate over the wall time\n")
     print(table(rows, levels))
-    return 0
+    return 1 if any("error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":
