@@ -22,6 +22,17 @@
 #   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted;
 #   stage "kernels": Nsight Compute's device time per kernel over a window of drafted decode steps;
 #   stage "small-shapes": patch 0008's kernels (on by default) against GGML_CUDA_SMALL_SHAPES=0.
+#   stage "quant":   issue 15: benchmarks/quant_speed.py on the setup stage's pair, target
+#                    QUANT_TARGETS (F16 Q8_0 Q4_K_M) x draft F16/Q8_0, plain vs drafted at 1 and 8
+#                    requests (synthetic acceptance at the published profile), each combination's
+#                    greedy output at real acceptance against the same target alone; builds
+#                    llama-quantize beside the engine first if the setup build lacks it;
+#   stage "families": issue 16: benchmarks/family_speed.py, each full-size family of FAMILIES
+#                    (default "1.2b 2.6b vl-3b"; the 8B-A1B needs a call of its own: FAMILIES=8b-a1b)
+#                    generated, converted, plain vs draft lengths LENGTHS (4,5,6) at one request, the
+#                    lossless check, files deleted after each family; vl-3b reuses the setup pair.
+#   Each needs the setup stage done in an earlier call on the same warm machine; one device call each:
+#     STAGES=setup; then STAGES=quant; then STAGES=families; then FAMILIES=8b-a1b STAGES=families
 #
 # Environment: WORK (work dir, default .devwork: kept between calls on a warm machine), OUT (results),
 # STAGES (default: setup abort matrix speed profile small-shapes). Engine switches exported before the
@@ -273,6 +284,28 @@ print(f"{len(rows)} kernels, {all_ns / 1e6:.2f} ms device time")
 for k, v in tot.most_common(25):
     print(f"{v / 1e3:10.1f} us {100 * v / all_ns:5.1f}% {cnt[k]:6d}x  {k}")
 PY
+    ;;
+quant)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    if [ ! -x "$(dirname "$BIN")/llama-quantize" ]; then
+        t0=$SECONDS
+        $py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --with-tools --no-ui > "$OUT/build-tools.log" 2>&1
+        echo "llama-quantize build rc=$? in $((SECONDS - t0)) s"; tail -n 2 "$OUT/build-tools.log"
+    fi
+    qt=${QUANT_TARGETS:-F16 Q8_0 Q4_K_M}
+    # shellcheck disable=SC2086  # one --targets value per type
+    $py benchmarks/quant_speed.py --gpu -m "$T" -md "$D" --server "$BIN" --dir "$W/quant" --targets $qt \
+        --drafts F16 Q8_0 --concurrency 1,8 --n-predict 256 --trials 3 \
+        --json "$OUT/quant-${qt// /-}.json" 2>&1 | tee "$OUT/quant-${qt// /-}.txt" | tail -n 14
+    ;;
+families)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    fams=${FAMILIES:-1.2b 2.6b vl-3b}
+    pair=()
+    if [ -f "$D" ]; then pair=(--pair "vl-3b=$T,$D"); fi  # the setup pair is the vl-3b family's full shape
+    $py benchmarks/family_speed.py --gpu --server "$BIN" --dir "$W/fam" --families "${fams// /,}" ${pair[@]+"${pair[@]}"} \
+        --lengths "${LENGTHS:-4,5,6}" --n-predict 256 --trials 3 \
+        --json "$OUT/families-${fams// /-}.json" 2>&1 | tee "$OUT/families-${fams// /-}.txt" | tail -n 10
     ;;
 esac
 done
