@@ -15,7 +15,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from ggufdspark import engine
+from ggufdspark.gguffile.reader import read_gguf
+
+
+def compare_gguf(mine: Path, ref: Path, *, general: tuple[str, ...] = ()) -> None:
+    """Assert two GGUF files equal key for key (value and type) and tensor for tensor (name, shape,
+    type, bytes). ``general.*`` naming keys are cosmetic and left out, except the architecture, file
+    type and quantization version, and those named in ``general``."""
+    a, b = read_gguf(mine), read_gguf(ref)
+    kept = ("general.architecture", "general.file_type", "general.quantization_version", *general)
+
+    def keys(g):
+        return {k for k in g.metadata if not k.startswith("general.") or k in kept}
+
+    assert keys(a) == keys(b), f"keys only mine {keys(a) - keys(b)}, only reference {keys(b) - keys(a)}"
+    for k in sorted(keys(a)):
+        assert a.value_types[k] == b.value_types[k], f"{k}: type {a.value_types[k]} vs {b.value_types[k]}"
+        assert a.metadata[k] == b.metadata[k], f"{k}: {str(a.metadata[k])[:80]} vs {str(b.metadata[k])[:80]}"
+    assert set(a.tensors) == set(b.tensors), \
+        f"only mine {set(a.tensors) - set(b.tensors)}, only ref {set(b.tensors) - set(a.tensors)}"
+    for n in sorted(a.tensors):
+        ta, tb = a.tensors[n], b.tensors[n]
+        assert (ta.shape, ta.type_name) == (tb.shape, tb.type_name), \
+            f"{n}: {ta.shape} {ta.type_name} vs {tb.shape} {tb.type_name}"
+        assert np.array_equal(a.tensor_bytes(n), b.tensor_bytes(n)), f"{n}: bytes differ"
 
 
 def run_reference(args: list[str], *, pre: str = "lfm2", tree: Path | None = None,

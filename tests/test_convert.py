@@ -15,7 +15,8 @@ from ggufdspark.convert.drafter import convert_drafter
 from ggufdspark.convert.target import convert_target
 from ggufdspark.gguffile.reader import read_gguf
 from ggufdspark.synthetic import synth
-from oracle import run_reference
+from lossless import drafted_greedy_equal
+from oracle import compare_gguf, run_reference
 
 PROMPTS = [
     "The model draft target",
@@ -39,37 +40,10 @@ def test_converted_pair_loads_and_drafts(small_pair, start_server):
 def test_greedy_output_is_lossless(small_pair, start_server):
     plain = start_server(model=small_pair.target)
     spec = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=6)
-    pc, sc = plain.client(), spec.client()
-    drafted = 0
-    for prompt in PROMPTS:
-        ids = pc.tokenize(prompt)
-        a = pc.complete(ids, n_predict=40)
-        b = sc.complete(ids, n_predict=40)
-        assert a.tokens == b.tokens, f"prompt {prompt!r}: plain {a.tokens} vs draft {b.tokens}"
-        assert a.timings.draft_n is None
-        drafted += b.timings.draft_n or 0
-    assert drafted > 0
+    assert drafted_greedy_equal(plain.client(), spec.client(), PROMPTS, n_predict=40) > 0
 
 
 # ----------------------------------------------------------------------------- the oracle
-
-
-def _compare_gguf(mine: Path, ref: Path) -> None:
-    a, b = read_gguf(mine), read_gguf(ref)
-
-    def keys(g):  # general.* naming/labels are cosmetic; everything else must match
-        return {k for k in g.metadata if not k.startswith("general.") or k in
-                ("general.architecture", "general.file_type", "general.quantization_version")}
-
-    assert keys(a) == keys(b), f"keys only mine {keys(a) - keys(b)}, only reference {keys(b) - keys(a)}"
-    for k in sorted(keys(a)):
-        assert a.value_types[k] == b.value_types[k], f"{k}: type {a.value_types[k]} vs {b.value_types[k]}"
-        assert a.metadata[k] == b.metadata[k], f"{k}: {str(a.metadata[k])[:80]} vs {str(b.metadata[k])[:80]}"
-    assert set(a.tensors) == set(b.tensors), f"only mine {set(a.tensors) - set(b.tensors)}, only ref {set(b.tensors) - set(a.tensors)}"
-    for n in sorted(a.tensors):
-        ta, tb = a.tensors[n], b.tensors[n]
-        assert (ta.shape, ta.type_name) == (tb.shape, tb.type_name), f"{n}: {ta.shape} {ta.type_name} vs {tb.shape} {tb.type_name}"
-        assert np.array_equal(a.tensor_bytes(n), b.tensor_bytes(n)), f"{n}: bytes differ"
 
 
 def _reference(args: list[str]) -> None:
@@ -103,7 +77,7 @@ def test_drafter_matches_reference_converter(variant, outtype, oracle_target, tm
     mine = convert_drafter(ddir, oracle_target, output=tmp_path / "mine.gguf", outtype=outtype).path
     ref = tmp_path / "ref.gguf"
     _reference([str(ddir), "--target-model-dir", str(oracle_target), "--outtype", outtype, "--outfile", str(ref)])
-    _compare_gguf(mine, ref)
+    compare_gguf(mine, ref)
 
 
 @pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
@@ -111,7 +85,7 @@ def test_target_matches_reference_converter(outtype, oracle_target, tmp_path):
     mine = convert_target(oracle_target, output=tmp_path / "mine.gguf", outtype=outtype).path
     ref = tmp_path / "ref.gguf"
     _reference([str(oracle_target), "--outtype", outtype, "--outfile", str(ref)])
-    _compare_gguf(mine, ref)
+    compare_gguf(mine, ref)
 
 
 def test_tokenizer_from_gguf_target_is_bit_identical(oracle_target, tmp_path):

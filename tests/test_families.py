@@ -20,9 +20,10 @@ from ggufdspark.convert.drafter import convert_drafter
 from ggufdspark.convert.target import convert_target
 from ggufdspark.families import FAMILIES
 from ggufdspark.gguffile.reader import read_gguf
-from oracle import run_reference
+from lossless import drafted_greedy_equal
+from oracle import compare_gguf, run_reference
 from ggufdspark.synthetic.pairs import Pair
-from test_convert import PROMPTS, _compare_gguf
+from test_convert import PROMPTS
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = list(FAMILIES)
@@ -113,11 +114,11 @@ def test_family_pair_matches_reference_converter(name, family_pairs, tmp_path):
     pair = family_pairs[name]
     ref = tmp_path / "ref-target.gguf"
     _reference([str(pair.target_dir), "--outtype", "f16", "--outfile", str(ref)])
-    _compare_gguf(pair.target, ref)
+    compare_gguf(pair.target, ref)
     ref_d = tmp_path / "ref-draft.gguf"
     _reference([str(pair.drafter_dir), "--target-model-dir", str(pair.target_dir), "--outtype", "f16",
                 "--outfile", str(ref_d)])
-    _compare_gguf(pair.draft, ref_d)
+    compare_gguf(pair.draft, ref_d)
 
 
 @pytest.mark.parametrize("outtype", ["f32", "bf16", "q8_0"])
@@ -126,7 +127,7 @@ def test_moe_target_matches_reference_in_every_output_type(outtype, family_pairs
     mine = convert_target(tdir, output=tmp_path / "mine.gguf", outtype=outtype).path
     ref = tmp_path / "ref.gguf"
     _reference([str(tdir), "--outtype", outtype, "--outfile", str(ref)])
-    _compare_gguf(mine, ref)
+    compare_gguf(mine, ref)
     g = read_gguf(mine)
     spec = FAMILIES["8b-a1b"].targets["small"]
     assert g.arch == "lfm2moe"
@@ -152,7 +153,7 @@ def test_moe_narrow_experts_in_f32_match_reference_in_q8_0(tmp_path):
     mine = convert_target(tdir, output=tmp_path / "mine.gguf", outtype="q8_0").path
     ref = tmp_path / "ref.gguf"
     _reference([str(tdir), "--outtype", "q8_0", "--outfile", str(ref)])
-    _compare_gguf(mine, ref)
+    compare_gguf(mine, ref)
     g = read_gguf(mine)
     assert (g.tensors["blk.2.ffn_gate_exps.weight"].type_name, g.tensors["blk.2.ffn_down_exps.weight"].type_name) == (
         "Q8_0", "F16")
@@ -185,15 +186,7 @@ def test_family_pair_serves_with_the_draft_and_is_lossless(name, family_pairs, s
     pair = family_pairs[name]
     plain = start_server(model=pair.target)
     spec = start_server(model=pair.target, draft=pair.draft, draft_n_max=4)
-    pc, sc = plain.client(), spec.client()
-    drafted = 0
-    for prompt in PROMPTS:
-        ids = pc.tokenize(prompt)
-        a = pc.complete(ids, n_predict=32)
-        b = sc.complete(ids, n_predict=32)
-        assert a.tokens == b.tokens, f"{name}, prompt {prompt!r}: plain {a.tokens} vs draft {b.tokens}"
-        assert a.timings.draft_n is None
-        drafted += b.timings.draft_n or 0
+    drafted = drafted_greedy_equal(plain.client(), spec.client(), PROMPTS, n_predict=32, label=f"{name}, ")
     assert drafted > 0, f"{name}: the draft never engaged"
 
 
