@@ -100,7 +100,8 @@ setup)
         gen=$!
     fi
     t0=$SECONDS
-    $py -m ggufdspark build-engine "${BUILD_ARGS[@]}" > "$OUT/build.log" 2>&1
+    # llama-quantize (the quant stage) and llama-bench come with the same build: a few seconds more
+    $py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --with-tools --no-ui > "$OUT/build.log" 2>&1
     echo "build rc=$? in $((SECONDS - t0)) s"; tail -n 2 "$OUT/build.log"
     if [ -n "${gen:-}" ]; then wait "$gen"; echo "generate+convert rc=$? at $((SECONDS - t0)) s"; tail -n 3 "$W/gen.log"; fi
     ;;
@@ -297,6 +298,7 @@ quant)
     $py benchmarks/quant_speed.py --gpu -m "$T" -md "$D" --server "$BIN" --dir "$W/quant" --targets $qt \
         --drafts F16 Q8_0 --concurrency 1,8 --n-predict 256 --trials 3 \
         --json "$OUT/quant-${qt// /-}.json" 2>&1 | tee "$OUT/quant-${qt// /-}.txt" | tail -n 14
+    rm -rf "$W/quant"  # about 6 GB: the 8B-A1B family needs the disk
     ;;
 families)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
