@@ -15,6 +15,7 @@
 #   stage "few-check": patch 0012's verify kernel through test-backend-ops (results and kernel speed);
 #   stage "few":     patch 0012 in the server (GGML_CUDA_MMV_FEW=1,2,4): speed arms and step profile;
 #   stage "splitk-check": patch 0013 (split-K mul_mat_f) through test-backend-ops at the verify's shapes;
+#   stage "rows-check": patch 0017 (short-rows mat-vec, the Markov head) through test-backend-ops;
 #   stage "splitk":  patch 0013 in the server (GGML_CUDA_MMF_SPLIT_K=2,4,8): speed arms and step profile;
 #   stage "cap":     load-aware drafting (patch 0011, --spec-draft-max-slots CAP) at 8, 16, 32 requests;
 #   stage "speed":   benchmarks/dspark_speed.py (plain vs draft lengths, 1/8/32 requests) with the
@@ -81,7 +82,7 @@ kernel_check() {
 for stage in $STAGES; do
 # every stage but setup measures the pair setup makes: on a machine without it (a fresh one: the
 # device is given back after 30 s idle) say so at once instead of building and timing out
-case $stage in setup|few-check|splitk-check) ;; *)
+case $stage in setup|few-check|splitk-check|rows-check) ;; *)
     if [ ! -f "$D" ]; then
         echo "stage $stage: no pair at $D: run the setup stage first (in this call, or in a call on the same warm machine)"
         continue
@@ -209,6 +210,28 @@ splitk-check)
     # the CPU backend, and the speed at the verify's own shapes (patch 0014's perf cases)
     kernel_check GGML_CUDA_MMF_SPLIT_K "8" "type_a=f16,type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," "2 4 8"
     ;;
+rows-check)
+    # patch 0017 (GGML_CUDA_MMV_ROWS, one column of many short rows: the DSpark Markov head's bias):
+    # its results against the CPU backend (plain and with the fused add), and its speed at the head's
+    # own shape (128000 rows of 256) on and off
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    B=$(dirname "$(dirname "$BIN")")
+    t0=$SECONDS
+    if ! { cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo.log" 2>&1 && cmake --build "$B" --target test-backend-ops -j "$(nproc)" >> "$W/tbo.log" 2>&1; }; then
+        echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"
+    else
+        echo "test-backend-ops built in $((SECONDS - t0)) s"
+        for v in 1 0; do
+            for op in MUL_MAT MUL_MAT_VEC_FUSION; do
+                filt=(); if [ $op = MUL_MAT ]; then filt=(-p "k=(256|96),"); fi
+                GGML_CUDA_MMV_ROWS=$v timeout 120 "$B/bin/test-backend-ops" test -o $op -b CUDA0 "${filt[@]}" > "$OUT/tbo-rows$v-$op.txt" 2>&1
+                echo "test-backend-ops $op GGML_CUDA_MMV_ROWS=$v: rc=$?"; grep -E "FAIL|tests passed|backends passed" "$OUT/tbo-rows$v-$op.txt" | tail -n 4
+            done
+            GGML_CUDA_MMV_ROWS=$v timeout 60 "$B/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 -p "m=128000,n=1,k=256" 2>&1 | grep -E "MUL_MAT" | sed "s/^/rows=$v /"
+            GGML_CUDA_MMV_ROWS=$v timeout 60 "$B/bin/test-backend-ops" perf -o MUL_MAT_VEC_FUSION -b CUDA0 -p "n=128000" 2>&1 | grep -E "MUL_MAT" | sed "s/^/rows=$v /"
+        done
+    fi
+    ;;
 splitk)
     # patch 0013 in the server: the speed arms (S = 2, 4, 8 against the default) and the step profile
     ENV_VARIANTS=${ENV_VARIANTS:-GGML_CUDA_MMF_SPLIT_K=2;GGML_CUDA_MMF_SPLIT_K=4;GGML_CUDA_MMF_SPLIT_K=8} LENGTHS=${LENGTHS:-5} STAGES=arms bash "$0"
@@ -298,6 +321,7 @@ quant)
     $py benchmarks/quant_speed.py --gpu -m "$T" -md "$D" --server "$BIN" --dir "$W/quant" --targets $qt \
         --drafts F16 Q8_0 --concurrency 1,8 --n-predict 256 --trials 3 \
         --json "$OUT/quant-${qt// /-}.json" 2>&1 | tee "$OUT/quant-${qt// /-}.txt" | tail -n 14
+    mkdir -p "$OUT/quant-logs" && cp "$W"/quant/logs/*.log "$OUT/quant-logs/" 2>/dev/null
     rm -rf "$W/quant"  # about 6 GB: the 8B-A1B family needs the disk
     ;;
 families)
