@@ -8,7 +8,9 @@ For each family of ``--families`` (default all four: ``ggufdspark.families``), o
    --size S``) and converted (``convert-target``, ``convert``: what h200_engine.sh's setup does);
 2. the target alone, then with the draft at each of ``--lengths`` with llama.cpp's synthetic
    acceptance at the published profile (benchmarks/arms.py: 4.22 over the draft's block, rates held
-   fixed across lengths), one server each, median decode tok/s of ``--trials`` requests;
+   fixed across lengths), one server each with as many slots as the highest ``--concurrency`` level:
+   median decode tok/s of ``--trials`` single requests, and at each level above one (default 8) the
+   aggregate tok/s of that many requests at once;
 3. the lossless check at ``--check-length`` (default: serve's draft length for the backend): the
    draft at real acceptance, its greedy output against the plain server's, "equal" or "differs at
    token i";
@@ -96,8 +98,9 @@ def measure_family(a, server: str, fam: str, target: Path, draft: Path, logs: Pa
     """The plain arm, one drafted arm per length, and the lossless check."""
     rates = arms.published_rates(draft)
     lengths = [n for n in a.lengths if n <= len(rates)]
-    base = arms.base_settings(server, target, gpu=a.gpu, parallel=1, n_predict=a.n_predict, threads=a.threads)
-    kw = dict(levels=[1], n_predict=a.n_predict, trials=a.trials)
+    base = arms.base_settings(server, target, gpu=a.gpu, parallel=max(a.concurrency), n_predict=a.n_predict,
+                              threads=a.threads)
+    kw = dict(levels=a.concurrency, n_predict=a.n_predict, trials=a.trials)
     plain = arms.measure_arm("plain", base, logs, **kw, reference_tokens=0 if a.no_lossless else a.check_tokens)
     print(f"{fam}: plain {plain.tps:.1f} tok/s", file=sys.stderr, flush=True)
     res = {"family": fam, "model": FAMILIES[fam].model, "moe": FAMILIES[fam].moe, "rates": rates,
@@ -105,9 +108,11 @@ def measure_family(a, server: str, fam: str, target: Path, draft: Path, logs: Pa
     res["plain"].pop("reference", None)
     for n in lengths:
         arm = arms.measure_arm(f"n{n}", arms.drafted(base, draft, n, rates), logs, **kw)
-        res["drafted"][n] = {**arm.to_dict(), "ratio": arm.tps / plain.tps}
+        load_ratio = {lvl: arm.load[lvl]["tps"] / plain.load[lvl]["tps"] for lvl in arm.load}
+        res["drafted"][n] = {**arm.to_dict(), "ratio": arm.tps / plain.tps, "load_ratio": load_ratio}
+        under_load = "".join(f", {lvl} req {arm.load[lvl]['tps']:.1f} tok/s ({r:.2f}x)" for lvl, r in load_ratio.items())
         print(f"{fam}: n_max {n}: {arm.tps:.1f} tok/s ({arm.tps / plain.tps:.2f}x, accept length "
-              f"{arm.accept_length or 0:.2f})", file=sys.stderr, flush=True)
+              f"{arm.accept_length or 0:.2f}){under_load}", file=sys.stderr, flush=True)
     if plain.reference and a.check_length <= len(rates):
         res["lossless"] = arms.lossless(f"real-n{a.check_length}", arms.drafted(base, draft, a.check_length, None),
                                         logs, plain.reference)
@@ -116,22 +121,32 @@ def measure_family(a, server: str, fam: str, target: Path, draft: Path, logs: Pa
     return res
 
 
-def table(results: list[dict], lengths: list[int], check_length: int) -> str:
+def table(results: list[dict], lengths: list[int], check_length: int, concurrency: list[int]) -> str:
+    """One row per family: plain and each draft length at one request, then at each level above one
+    (aggregate tok/s over the wall time), and the lossless verdict."""
+    loads = [lvl for lvl in concurrency if lvl > 1]
     head = ("| family | target | plain tok/s | " + " | ".join(f"n_max {n} tok/s (vs plain)" for n in lengths)
+            + "".join(f" | {lvl} req plain tok/s | " + " | ".join(f"{lvl} req n_max {n} (vs plain)" for n in lengths)
+                      for lvl in loads)
             + f" | lossless at n_max {check_length} |")
-    lines = [head, "|---|---|---:|" + "---:|" * len(lengths) + "---|"]
+    width = 1 + len(lengths) + len(loads) * (1 + len(lengths))
+    lines = [head, "|---|---|" + "---:|" * width + "---|"]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['family']} | {r['model'].split('/')[-1]} | failed: {r['error'].splitlines()[0][:160]} |")
             continue
-        cells = []
+        cells = [f"{r['plain']['tps']:.1f}"]
         for n in lengths:
             d = r["drafted"].get(n)
             cells.append(f"{d['tps']:.1f} ({d['ratio']:.2f}x)" if d else "-")
+        for lvl in loads:
+            cells.append(f"{r['plain']['load'][lvl]['tps']:.1f}")
+            for n in lengths:
+                d = r["drafted"].get(n)
+                cells.append(f"{d['load'][lvl]['tps']:.1f} ({d['load_ratio'][lvl]:.2f}x)" if d else "-")
         kind = "MoE" if r["moe"] else "dense"
         loss = r["lossless"]["verdict"] if "lossless" in r else "-"
-        lines.append(f"| {r['family']} | {r['model'].split('/')[-1]} ({kind}) | {r['plain']['tps']:.1f} | "
-                     + " | ".join(cells) + f" | {loss} |")
+        lines.append(f"| {r['family']} | {r['model'].split('/')[-1]} ({kind}) | " + " | ".join(cells) + f" | {loss} |")
     return "\n".join(lines)
 
 
@@ -148,6 +163,9 @@ def main(argv=None) -> int:
                     help="draft length of the lossless check (default: serve's default for the backend)")
     ap.add_argument("--check-tokens", type=int, default=64, help="length of the lossless check's greedy request")
     ap.add_argument("--no-lossless", action="store_true", help="skip the lossless check (one server less per family)")
+    ap.add_argument("--concurrency", default="1,8",
+                    help="parallel requests to measure, comma-separated (default 1,8: one request, and 8 at once "
+                         "on a server with 8 slots)")
     ap.add_argument("--n-predict", type=int, default=256, help="tokens generated per request")
     ap.add_argument("--trials", type=int, default=3, help="measured requests per arm (median reported)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for llama-server")
@@ -159,11 +177,16 @@ def main(argv=None) -> int:
     if unknown or not fams:
         raise SystemExit(f"family_speed: --families {a.families!r}: expected some of {', '.join(FAMILIES)}")
     a.lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
+    a.concurrency = arms.levels(a.concurrency)
+    if 1 not in a.concurrency:
+        raise SystemExit(f"family_speed: --concurrency {','.join(map(str, a.concurrency))}: the table needs 1 "
+                         f"(the one-request row)")
     a.check_length = a.check_length or hardware.DEFAULTS["cuda" if a.gpu else "cpu"].draft_n_max
     given = given_pairs(a.pair)
     server = str(engine.find_engine(a.server).path)
     report = {"tool": "benchmarks/family_speed.py", "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "server": server,
               "gpu": a.gpu, "size": a.size, "n_predict": a.n_predict, "trials": a.trials, "lengths": a.lengths,
+              "concurrency": a.concurrency,
               "accept_len": arms.PUBLISHED_ACCEPT_LEN, "check_length": a.check_length,
               "check_tokens": None if a.no_lossless else a.check_tokens, "families": []}
     for fam in fams:
@@ -191,8 +214,9 @@ def main(argv=None) -> int:
         if a.json:
             a.json.write_text(json.dumps(report, indent=2, default=str))
     print(f"\nsynthetic acceptance: mean accept length {arms.PUBLISHED_ACCEPT_LEN} over each draft's block, "
-          f"geometric rates truncated per length; {a.n_predict} tokens, greedy, one request, median of {a.trials}\n")
-    print(table(report["families"], a.lengths, a.check_length))
+          f"geometric rates truncated per length; {a.n_predict} tokens, greedy; one request: median of {a.trials}; "
+          f"N requests: aggregate tok/s over the wall time, {max(a.concurrency)} slots\n")
+    print(table(report["families"], a.lengths, a.check_length, a.concurrency))
     return 1 if any("error" in r for r in report["families"]) else 0
 
 

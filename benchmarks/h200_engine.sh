@@ -30,7 +30,7 @@
 #                    llama-quantize beside the engine first if the setup build lacks it;
 #   stage "families": issue 16: benchmarks/family_speed.py, each full-size family of FAMILIES
 #                    (default "1.2b 2.6b vl-3b"; the 8B-A1B needs a call of its own: FAMILIES=8b-a1b)
-#                    generated, converted, plain vs draft lengths LENGTHS (4,5,6) at one request, the
+#                    generated, converted, plain vs draft lengths LENGTHS (4,5,6) at 1 and 8 requests, the
 #                    lossless check, files deleted after each family; vl-3b reuses the setup pair.
 #   Each needs the setup stage done in an earlier call on the same warm machine; one device call each:
 #     STAGES=setup; then STAGES=quant; then STAGES=families; then FAMILIES=8b-a1b STAGES=families

@@ -13,7 +13,7 @@ from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.inspect import DSPARK_TENSORS, classify, tokenizer_value, vocab_size
-from ggufdspark.quants import precision
+from ggufdspark.quants import RECOMMENDED_DRAFT, precision
 
 MAX_BLOCK_SIZE = 64
 # target archs whose graph (pinned llama.cpp) has no tappable hidden state after the last layer
@@ -55,9 +55,17 @@ class PairReport:
         """``target Q4_K_M, draft Q8_0`` (and the mmproj's), the precisions this report saw."""
         return ", ".join(f"{role} {label}" for role, label in self.precisions.items())
 
+    def recommended_draft(self) -> str | None:
+        """The draft precision measured best with this target's precision (``RECOMMENDED_DRAFT``, the
+        H200 table of docs/quantize.md) when it differs from this pair's draft; else None."""
+        best = RECOMMENDED_DRAFT.get(self.precisions.get("target", ""))
+        have = self.precisions.get("draft")
+        return best if best and have and have != best else None
+
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "draft": self.draft, "mmproj": self.mmproj, "ok": self.ok,
-                "precisions": self.precisions, "checks": [asdict(c) for c in self.checks]}
+                "precisions": self.precisions, "recommended_draft": self.recommended_draft(),
+                "checks": [asdict(c) for c in self.checks]}
 
 
 def _tokenizer_difference(t: GGUFFile, d: GGUFFile) -> str | None:

@@ -585,8 +585,12 @@ def test_llama_server_resolves_each_published_quant(ggufdspark_cli, quant_pair, 
 def test_default_pairing(monkeypatch):
     from ggufdspark import publish as pub
 
+    # the H200 table's recommendation (docs/quantize.md), where the draft is among the files
+    assert pub.default_pairing(["F16", "Q8_0", "Q4_K_M"], ["F16", "Q8_0"]) == \
+        {"F16": "Q8_0", "Q8_0": "F16", "Q4_K_M": "Q8_0"}
     assert pub.default_pairing(["Q8_0", "Q4_K_M"], ["Q8_0"]) == {"Q8_0": "Q8_0", "Q4_K_M": "Q8_0"}
+    assert pub.default_pairing(["Q4_K_M"], ["F16", "Q8_0"], {"q4_k_m": "f16"}) == {"Q4_K_M": "F16"}
+    # a quant the table does not cover: the draft of its own quant, else the one with the most bits
+    assert pub.default_pairing(["Q6_K", "Q5_K_M"], ["Q6_K", "Q8_0"]) == {"Q6_K": "Q6_K", "Q5_K_M": "Q8_0"}
+    monkeypatch.setattr(pub.plan, "RECOMMENDED_DRAFT", {})
     assert pub.default_pairing(["Q8_0", "Q4_K_M"], ["F16", "Q8_0"]) == {"Q8_0": "Q8_0", "Q4_K_M": "F16"}
-    assert pub.default_pairing(["Q4_K_M"], ["F16", "Q8_0"], {"q4_k_m": "q8_0"}) == {"Q4_K_M": "Q8_0"}
-    monkeypatch.setitem(pub.RECOMMENDED_DRAFT, "Q4_K_M", "Q8_0")  # what the H200 table will record
-    assert pub.default_pairing(["Q4_K_M", "F16"], ["F16", "Q8_0"]) == {"Q4_K_M": "Q8_0", "F16": "F16"}

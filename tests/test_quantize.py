@@ -197,6 +197,15 @@ def test_check_accepts_mixed_precisions_and_names_them(ggufdspark_cli, quant_pai
         assert p.stdout.strip().splitlines()[-1] == f"pair OK ({label})"
     p = ggufdspark_cli("check", str(quant_pair["target-Q4_K_M"]), str(quant_pair["draft-Q8_0"]), "--json")
     assert json.loads(p.stdout)["precisions"] == {"target": "Q4_K_M", "draft": "Q8_0"}
+    assert json.loads(p.stdout)["recommended_draft"] is None
+    # a draft other than the one the H200 table recommends for the target's precision: still OK, and said
+    p = ggufdspark_cli("check", str(quant_pair["target-Q4_K_M"]), str(small_pair.draft))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-2:] == [
+        "pair OK (target Q4_K_M, draft F16)",
+        "note: with a Q4_K_M target a Q8_0 draft measured faster than F16 on an H200 (docs/quantize.md)"]
+    p = ggufdspark_cli("check", str(quant_pair["target-Q4_K_M"]), str(small_pair.draft), "--json")
+    assert json.loads(p.stdout)["recommended_draft"] == "Q8_0"
 
 
 # ------------------------------------------------------------------------------------ lossless
