@@ -508,9 +508,9 @@ def test_several_quants_one_commit_per_repo_and_reruns_send_only_what_changed(
         assert len(hub.calls("POST", rf"/api/models/{repo}/commit/")) == 1
     assert hub.files(t_repo)["Tiny-LFM2-Q4_K_M.gguf"] == quant_pair["target-Q4_K_M"].read_bytes()
     card = hub.files(t_repo)["README.md"].decode()
-    # Q8_0 target -> the Q8_0 draft (same quant); Q4_K_M -> Q8_0 (--pair)
+    # Q8_0 target -> the F16 draft (the H200 table's pairing, quants.RECOMMENDED_DRAFT); Q4_K_M -> Q8_0 (--pair)
     assert "-hf org/Tiny-LFM2-GGUF:Q4_K_M -hfd org/Tiny-LFM2-DSpark-GGUF:Q8_0" in card
-    assert "-hf org/Tiny-LFM2-GGUF:Q8_0 -hfd org/Tiny-LFM2-DSpark-GGUF:Q8_0" in card
+    assert "-hf org/Tiny-LFM2-GGUF:Q8_0 -hfd org/Tiny-LFM2-DSpark-GGUF:F16" in card
     assert "without one, llama.cpp takes `dspark-Tiny-LFM2-Q8_0.gguf`" in card
 
     # the same again: nothing written
