@@ -239,9 +239,9 @@ def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF1
     for i, kind in enumerate(spec.layer_types()):
         p = f"model.layers.{i}."
         if kind == "conv":
-            items += [(p + "conv.conv.weight", dtype, (h, 1, spec.conv_L_cache), w.normal((h, 1, spec.conv_L_cache), 0.3)),
-                      (p + "conv.in_proj.weight", dtype, (3 * h, h), w.normal((3 * h, h), 0.5 / np.sqrt(h))),
-                      (p + "conv.out_proj.weight", dtype, (h, h), w.normal((h, h), 0.5 / np.sqrt(h)))]
+            items += [(p + "conv.conv.weight", dtype, (h, 1, spec.conv_L_cache), w.normal((h, 1, spec.conv_L_cache), 1.0)),
+                      (p + "conv.in_proj.weight", dtype, (3 * h, h), w.normal((3 * h, h), 1.0 / np.sqrt(h))),
+                      (p + "conv.out_proj.weight", dtype, (h, h), w.normal((h, h), 1.0 / np.sqrt(h)))]
         else:
             items += [(p + "self_attn.q_proj.weight", dtype, (h, h), w.normal((h, h), 1 / np.sqrt(h))),
                       (p + "self_attn.k_proj.weight", dtype, (kv * hd, h), w.normal((kv * hd, h), 1 / np.sqrt(h))),
