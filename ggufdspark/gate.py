@@ -111,6 +111,19 @@ class GateResult:
         return d
 
 
+def _probs_at(probe, i: int) -> list[dict] | None:
+    """The ``top_logprobs`` of the probe's token ``i`` (its last: the probe asks for ``i + 1``). The
+    server lists probabilities per piece of text it sends, and holds back tokens that end inside a
+    UTF-8 character, so the list can be shorter than the tokens: then only an entry whose ``id`` is
+    token ``i`` counts (the last one, which the end of generation flushes)."""
+    probs, toks = probe.probs or [], list(probe.tokens or [])
+    if len(probs) == len(toks) and i < len(probs):
+        return probs[i].get("top_logprobs")
+    if len(toks) == i + 1 and probs and probs[-1].get("id") == toks[i]:
+        return probs[-1].get("top_logprobs")
+    return None
+
+
 def run_gate(client: Client, turns: list[Turn], plain: list[Outcome], spec: list[Outcome],
              plain_again: list[Outcome], *, near_tie_gap: float = NEAR_TIE_GAP) -> GateResult:
     """Compare speculative and plain outputs; probe the plain server at each first difference."""
@@ -123,8 +136,7 @@ def run_gate(client: Client, turns: list[Turn], plain: list[Outcome], spec: list
             g.exact += 1
             continue
         probe = client.complete(t.prompt, n_predict=i + 1, n_probs=2)
-        probs = probe.probs or []
-        top = probs[i].get("top_logprobs") if i < len(probs) else None
+        top = _probs_at(probe, i)
         d = classify(t, p.tokens, s.tokens, top, near_tie_gap=near_tie_gap)
         assert d is not None
         g.divergences.append(d)
