@@ -168,9 +168,12 @@ speed)
     ;;
 profile)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
-    LLAMA_SPEC_PROFILE=1 $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" \
+    rm -rf "$W/prof"  # logs of an earlier call would be read as this one's (session 5, call 8)
+    if ! LLAMA_SPEC_PROFILE=1 $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" \
         --n-predict 1024 --trials 1 --lengths 5 --concurrency "" \
-        --json "$OUT/profile.json" --log-dir "$W/prof" > "$OUT/profile-run.txt" 2>&1
+        --json "$OUT/profile.json" --log-dir "$W/prof" > "$OUT/profile-run.txt" 2>&1; then
+        echo "profile: the measurement failed:"; tail -n 3 "$OUT/profile-run.txt"
+    fi
     for f in "$W"/prof/*.log; do echo "$(basename "$f"): $(grep "spec profile" "$f" | tail -n 1)"; done | tee "$OUT/profile.txt"
     ;;
 small-shapes)
