@@ -125,3 +125,31 @@ def test_drafts_pause_while_more_slots_generate_than_the_limit(small_pair, start
     for i, (p, s) in enumerate(zip(want, got + [last])):
         assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
         assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output with drafts paused under load")
+
+
+def test_strong_conv_layers_one_slot_are_lossless(strong_conv_pair, start_server):
+    """One slot, requests one after the other, draft lengths 3 and 6, on a pair whose conv layers move
+    the output: a verify's conv-state snapshots and the rollback to them must leave greedy output
+    equal to the plain server's (an engine writing the snapshot slots in reversed order fails here
+    at the first token). Eight slots at once are not asserted on this pair: there the patched engine
+    still differs now and then at draft length 6 (docs/engine-patches.md, "Engine defects found")."""
+    common = dict(model=strong_conv_pair.target, parallel=1, ctx_size=320)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = workload(vocab)[:12]
+
+    def one_by_one(srv) -> list[dict]:
+        c = srv.client(timeout=300)
+        return [c.post_json("/completion", {"prompt": p, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
+                                            "cache_prompt": False, "return_tokens": True, "n_probs": 2})
+                for p, n in work]
+
+    want = one_by_one(plain)
+    plain.stop()
+    for n_max in (3, 6):
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=n_max, **common)
+        got = one_by_one(spec)
+        assert sum(g["timings"].get("draft_n", 0) for g in got) > 0, f"n_max {n_max}: the draft never engaged"
+        for i, (p, s) in enumerate(zip(want, got)):
+            assert_same_or_near_tie(p, s["tokens"], f"strong conv, n_max {n_max}, request {i}")
+        spec.stop()
