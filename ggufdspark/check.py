@@ -62,6 +62,15 @@ class PairReport:
         have = self.precisions.get("draft")
         return best if best and have and have != best else None
 
+    def draft_precision_note(self) -> str | None:
+        """``with a Q4_K_M target a Q8_0 draft measured faster than F16 on an H200 (docs/quantize.md)``
+        when ``recommended_draft`` names one; else None."""
+        best = self.recommended_draft()
+        if best is None:
+            return None
+        return (f"with a {self.precisions['target']} target a {best} draft measured faster than "
+                f"{self.precisions['draft']} on an H200 (docs/quantize.md)")
+
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "draft": self.draft, "mmproj": self.mmproj, "ok": self.ok,
                 "precisions": self.precisions, "recommended_draft": self.recommended_draft(),

@@ -120,10 +120,12 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     info = eng.find_engine(server)
     warnings: list[str] = []
     report = None
+    precision_note = None
     checked_draft = None if no_draft else draft
     if model and (checked_draft or mmproj):
         rep = check_pair(model, checked_draft, mmproj)
         report = rep.to_dict()
+        precision_note = rep.draft_precision_note()
         if not rep.ok:
             if not force:
                 rep.raise_for_failures()
@@ -137,10 +139,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     decision = hardware.decide(devices, profile=prof, draft_n_max=draft_n_max, no_draft=no_draft or not use_draft,
                                parallel=parallel, load_aware=hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING),
                                draft_max_slots=draft_max_slots)
-    if decision.backend == "cuda" and decision.draft_enabled and report and report.get("recommended_draft"):
-        tq, dq = report["precisions"].get("target"), report["precisions"].get("draft")
-        decision.reasons.append(f"draft precision: with a {tq} target a {report['recommended_draft']} draft measured "
-                                f"faster than {dq} on an H200 (docs/quantize.md)")
+    if decision.backend == "cuda" and decision.draft_enabled and precision_note:
+        decision.reasons.append(f"draft precision: {precision_note}")
     if draft_max_slots and not hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING):
         warnings.append(f"--draft-max-slots {draft_max_slots}: {info.path} has no load-aware drafting "
                         f"(engine patch 0011); drafting stays on at every load")

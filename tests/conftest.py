@@ -118,14 +118,14 @@ def small_pair(pairs_root):
 
 @pytest.fixture(scope="session")
 def strong_conv_pair(pairs_root):
-    """The small pair with conv layers as strong as the rest (``TargetSpec.conv_scale``): a wrong
+    """The small pair with conv layers as strong as the rest (``TargetSpec.conv_std``): a wrong
     conv state after a verify changes its output, which the small pair's weak conv layers hide."""
     from dataclasses import replace
 
     from ggufdspark.synthetic import synth
     from ggufdspark.synthetic.pairs import build_pair
 
-    return build_pair(pairs_root, target_spec=replace(synth.SMALL_TARGET, conv_scale=1 / 0.3), name="strong-conv-lfm2")
+    return build_pair(pairs_root, target_spec=replace(synth.SMALL_TARGET, conv_std=(1.0, 1.0)), name="strong-conv-lfm2")
 
 
 @pytest.fixture(scope="session")

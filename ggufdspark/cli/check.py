@@ -43,9 +43,8 @@ def command(paths, model, draft, mmproj, as_json):
         n_bad = len(report.failures())
         click.echo(f"pair OK ({report.pair_label()})" if report.ok
                    else f"pair REFUSED: {n_bad} check(s) failed ({report.pair_label()})")
-        if report.ok and (best := report.recommended_draft()):
-            click.echo(f"note: with a {report.precisions['target']} target a {best} draft measured faster than "
-                       f"{report.precisions['draft']} on an H200 (docs/quantize.md)")
+        if report.ok and (note := report.draft_precision_note()):
+            click.echo(f"note: {note}")
     sys.exit(0 if report.ok else 1)
 
 

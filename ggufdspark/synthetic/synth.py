@@ -78,11 +78,10 @@ class TargetSpec:
     num_experts_per_tok: int = 0
     num_dense_layers: int = 0
     moe_intermediate_size: int = 0
-    # the conv layers' weight scale: 1 gives conv kernel std 0.3 and projections 0.5/sqrt(h), a few
-    # percent of the residual (every pair generated so far); 3.33 gives kernel std 1 and projections
-    # 1/sqrt(h) (capped there), strong enough that a wrong conv state changes the output
-    # (tests/test_parallel_spec.py's strong-conv pair)
-    conv_scale: float = 1.0
+    # the conv layers' weights: kernel std, and projection std times sqrt(hidden). (0.3, 0.5) leaves them
+    # a few percent of the residual (every pair generated so far); (1.0, 1.0) makes them strong enough
+    # that a wrong conv state changes the output (tests/test_parallel_spec.py's strong-conv pair)
+    conv_std: tuple[float, float] = (0.3, 0.5)
 
     @property
     def moe(self) -> bool:
@@ -244,11 +243,11 @@ def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF1
     for i, kind in enumerate(spec.layer_types()):
         p = f"model.layers.{i}."
         if kind == "conv":
-            k = spec.conv_scale
+            kernel_std, proj = spec.conv_std
             items += [(p + "conv.conv.weight", dtype, (h, 1, spec.conv_L_cache),
-                       w.normal((h, 1, spec.conv_L_cache), 0.3 * min(k, 1 / 0.3))),
-                      (p + "conv.in_proj.weight", dtype, (3 * h, h), w.normal((3 * h, h), 0.5 * min(k, 2.0) / np.sqrt(h))),
-                      (p + "conv.out_proj.weight", dtype, (h, h), w.normal((h, h), 0.5 * min(k, 2.0) / np.sqrt(h)))]
+                       w.normal((h, 1, spec.conv_L_cache), kernel_std)),
+                      (p + "conv.in_proj.weight", dtype, (3 * h, h), w.normal((3 * h, h), proj / np.sqrt(h))),
+                      (p + "conv.out_proj.weight", dtype, (h, h), w.normal((h, h), proj / np.sqrt(h)))]
         else:
             items += [(p + "self_attn.q_proj.weight", dtype, (h, h), w.normal((h, h), 1 / np.sqrt(h))),
                       (p + "self_attn.k_proj.weight", dtype, (kv * hd, h), w.normal((kv * hd, h), 1 / np.sqrt(h))),
