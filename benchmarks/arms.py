@@ -19,13 +19,14 @@ from pathlib import Path
 from ggufdspark import hardware
 from ggufdspark import measure as ms
 from ggufdspark.acceptance import geometric_rates
-from ggufdspark.gate import first_difference
+from ggufdspark.gate import first_difference, top_logprobs_by_position
 from ggufdspark.runners.server import ServerSettings
 
 PROMPT = ("Describe in detail how speculative decoding works with a small draft model and a large "
           "target model, what acceptance length means, and why the output is unchanged.")
 PUBLISHED_ACCEPT_LEN = 4.22  # the published VL-3B drafter, request mean (shared/DESIGN.md)
 CTX_MARGIN = 256  # per slot, beyond the generated tokens: the prompt and a draft block
+TRIAL_SEED = 1  # the server seeds a request's synthetic acceptance draws from its seed
 
 
 def published_rates(draft: str | Path, accept_len: float = PUBLISHED_ACCEPT_LEN) -> list[float]:
@@ -80,7 +81,8 @@ def measure_arm(name: str, settings: ServerSettings, log_dir: Path, *, levels: l
         prompt = c.tokenize(PROMPT)
         ms.warm(c)
         if 1 in levels:
-            outs = [ms.request(c, prompt, n_predict, ignore_eos=True) for _ in range(trials)]
+            # trial i seeds the synthetic acceptance draws with TRIAL_SEED + i: the same luck in every arm
+            outs = [ms.request(c, prompt, n_predict, ignore_eos=True, seed=TRIAL_SEED + i) for i in range(trials)]
             arm.runs = [o.timings.decode_tps for o in outs]
             arm.tps = statistics.median(arm.runs)
             lengths = [o.timings.accept_length for o in outs if o.timings.accept_length]
@@ -91,9 +93,10 @@ def measure_arm(name: str, settings: ServerSettings, log_dir: Path, *, levels: l
             arm.load[n] = ms.measure_load(c, [prompt], n, n_predict, ignore_eos=True).to_dict()
         if reference_tokens:
             ref = c.complete(prompt, n_predict=reference_tokens, n_probs=2, ignore_eos=True)
-            arm.reference = {"tokens": list(ref.tokens or []),
-                             "top2": [[t.get("logprob") for t in (p.get("top_logprobs") or [])[:2]]
-                                      for p in (ref.probs or [])]}
+            toks = list(ref.tokens or [])
+            by_pos = top_logprobs_by_position(toks, ref.probs or [])
+            arm.reference = {"tokens": toks,
+                             "top2": [[t.get("logprob") for t in by_pos.get(i, [])[:2]] for i in range(len(toks))]}
     return arm
 
 

@@ -42,9 +42,10 @@ PROMPT = ("Describe in detail how speculative decoding works with a small draft 
           "target model, what acceptance length means, and why the output is unchanged.")
 
 
-def one_request(client, tokens, n_predict):
+def one_request(client, tokens, n_predict, seed=None):
     t0 = time.perf_counter()
-    out = client.complete(tokens, n_predict=n_predict, ignore_eos=True)
+    extra = {} if seed is None else {"seed": seed}
+    out = client.complete(tokens, n_predict=n_predict, ignore_eos=True, **extra)
     return out, time.perf_counter() - t0
 
 
@@ -58,8 +59,9 @@ def run_arm(name, settings, args, *, concurrency=(1,), log_dir: Path):
         one_request(c, tokens, 32)  # warm-up (graphs, caches)
         if 1 in concurrency:
             tps, wall, acc = [], [], []
-            for _ in range(args.trials):
-                out, w = one_request(c, tokens, args.n_predict)
+            for trial in range(args.trials):
+                # the same synthetic acceptance draws in every arm: the server seeds them from the request
+                out, w = one_request(c, tokens, args.n_predict, seed=args.seed + trial)
                 tps.append(out.timings.decode_tps)
                 wall.append(w)
                 acc.append(out.timings.accept_length)
@@ -114,6 +116,8 @@ def main() -> None:
     ap.add_argument("--env-variants", default="",
                     help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each measured "
                          "at every draft length beside the default (e.g. 'GGML_CUDA_MMVF_MAX_N=8;GGML_CUDA_SMALL_SHAPES=1')")
+    ap.add_argument("--seed", type=int, default=1,
+                    help="trial i's request seed is SEED+i, so every arm draws the same synthetic acceptance")
     ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"), help="write the raw numbers here")
     ap.add_argument("--log-dir", type=Path, default=Path("dspark_speed_logs"), help="keep the server logs here")
     args = ap.parse_args()
@@ -177,13 +181,15 @@ def main() -> None:
     print(f"\nsynthetic acceptance: mean length {args.accept_len} at block {args.block}, per-position rates "
           f"[{', '.join(f'{x:.3f}' for x in rates)}] truncated per length; {args.n_predict} tokens, greedy, "
           f"median of {args.trials}\n")
-    print(f"{'arm':<58}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}")
+    print(f"{'arm':<58}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}{'ms/step':>9}")
     for r in results:
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
+        # a step makes accept-length tokens: its time, free of how lucky the acceptance draws were
+        step = f"{1000 * r['accept_length'] / r['decode_tps']:.2f}" if r.get("accept_length") else "-"
         label = r["arm"] + (f" [{r['variant']}]" if r.get("variant") else "")
         if r.get("env"):
             label = f"dspark-n{r['draft_n_max']} [{r['env']}]"
-        print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / base:>9.2f}x{al:>12}")
+        print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / base:>9.2f}x{al:>12}{step:>9}")
     if load:
         print(f"\n{'aggregate under load':<34}" + "".join(f"{'c' + str(c) + ' tok/s':>14}{'vs plain':>10}" for c in conc))
         for r in load:

@@ -111,6 +111,25 @@ class GateResult:
         return d
 
 
+def top_logprobs_by_position(tokens: list[int], probs: list[dict]) -> dict[int, list[dict]]:
+    """The ``top_logprobs`` of a completion by token position. llama-server lists probabilities per
+    piece of text it sends, and a token that ends inside a UTF-8 character waits for the next one:
+    that piece's entry is the last token's (its ``id``), and the held-back token has none. Entries
+    are matched to positions in order by their ``id``."""
+    if len(probs) == len(tokens):
+        return {i: e.get("top_logprobs") or [] for i, e in enumerate(probs)}
+    out: dict[int, list[dict]] = {}
+    t = 0
+    for e in probs:
+        while t < len(tokens) and tokens[t] != e.get("id"):
+            t += 1
+        if t == len(tokens):
+            break
+        out[t] = e.get("top_logprobs") or []
+        t += 1
+    return out
+
+
 def _probs_at(probe, i: int) -> list[dict] | None:
     """The ``top_logprobs`` of the probe's token ``i`` (its last: the probe asks for ``i + 1``). The
     server lists probabilities per piece of text it sends, and holds back tokens that end inside a

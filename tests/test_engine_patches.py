@@ -7,6 +7,8 @@ that happens not to care.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,18 +18,22 @@ import pytest
 HERE = Path(__file__).parent / "engine"
 
 
-def _compiled(engine, src: Path, out: Path) -> Path:
-    """``src`` compiled and linked against the engine build's ggml (headers from its source tree)."""
+def _compiled(engine, src: Path, out: Path, *, llama: bool = False) -> Path:
+    """``src`` compiled and linked against the engine build's ggml, and its libllama with ``llama``
+    (headers from its source tree)."""
     lib = Path(engine.lib_dir)
-    inc = lib.parent.parent / "src" / "ggml" / "include"
-    if not (inc / "ggml.h").is_file():
-        pytest.fail(f"{inc}: no ggml headers next to the engine build {engine.path} (rebuild it with "
-                    "'ggufdspark build-engine')")
+    tree = lib.parent.parent / "src"
+    incs = [tree / "ggml" / "include"] + ([tree / "include"] if llama else [])
+    for inc, header in zip(incs, ("ggml.h", "llama.h")):
+        if not (inc / header).is_file():
+            pytest.fail(f"{inc}: no {header} next to the engine build {engine.path} (rebuild it with "
+                        "'ggufdspark build-engine')")
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.fail("no C++ compiler (c++ or g++) on PATH: the engine's build needs one too")
-    p = subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(inc), str(src), "-L", str(lib), "-lggml", "-lggml-base",
-                        "-lggml-cpu", f"-Wl,-rpath,{lib}", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    libs = (["-lllama"] if llama else []) + ["-lggml", "-lggml-base", "-lggml-cpu"]
+    p = subprocess.run([cxx, "-std=c++17", "-O1", *(f"-I{i}" for i in incs), str(src), "-L", str(lib), *libs,
+                        f"-Wl,-rpath,{lib}", "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     return out
 
@@ -41,3 +47,23 @@ def test_conv_snapshots_by_set_rows_equal_one_copy_a_slot(dspark_engine, tmp_pat
     assert p.returncode == 0 and "28 cases, 0 mismatches" in p.stdout, p.stdout + p.stderr
     p = subprocess.run([str(exe), "--reversed"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "28 cases, 28 mismatches" in p.stdout, p.stdout + p.stderr
+
+
+def _rollback_run(exe: Path, target: Path, env: dict | None = None) -> tuple[float, float, bool]:
+    p = subprocess.run([str(exe), str(target)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **(env or {})})
+    m = re.search(r"max \|diff\| ([0-9.]+) of max \|logit\| ([0-9.]+), argmax (\d+) vs (\d+)", p.stdout)
+    assert p.returncode == 0 and m, p.stdout[-1000:] + p.stderr[-2000:]
+    return float(m[1]), float(m[2]), m[3] == m[4]
+
+
+def test_rollback_after_a_later_ubatch_moved_the_sequence(dspark_engine, strong_conv_pair, tmp_path):
+    """Patch 0019: one decode verifies 7 tokens of a sequence and then, in a second ubatch, 4 tokens
+    of two others, which moves the verified sequence's cell; rolled back by 4 afterwards, its next
+    logits equal those of a context that never saw the rejected tokens. With the patch switched off
+    (LLAMA_RS_SNAPSHOTS_MOVE=0: the pinned behaviour) they do not, so the check can fail."""
+    exe = _compiled(dspark_engine, HERE / "rollback_displaced.cpp", tmp_path / "rollback_displaced", llama=True)
+    diff, mag, same_argmax = _rollback_run(exe, strong_conv_pair.target)
+    assert diff <= 1e-3 * mag and same_argmax, f"after the rollback: max |diff| {diff} of max |logit| {mag}"
+    diff, mag, _ = _rollback_run(exe, strong_conv_pair.target, {"LLAMA_RS_SNAPSHOTS_MOVE": "0"})
+    assert diff > 0.05 * mag, f"with the snapshots left behind the logits still agree ({diff} of {mag}): the case no longer moves the cell"
