@@ -23,6 +23,8 @@
 #   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted;
 #   stage "kernels": Nsight Compute's device time per kernel over a window of drafted decode steps;
 #   stage "small-shapes": patch 0008's kernels (on by default) against GGML_CUDA_SMALL_SHAPES=0.
+#   stage "crash":   benchmarks/crash_hunt.py: RUNS fresh 8-slot servers under the families load,
+#                    and, if one died, again with CUDA graphs off and blocking launches (the kernel);
 #   stage "quant":   issue 15: benchmarks/quant_speed.py on the setup stage's pair, target
 #                    QUANT_TARGETS (F16 Q8_0 Q4_K_M) x draft F16/Q8_0, plain vs drafted at 1 and 8
 #                    requests (synthetic acceptance at the published profile), each combination's
@@ -202,6 +204,22 @@ cap)
         --json "$OUT/cap-lossless.json" --log-dir "$W/cap-real" 2>&1 | tail -n 4
     echo "== without the cap"
     $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/nocap.json" --log-dir "$W/nocap" 2>&1 | tail -n 6
+    ;;
+crash)
+    # issue 13, session 6: the intermittent "illegal memory access" in the drafter's CUDA graph with 8
+    # slots (benchmarks/crash_hunt.py): RUNS (12) fresh servers under the families benchmark's load at
+    # draft length LENGTHS (5); if any died, as many again with CUDA graphs off and blocking launches,
+    # so that the failing kernel's own launch reports it
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    hunt=(-m "$T" -md "$D" --server "$BIN" --gpu --runs "${RUNS:-12}" --n-max "${LENGTHS:-5}")
+    if ! $py benchmarks/crash_hunt.py "${hunt[@]}" --log-dir "$W/hunt" > "$OUT/crash.txt" 2>&1; then
+        tail -n 40 "$OUT/crash.txt"
+        echo "== again with GGML_CUDA_DISABLE_GRAPHS=1 CUDA_LAUNCH_BLOCKING=1"
+        $py benchmarks/crash_hunt.py "${hunt[@]}" --locate --log-dir "$W/hunt-locate" > "$OUT/crash-locate.txt" 2>&1
+        tail -n 40 "$OUT/crash-locate.txt"
+    else
+        tail -n 3 "$OUT/crash.txt"
+    fi
     ;;
 few-check)
     # patch 0012 (GGML_CUDA_MMV_FEW=R, the verify's mat-vec kernel for 2-8 columns, R rows a warp):

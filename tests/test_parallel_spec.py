@@ -158,3 +158,21 @@ def test_strong_conv_layers_one_slot_are_lossless(strong_conv_pair, start_server
         for i, (p, s) in enumerate(zip(want, got)):
             assert_same_or_near_tie(p, s["tokens"], f"strong conv, n_max {n_max}, request {i}")
         spec.stop()
+
+
+def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engine, tmp_path):
+    """benchmarks/crash_hunt.py (the H200 abort of session 6): fresh drafted servers under the
+    families benchmark's load, one line a run and the count of deaths; a healthy engine, none."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, str(repo / "benchmarks" / "crash_hunt.py"), "-m", str(small_pair.target),
+                        "-md", str(small_pair.draft), "--server", dspark_engine.path, "--runs", "2", "--slots", "4",
+                        "--n-predict", "16", "--log-dir", str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "run 0: ok" in p.stdout and "run 1: ok" in p.stdout, p.stdout
+    assert "0 of 2 servers died (4 slots, n_max 5, default environment)" in p.stdout, p.stdout
+    assert (tmp_path / "logs" / "run1.log").is_file()
