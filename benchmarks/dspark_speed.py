@@ -110,6 +110,9 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=9, help="block size the synthetic rates are spread over")
     ap.add_argument("--lengths", default="1,2,3,4,5,6,7,8,9", help="draft lengths (n_max) to measure, comma-separated")
     ap.add_argument("--concurrency", default="8,32", help="parallel-request levels, comma-separated")
+    ap.add_argument("--load-lengths", default="",
+                    help="draft lengths measured at the --concurrency levels, comma-separated (default: the best "
+                         "length at one request and --block)")
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="extra llama-server argument for every arm, plain included (repeat; e.g. --engine-arg=-bs)")
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
@@ -169,8 +172,9 @@ def main() -> None:
         print(f"variant {v!r}: {r['decode_tps']:.1f} tok/s", file=sys.stderr)
     load = []
     if conc:
-        for name, n in (("plain", None), (f"dspark-n{best['draft_n_max']}", best["draft_n_max"]),
-                        (f"dspark-n{args.block}", args.block)):
+        load_lengths = ([int(x) for x in args.load_lengths.split(",") if x.strip()]
+                        or list(dict.fromkeys([best["draft_n_max"], args.block])))
+        for name, n in [("plain", None)] + [(f"dspark-n{k}", k) for k in load_lengths]:
             r = run_arm(f"{name}-np{max_np}", settings(n, parallel=max_np), args, concurrency=conc,
                         log_dir=args.log_dir)
             r["draft_n_max"] = n

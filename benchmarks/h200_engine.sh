@@ -23,6 +23,7 @@
 #   stage "profile": LLAMA_SPEC_PROFILE=1 per-phase step accounting, plain and drafted;
 #   stage "kernels": Nsight Compute's device time per kernel over a window of drafted decode steps;
 #   stage "small-shapes": patch 0008's kernels (on by default) against GGML_CUDA_SMALL_SHAPES=0.
+#   stage "schedule": patch 0021: n_max LONG and SHORT at 1/8/32 requests, and LONG cut by SCHEDULE;
 #   stage "crash":   benchmarks/crash_hunt.py: RUNS fresh 8-slot servers under the families load,
 #                    and, if one died, again with CUDA graphs off and blocking launches (the kernel);
 #   stage "quant":   issue 15: benchmarks/quant_speed.py on the setup stage's pair, target
@@ -152,6 +153,20 @@ load)
     $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 \
         --lengths ${LENGTHS:-4,5,6} --concurrency 8,32 --block ${BLOCK:-9} \
         --json "$OUT/load.json" --log-dir "$W/load" 2>&1 | tee "$OUT/load.txt" | tail -n 16
+    ;;
+schedule)
+    # patch 0021 (--spec-draft-n-max-by-slots): one draft length for every load against a length cut
+    # as the load grows; plain, n_max LONG (7) and SHORT (5) at 1, 8 and 32 requests at once, then
+    # LONG cut by SCHEDULE (1:5,8:4: to 5 above 1 generating slot, to 4 above 8) in every arm
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    sp=(--gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 --concurrency 8,32)
+    echo "== n_max ${LONG:-7} and ${SHORT:-5} at every load"
+    $py benchmarks/dspark_speed.py "${sp[@]}" --lengths "${LONG:-7},${SHORT:-5}" --load-lengths "${LONG:-7},${SHORT:-5}" \
+        --json "$OUT/schedule-fixed.json" --log-dir "$W/sched-fixed" 2>&1 | tail -n 14
+    echo "== n_max ${LONG:-7} cut by --spec-draft-n-max-by-slots ${SCHEDULE:-1:5,8:4}"
+    $py benchmarks/dspark_speed.py "${sp[@]}" --lengths "${LONG:-7}" --load-lengths "${LONG:-7}" \
+        --engine-arg=--spec-draft-n-max-by-slots --engine-arg="${SCHEDULE:-1:5,8:4}" \
+        --json "$OUT/schedule-cut.json" --log-dir "$W/sched-cut" 2>&1 | tail -n 12
     ;;
 speed)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)

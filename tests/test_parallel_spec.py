@@ -132,6 +132,39 @@ def test_drafts_pause_while_more_slots_generate_than_the_limit(small_pair, start
         assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output with drafts paused under load")
 
 
+def _drafted_per_step(timings: dict) -> float:
+    """Drafted tokens per verify step: a step commits the accepted drafts and one more token, and
+    the first token comes from the prompt."""
+    steps = timings["predicted_n"] - 1 - timings.get("draft_n_accepted", 0)
+    return timings.get("draft_n", 0) / max(steps, 1)
+
+
+def test_drafts_are_cut_while_more_slots_generate(strong_conv_pair, start_server):
+    """Patch 0021 (--spec-draft-n-max-by-slots 2:2): while more than 2 slots generate, drafts are cut
+    to 2 tokens (n_max 6); a request alone drafts 6 again; output stays the plain server's."""
+    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = workload(vocab, seed=13)[:SLOTS]
+    alone = ([t % vocab for t in range(60, 160)], 48)
+    want = serve_all(plain, work + [alone])
+    plain.stop()
+
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, 2)], **common)
+    got = serve_all(spec, work)
+    last = serve_all(spec, [alone])[0]
+    spec.wait_for_log(r"drafts cut to 2 tokens: [3-8] slots generating \(--spec-draft-n-max-by-slots\)")
+    spec.wait_for_log(r"drafts no longer cut: [0-2] slots generating")
+    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
+    for i, (p, s) in enumerate(zip(want, got + [last])):
+        assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
+        assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output with drafts cut under load")
+    wave = sum(g["timings"].get("draft_n", 0) for g in got) / sum(
+        max(g["timings"]["predicted_n"] - 1 - g["timings"].get("draft_n_accepted", 0), 1) for g in got)
+    assert wave < 4.0, f"{SLOTS} requests at once drafted {wave:.2f} tokens a step: the cut to 2 did not hold"
+    assert _drafted_per_step(last["timings"]) > 5.0, f"a request alone drafted {last['timings']}: not 6 a step"
+
+
 def test_strong_conv_layers_one_slot_are_lossless(strong_conv_pair, start_server):
     """One slot, requests one after the other, draft lengths 3 and 6, on a pair whose conv layers move
     the output: a verify's conv-state snapshots and the rollback to them must leave greedy output

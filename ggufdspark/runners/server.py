@@ -68,6 +68,8 @@ class ServerSettings:
     draft_p_min: float | None = None
     # new drafts pause while more slots than this generate (engine patch 0011; None: no limit)
     draft_max_slots: int | None = None
+    # drafts cut to L tokens while more than N slots generate, as (N, L) pairs (engine patch 0021)
+    draft_n_max_by_slots: list[tuple[int, int]] | None = None
     n_gpu_layers: int | str | None = None
     n_gpu_layers_draft: int | str | None = None
     flash_attn: str | None = None
@@ -123,6 +125,8 @@ class ServerSettings:
                 a += ["--spec-draft-p-min", str(self.draft_p_min)]
             if self.draft_max_slots is not None:
                 a += ["--spec-draft-max-slots", str(self.draft_max_slots)]
+            if self.draft_n_max_by_slots:
+                a += ["--spec-draft-n-max-by-slots", ",".join(f"{n}:{k}" for n, k in self.draft_n_max_by_slots)]
             if self.n_gpu_layers_draft is not None:
                 a += ["-ngld", str(self.n_gpu_layers_draft)]
             if self.synth_len is not None:
