@@ -109,17 +109,23 @@ def test_repacked_weights_serve_many_sequences_at_once(pairs_root, start_server)
         srv.stop()
 
 
+def wave_then_alone(pair, start_server, *, seed: int, first: int):
+    """The settings of an 8-slot server of ``pair``, one wave of SLOTS requests, one request of 100
+    tokens from ``first`` on to send alone after it, and the plain server's answers to all of them."""
+    common = dict(model=pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = workload(vocab, seed=seed)[:SLOTS]
+    alone = ([t % vocab for t in range(first, first + 100)], 48)
+    want = serve_all(plain, work + [alone])
+    plain.stop()
+    return common, work, alone, want
+
+
 def test_drafts_pause_while_more_slots_generate_than_the_limit(small_pair, start_server):
     """Patch 0011 (--spec-draft-max-slots): with more slots generating than the limit, no slot starts a
     new draft; output stays the plain server's; a request alone afterwards drafts again."""
-    common = dict(model=small_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
-    plain = start_server(spec_type=None, **common)
-    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
-    work = workload(vocab, seed=11)[:SLOTS]
-    alone = ([rng_token % vocab for rng_token in range(40, 140)], 48)
-    want = serve_all(plain, work + [alone])
-    plain.stop()
-
+    common, work, alone, want = wave_then_alone(small_pair, start_server, seed=11, first=40)
     spec = start_server(draft=small_pair.draft, draft_n_max=4, draft_max_slots=2, **common)
     got = serve_all(spec, work)  # one wave of SLOTS requests: above the limit until 2 are left
     last = serve_all(spec, [alone])[0]
@@ -142,14 +148,7 @@ def _drafted_per_step(timings: dict) -> float:
 def test_drafts_are_cut_while_more_slots_generate(strong_conv_pair, start_server):
     """Patch 0021 (--spec-draft-n-max-by-slots 2:2): while more than 2 slots generate, drafts are cut
     to 2 tokens (n_max 6); a request alone drafts 6 again; output stays the plain server's."""
-    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
-    plain = start_server(spec_type=None, **common)
-    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
-    work = workload(vocab, seed=13)[:SLOTS]
-    alone = ([t % vocab for t in range(60, 160)], 48)
-    want = serve_all(plain, work + [alone])
-    plain.stop()
-
+    common, work, alone, want = wave_then_alone(strong_conv_pair, start_server, seed=13, first=60)
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, 2)], **common)
     got = serve_all(spec, work)
     last = serve_all(spec, [alone])[0]
