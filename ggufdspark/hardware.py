@@ -49,6 +49,7 @@ OTHER_GPU = BackendDefaults(8, True, "on", "other GPU backend: Metal's value, un
 AMX_BATCH_FIX = "ggml-cpu-amx-batched-mul_mat-offsets"
 # The patch that gives llama-server --spec-draft-max-slots (docs/engine-patches.md, 0011).
 LOAD_AWARE_DRAFTING = "spec-draft-max-slots"
+DRAFT_CUT_BY_LOAD = "spec-draft-n-max-by-slots"  # patch 0021
 
 
 def has_patch(engine: EngineInfo | None, name: str) -> bool:

@@ -70,6 +70,29 @@ def _check_range(name: str, value: int | None, lo: int, hi: int | None) -> None:
         raise InvalidArgumentError(f"{name} {value!r}: expected {expected}")
 
 
+def parse_draft_cut(text: str) -> list[tuple[int, int]]:
+    """``"2:5,8:3"`` -> ``[(2, 5), (8, 3)]``: with more than N slots generating, drafts of at most L
+    tokens (``--spec-draft-n-max-by-slots``, engine patch 0021).
+
+    Raises:
+        InvalidArgumentError: not N:L pairs of integers, N not ascending from 0, or L outside the
+            draft length range.
+    """
+    steps: list[tuple[int, int]] = []
+    for item in (x.strip() for x in text.split(",")):
+        n, sep, length = item.partition(":")
+        try:
+            step = (int(n), int(length)) if sep else None
+        except ValueError:
+            step = None
+        if step is None or step[0] < 0 or (steps and step[0] <= steps[-1][0]) \
+                or not DRAFT_N_MAX_RANGE[0] <= step[1] <= DRAFT_N_MAX_RANGE[1]:
+            raise InvalidArgumentError(f"draft_n_max_by_slots {text!r}: {item!r} is not N:L (N >= 0 ascending, "
+                                       f"L {DRAFT_N_MAX_RANGE[0]}..{DRAFT_N_MAX_RANGE[1]})")
+        steps.append(step)
+    return steps
+
+
 def check_host(host: str) -> str:
     """``host`` if it is an IP address or a host name that resolves.
 
@@ -95,7 +118,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
          api_key: str | None = None, draft_n_max: int | None = None, no_draft: bool = False,
          force: bool = False, server: str | Path | None = None, ctx_size: int | None = 4096,
          parallel: int | None = 1, extra_args: list[str] | None = None,
-         use_profile: bool = True, draft_max_slots: int | None = None, ui: bool = True) -> ServePlan:
+         use_profile: bool = True, draft_max_slots: int | None = None, ui: bool = True,
+         draft_n_max_by_slots: str | None = None) -> ServePlan:
     """Check the pair and decide the llama-server command line (nothing is started).
 
     With ``ui`` (the default) the chat UI built by ``build-engine`` (``ggufdspark.webui``) is served
@@ -114,6 +138,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     _check_range("ctx_size", ctx_size, 0, None)
     _check_range("parallel", parallel, 1, None)
     _check_range("draft_max_slots", draft_max_slots, 0, None)
+    draft_cut = parse_draft_cut(draft_n_max_by_slots) if draft_n_max_by_slots else None
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
@@ -144,6 +169,18 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if draft_max_slots and not hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING):
         warnings.append(f"--draft-max-slots {draft_max_slots}: {info.path} has no load-aware drafting "
                         f"(engine patch 0011); drafting stays on at every load")
+    if draft_cut and decision.draft_enabled:
+        if not hardware.has_patch(info, hardware.DRAFT_CUT_BY_LOAD):
+            warnings.append(f"--draft-n-max-by-slots {draft_n_max_by_slots}: {info.path} cannot cut drafts by load "
+                            f"(engine patch 0021); every draft stays at n_max {decision.draft_n_max}")
+            draft_cut = None
+        elif draft_cut[0][0] >= (parallel or 1):
+            warnings.append(f"--draft-n-max-by-slots {draft_n_max_by_slots}: never more than {parallel or 1} slots "
+                            f"generate (-np), so no draft is ever cut")
+            draft_cut = None
+        else:
+            decision.reasons.append("drafts cut by load (--draft-n-max-by-slots): "
+                                    + ", ".join(f"to {k} above {n} generating slots" for n, k in draft_cut))
     if (hf or hfd) and not (model and draft):
         warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
                         "(download it and run 'ggufdspark check' to see every reason a pair fails)")
@@ -154,6 +191,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         draft_n_max=decision.draft_n_max if decision.draft_enabled else None,
         draft_n_min=0 if decision.draft_enabled else None,
         draft_max_slots=decision.draft_max_slots if decision.draft_enabled else None,
+        draft_n_max_by_slots=draft_cut if decision.draft_enabled else None,
         n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None,
         n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if decision.offload and decision.draft_enabled else None,
         flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,

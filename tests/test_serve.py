@@ -235,6 +235,24 @@ def test_a_pair_is_named_the_same_way_in_every_verb(ggufdspark_cli, small_pair):
         assert "-m, --model, --target" in h.stdout and "-md, --draft" in h.stdout, h.stdout
 
 
+def test_serve_cuts_drafts_by_load(ggufdspark_cli, small_pair):
+    """--draft-n-max-by-slots N:L,... reaches the engine (patch 0021) when more than the first N slots
+    are served; a schedule that never engages is said and dropped; a malformed one is refused in one
+    line naming it."""
+    base = ("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run")
+    p = ggufdspark_cli(*base, "-np", "8", "--draft-n-max-by-slots", "2:2,4:1")
+    assert p.returncode == 0, p.stderr
+    assert "--spec-draft-n-max-by-slots 2:2,4:1" in p.stdout and "-np 8" in p.stdout
+    assert "drafts cut by load (--draft-n-max-by-slots): to 2 above 2 generating slots, to 1 above 4" in p.stderr
+    p = ggufdspark_cli(*base, "-np", "2", "--draft-n-max-by-slots", "2:2")
+    assert p.returncode == 0 and "--spec-draft-n-max-by-slots" not in p.stdout, p.stdout
+    assert "never more than 2 slots generate (-np), so no draft is ever cut" in p.stderr
+    for bad in ("2:0", "4:2,2:1", "2", "a:b"):
+        p = ggufdspark_cli(*base, "-np", "8", "--draft-n-max-by-slots", bad)
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        assert p.returncode == 2 and len(lines) == 1 and repr(bad) in lines[0], (bad, p.stderr)
+
+
 def test_serve_pauses_drafts_above_a_slot_limit(ggufdspark_cli, small_pair):
     """--draft-max-slots N reaches the engine (patch 0011) only when more than N slots are served;
     0 means no limit; the CPU table has no limit of its own (not measured there)."""

@@ -29,6 +29,9 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--draft-n-max", type=click.IntRange(*serve_lib.DRAFT_N_MAX_RANGE), help="Override the draft length.")
 @click.option("--draft-max-slots", type=click.IntRange(0),
               help="Pause new drafts while more than N slots generate (0: never; default: measured per backend).")
+@click.option("--draft-n-max-by-slots", metavar="N:L[,N:L...]",
+              help="Cut drafts to L tokens while more than N slots generate, e.g. 2:5,8:3 (engine patch 0021; "
+                   "default: no cut).")
 @click.option("--no-draft", is_flag=True, help="Serve the target alone.")
 @click.option("--force", is_flag=True, help="Serve even if 'check' fails (loudly).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
@@ -49,7 +52,8 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
 @click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_max_slots, no_draft, force, server,
+def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_max_slots, draft_n_max_by_slots,
+            no_draft, force, server,
             ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, as_json, no_ui, open_page,
             extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
@@ -64,7 +68,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
                        draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
                        ctx_size=ctx_size, parallel=parallel, extra_args=list(extra), use_profile=not no_profile,
-                       draft_max_slots=draft_max_slots, ui=not no_ui)
+                       draft_max_slots=draft_max_slots, ui=not no_ui, draft_n_max_by_slots=draft_n_max_by_slots)
     keyed = bool(p.settings.api_keys())
     if keyed and p.ui and open_page:
         raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
