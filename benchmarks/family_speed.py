@@ -195,6 +195,8 @@ def main(argv=None) -> int:
         fdir.mkdir(parents=True, exist_ok=True)
         logs = a.dir / "logs" / fam
         logs.mkdir(parents=True, exist_ok=True)
+        for old in logs.glob("*.log"):  # the engine appends: a crash log must hold this run's server only
+            old.unlink()
         files: dict = {}
         try:
             if fam in given:
