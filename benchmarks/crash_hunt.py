@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks import arms  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
-from benchmarks.engine_env import environ  # noqa: E402
+from benchmarks.engine_env import environ, parse_env  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.errors import BenchError  # noqa: E402
 
@@ -37,9 +39,6 @@ _FRAME = re.compile(r"\((_Z[^+)]+)")
 def death_report(log: Path, lines: int = 12) -> list[str]:
     """The error lines of a dead server's log and the function names of its backtrace (mangled
     names made readable by ``c++filt`` when it is there)."""
-    import shutil
-    import subprocess
-
     text = log.read_text(errors="replace").splitlines()
     errors = [x for x in text if " E " in x or "CUDA error" in x or "GGML_ASSERT" in x][:lines]
     frames = [m[1] for x in text if (m := _FRAME.search(x))][:lines * 2]
@@ -62,7 +61,10 @@ def main() -> int:
     a = ap.parse_args()
     if a.runs < 1 or a.slots < 1 or a.n_max < 1:
         ap.error("--runs, --slots and --n-max must be at least 1")
-    env = dict(kv.split("=", 1) for kv in a.env.split(",") if "=" in kv)
+    try:
+        env = parse_env(a.env)
+    except ValueError as e:
+        ap.error(f"--env: {e}")
     if a.locate:
         env.update(LOCATE_ENV)
     a.log_dir.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
-from benchmarks.engine_env import environ  # noqa: E402
+from benchmarks.engine_env import environ, parse_env  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
@@ -92,11 +92,10 @@ def parse_env_variants(text: str) -> list[dict[str, str]]:
     for group in (g.strip() for g in text.split(";")):
         if not group:
             continue
-        pairs = [kv.strip() for kv in group.split(",") if kv.strip()]
-        bad = [kv for kv in pairs if "=" not in kv]
-        if bad:
-            raise SystemExit(f"dspark_speed: --env-variants: {bad[0]!r} is not NAME=VALUE")
-        out.append(dict(kv.split("=", 1) for kv in pairs))
+        try:
+            out.append(parse_env(group))
+        except ValueError as e:
+            raise SystemExit(f"dspark_speed: --env-variants: {e}") from None
     return out
 
 

@@ -21,3 +21,16 @@ def environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """``"A=1,B=8"`` -> ``{"A": "1", "B": "8"}`` (empty items skipped).
+
+    Raises:
+        ValueError: an item is not NAME=VALUE (the message names it).
+    """
+    pairs = [kv.strip() for kv in text.split(",") if kv.strip()]
+    bad = [kv for kv in pairs if "=" not in kv]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not NAME=VALUE")
+    return dict(kv.split("=", 1) for kv in pairs)

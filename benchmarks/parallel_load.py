@@ -36,7 +36,7 @@ from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
-from benchmarks.engine_env import environ  # noqa: E402
+from benchmarks.engine_env import environ, parse_env  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
 
 INVALID_MARKERS = ("invalid draft token", "invalid drafted token")
@@ -184,7 +184,10 @@ def main() -> int:
                 extra_args=[] if a.gpu or a.repack else ["--no-repack"])
     if a.gpu:
         base.update(n_gpu_layers=99, n_gpu_layers_draft=99, flash_attn="on")
-    env = dict(kv.split("=", 1) for kv in a.env.split(",") if kv)
+    try:
+        env = parse_env(a.env)
+    except ValueError as e:
+        ap.error(f"--env: {e}")
     results: list[RunResult] = []
     for run in range(a.runs):
         work = make_workload(n_req, vocab, (lo, hi), (glo, ghi), seed=run, shared_prefix=a.shared_prefix)

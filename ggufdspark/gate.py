@@ -114,33 +114,26 @@ class GateResult:
 def top_logprobs_by_position(tokens: list[int], probs: list[dict]) -> dict[int, list[dict]]:
     """The ``top_logprobs`` of a completion by token position. llama-server lists probabilities per
     piece of text it sends, and a token that ends inside a UTF-8 character waits for the next one:
-    that piece's entry is the last token's (its ``id``), and the held-back token has none. Entries
-    are matched to positions in order by their ``id``."""
+    that piece's entry is its last token's (its ``id``), and the held-back tokens have none. Entries
+    are matched to positions from the end, so an entry goes to the last token of its piece."""
     if len(probs) == len(tokens):
         return {i: e.get("top_logprobs") or [] for i, e in enumerate(probs)}
     out: dict[int, list[dict]] = {}
-    t = 0
-    for e in probs:
-        while t < len(tokens) and tokens[t] != e.get("id"):
-            t += 1
-        if t == len(tokens):
+    t = len(tokens) - 1
+    for e in reversed(probs):
+        while t >= 0 and tokens[t] != e.get("id"):
+            t -= 1
+        if t < 0:
             break
         out[t] = e.get("top_logprobs") or []
-        t += 1
+        t -= 1
     return out
 
 
 def _probs_at(probe, i: int) -> list[dict] | None:
-    """The ``top_logprobs`` of the probe's token ``i`` (its last: the probe asks for ``i + 1``). The
-    server lists probabilities per piece of text it sends, and holds back tokens that end inside a
-    UTF-8 character, so the list can be shorter than the tokens: then only an entry whose ``id`` is
-    token ``i`` counts (the last one, which the end of generation flushes)."""
-    probs, toks = probe.probs or [], list(probe.tokens or [])
-    if len(probs) == len(toks) and i < len(probs):
-        return probs[i].get("top_logprobs")
-    if len(toks) == i + 1 and probs and probs[-1].get("id") == toks[i]:
-        return probs[-1].get("top_logprobs")
-    return None
+    """The ``top_logprobs`` of the probe's token ``i`` (its last: the probe asks for ``i + 1``), or
+    None when the server sent none for it."""
+    return top_logprobs_by_position(list(probe.tokens or []), probe.probs or []).get(i)
 
 
 def run_gate(client: Client, turns: list[Turn], plain: list[Outcome], spec: list[Outcome],
