@@ -128,6 +128,10 @@ def main() -> None:
     rates = geometric_rates(args.accept_len, args.block)
     env_variants = parse_env_variants(args.env_variants)
     conc = [int(x) for x in args.concurrency.split(",") if x]
+    try:
+        load_lengths = [int(x) for x in args.load_lengths.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--load-lengths {args.load_lengths!r}: expected draft lengths, comma-separated")
     max_np = max(conc + [1])
 
     def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1):
@@ -171,8 +175,7 @@ def main() -> None:
         print(f"variant {v!r}: {r['decode_tps']:.1f} tok/s", file=sys.stderr)
     load = []
     if conc:
-        load_lengths = ([int(x) for x in args.load_lengths.split(",") if x.strip()]
-                        or list(dict.fromkeys([best["draft_n_max"], args.block])))
+        load_lengths = load_lengths or list(dict.fromkeys([best["draft_n_max"], args.block]))
         for name, n in [("plain", None)] + [(f"dspark-n{k}", k) for k in load_lengths]:
             r = run_arm(f"{name}-np{max_np}", settings(n, parallel=max_np), args, concurrency=conc,
                         log_dir=args.log_dir)

@@ -207,3 +207,20 @@ def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engi
     assert "run 0: ok" in p.stdout and "run 1: ok" in p.stdout, p.stdout
     assert "0 of 2 servers died (4 slots, n_max 5, default environment)" in p.stdout, p.stdout
     assert (tmp_path / "logs" / "run1.log").is_file()
+
+
+def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
+    """A malformed --env (crash_hunt.py, parallel_load.py) or --load-lengths (dspark_speed.py) is
+    refused before any server starts: exit 2, one line naming the value."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
+    for script, args, said in (("crash_hunt.py", ["--env", "FOO"], "--env: 'FOO' is not NAME=VALUE"),
+                               ("parallel_load.py", ["--env", "A=1,B"], "--env: 'B' is not NAME=VALUE"),
+                               ("dspark_speed.py", ["--load-lengths", "5,x"], "--load-lengths '5,x': expected draft lengths")):
+        p = subprocess.run([sys.executable, str(bench / script), *pair, *args, "--log-dir", str(tmp_path / script)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (script, p.stderr)
