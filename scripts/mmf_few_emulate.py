@@ -98,9 +98,10 @@ def mul_mat_f_few(w: np.ndarray, x: np.ndarray, rt: int, kp: int) -> np.ndarray:
 def main() -> int:
     rng = np.random.default_rng(0)
     worst = 0.0
-    # (rows, k, columns, RT, KP): the three variants, tails of rows and k-blocks, 1 and 2 column tiles
+    # (rows, k, columns, RT, KP): the four variants, tails of rows and k-blocks, 1 and 2 column tiles
     for m, k, n, rt, kp in [(64, 256, 6, 2, 4), (40, 96, 3, 1, 8), (100, 1024, 8, 4, 2), (48, 32, 2, 2, 4),
-                            (33, 640, 7, 2, 4), (64, 256, 12, 2, 4), (40, 352, 16, 1, 8), (50, 96, 9, 4, 2)]:
+                            (33, 640, 7, 2, 4), (64, 256, 12, 2, 4), (40, 352, 16, 1, 8), (50, 96, 9, 4, 2),
+                            (48, 1024, 6, 1, 16), (40, 256, 11, 1, 16)]:
         w, x = rng.standard_normal((m, k)), rng.standard_normal((n, k))
         err = float(np.max(np.abs(mul_mat_f_few(w, x, rt, kp) - x @ w.T)))
         worst = max(worst, err)
