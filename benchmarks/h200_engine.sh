@@ -24,9 +24,9 @@
 #   stage "kernels": Nsight Compute's device time per kernel over a window of drafted decode steps;
 #   stage "small-shapes": patch 0008's kernels (on by default) against GGML_CUDA_SMALL_SHAPES=0.
 #   stage "schedule": patch 0021: n_max LONG and SHORT at 1/8/32 requests, and LONG cut by SCHEDULE;
-#   stage "mmf-few-check": patch 0022 (GGML_CUDA_MMF_FEW=1,2,3, tensor-core kernel for 2-8 columns)
+#   stage "mmf-few-check": patch 0022 (GGML_CUDA_MMF_FEW=FEW_VARIANTS, tensor-core kernel for 2-16 columns)
 #                    through test-backend-ops: results against the CPU backend, speed at the verify's shapes;
-#   stage "mmf-few": patch 0022 in the server: one request at LENGTHS (5,7), variants 1-3 vs default;
+#   stage "mmf-few": patch 0022 in the server: one request at LENGTHS (5,7), variants 2 and 4 vs default;
 #   stage "crash":   benchmarks/crash_hunt.py: RUNS fresh 8-slot servers under the families load,
 #                    and, if one died, again with CUDA graphs off and blocking launches (the kernel);
 #   stage "quant":   issue 15: benchmarks/quant_speed.py on the setup stage's pair, target
@@ -280,13 +280,13 @@ mmf-few-check)
     # patch 0022 (GGML_CUDA_MMF_FEW=V: 2-8 columns on tensor cores, weights streamed like a mat-vec):
     # results against the CPU backend for every variant, and the speed at the verify's own shapes
     # (patch 0014's perf cases) against the default selection (mul_mat_f with split-K)
-    kernel_check GGML_CUDA_MMF_FEW "1 2 3" "type_a=f16,type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144),"
+    kernel_check GGML_CUDA_MMF_FEW "${FEW_VARIANTS:-2 4}" "type_a=f16,type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," "${FEW_VARIANTS:-2 4}"
     ;;
 mmf-few)
     # patch 0022 in the server: one request at draft lengths LENGTHS with each variant against the
     # default (the plain arm does not use it: one column); under load see the load stage with
     # GGML_CUDA_MMF_FEW exported (plain at 8 and 32 slots uses it too)
-    ENV_VARIANTS=${ENV_VARIANTS:-GGML_CUDA_MMF_FEW=1;GGML_CUDA_MMF_FEW=2;GGML_CUDA_MMF_FEW=3} LENGTHS=${LENGTHS:-5,7} STAGES=arms bash "$0"
+    ENV_VARIANTS=${ENV_VARIANTS:-GGML_CUDA_MMF_FEW=2;GGML_CUDA_MMF_FEW=4;GGML_CUDA_MMF_FEW=2,GGML_CUDA_MMF_FEW_MIN_ROWS=4096;GGML_CUDA_MMF_FEW=4,GGML_CUDA_MMF_FEW_MIN_ROWS=4096} LENGTHS=${LENGTHS:-5,7} STAGES=arms bash "$0"
     ;;
 few)
     # patch 0012 in the server: the speed arms (R = 1, 2, 4 against the default) and the step profile

@@ -30,11 +30,14 @@ class BackendDefaults:
 # The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
 DEFAULTS: dict[str, BackendDefaults] = {
     # Measured on one H200 with the patched engine (docs/engine-patches.md, docs/benchmarks.md),
-    # full-size pair, published acceptance profile: lengths 4-6 at 1.15-1.38x in two runs (5: 1.26x
-    # and 1.29x), the trained block size 9 at 1.11x; under load at 32 slots 5 held 1.02x, 9 lost.
+    # full-size LFM2.5-VL-3B-shaped pair, published acceptance profile with seeded draws: length 7
+    # was the fastest at one request in all four runs of sessions 6-7 (1.93x, 1.89x, 1.81x, 1.85x;
+    # 5: 1.67-1.68x, 6: 1.70-1.73x, 8: 1.76x, 9: 1.74x) and no worse under load (session 7, one run:
+    # 1.09x at 8 requests against 0.98x at 5, 0.85x at 32 for both). The families (docs/families.md):
+    # 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5 (1.76x vs 1.68x): tune there.
     # No slot limit: pausing new drafts above 8 generating slots (patch 0011) measured 0.90x of plain
     # at 16 requests and 0.88x at 32, against 1.23x and 0.97x drafting at every load (one run).
-    "cuda": BackendDefaults(5, True, "on", "CUDA: draft length 5 measured best on an H200 (docs/benchmarks.md)"),
+    "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)"),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core
