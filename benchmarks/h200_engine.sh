@@ -277,7 +277,7 @@ splitk)
     GGML_CUDA_MMF_SPLIT_K=${SPLIT_K:-4} OUT=$OUT/splitk-profile STAGES=profile bash "$0"
     ;;
 mmf-few-check)
-    # patch 0022 (GGML_CUDA_MMF_FEW=V: 2-8 columns on tensor cores, weights streamed like a mat-vec):
+    # patch 0022 (GGML_CUDA_MMF_FEW=V: 2-16 columns on tensor cores, weights streamed like a mat-vec):
     # results against the CPU backend for every variant, and the speed at the verify's own shapes
     # (patch 0014's perf cases) against the default selection (mul_mat_f with split-K)
     kernel_check GGML_CUDA_MMF_FEW "${FEW_VARIANTS:-2 4}" "type_a=f16,type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," "${FEW_VARIANTS:-2 4}"
