@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,22 @@ def test_rollback_after_a_later_ubatch_moved_the_sequence(dspark_engine, strong_
     assert diff <= 1e-3 * mag and same_argmax, f"after the rollback: max |diff| {diff} of max |logit| {mag}"
     diff, mag, _ = _rollback_run(exe, strong_conv_pair.target, {"LLAMA_RS_SNAPSHOTS_MOVE": "0"})
     assert diff > 0.05 * mag, f"with the snapshots left behind the logits still agree ({diff} of {mag}): the case no longer moves the cell"
+
+
+def test_mmf_few_index_logic_emulated_for_every_variant_of_patch_0022():
+    """Patch 0022's CUDA kernel cannot run here; its index logic (fragment mapping, k permutation,
+    tails, column tiles, the k phases' sum) is replayed lane by lane by scripts/mmf_few_emulate.py.
+    Every (row tiles, k phases) variant the patch launches must be among those emulated."""
+    repo = Path(__file__).resolve().parent.parent
+    patch = next((repo / "ggufdspark" / "data" / "patches").glob("0022-*.patch"), None)
+    if patch is None:
+        pytest.fail("ggufdspark/data/patches has no 0022-*.patch (the few-column tensor-core kernel)")
+    launched = {(int(rt), int(kp)) for rt, kp in re.findall(r"mul_mat_f_few_cuda<bf16, (\d+), (\d+)>", patch.read_text())}
+    assert len(launched) == 4, launched
+    p = subprocess.run([sys.executable,
+                        str(repo / "scripts" / "mmf_few_emulate.py")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "the emulated kernel equals the plain product" in p.stdout
+    emulated = {(int(rt), int(kp)) for rt, kp in re.findall(r"RT (\d+) KP (\d+)", p.stdout)}
+    assert launched <= emulated, f"variants launched but not emulated: {sorted(launched - emulated)}"
+    assert re.search(r"columns 1[0-6]", p.stdout), "no case with two column tiles (9-16 columns) emulated"
