@@ -27,6 +27,9 @@
 #   stage "mmf-few-check": patch 0022 (GGML_CUDA_MMF_FEW=FEW_VARIANTS, tensor-core kernel for 2-16 columns)
 #                    through test-backend-ops: results against the CPU backend, speed at the verify's shapes;
 #   stage "mmf-few": patch 0022 in the server: one request at LENGTHS (5,7), variants 2 and 4 vs default;
+#   stage "argmax":  patch 0023 (the target graph's argmax, logits rows left on the device) on and off
+#                    (LLAMA_OUTPUT_ARGMAX=0): plain and n_max LENGTHS (7) at 1, 8 and 32 requests, a run each;
+#   stage "profile-load": LLAMA_SPEC_PROFILE=1 with CONC (8) requests at once, plain and n_max LENGTHS (7);
 #   stage "crash":   benchmarks/crash_hunt.py: RUNS fresh 8-slot servers under the families load,
 #                    and, if one died, again with CUDA graphs off and blocking launches (the kernel);
 #   stage "quant":   issue 15: benchmarks/quant_speed.py on the setup stage's pair, target
@@ -287,6 +290,31 @@ mmf-few)
     # default (the plain arm does not use it: one column); under load see the load stage with
     # GGML_CUDA_MMF_FEW exported (plain at 8 and 32 slots uses it too)
     ENV_VARIANTS=${ENV_VARIANTS:-GGML_CUDA_MMF_FEW=2;GGML_CUDA_MMF_FEW=4;GGML_CUDA_MMF_FEW=2,GGML_CUDA_MMF_FEW_MIN_ROWS=4096;GGML_CUDA_MMF_FEW=4,GGML_CUDA_MMF_FEW_MIN_ROWS=4096} LENGTHS=${LENGTHS:-5,7} STAGES=arms bash "$0"
+    ;;
+argmax)
+    # patch 0023: on (the default) and off, each a run of its own with its own plain arm
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    for v in 1 0; do
+        echo "== LLAMA_OUTPUT_ARGMAX=$v"
+        LLAMA_OUTPUT_ARGMAX=$v $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" \
+            --n-predict 256 --trials 3 --lengths "${LENGTHS:-7}" --load-lengths "${LENGTHS:-7}" --concurrency 8,32 \
+            --json "$OUT/argmax-$v.json" --log-dir "$W/argmax-$v" 2>&1 | tee "$OUT/argmax-$v.txt" | tail -n 9
+    done
+    ;;
+profile-load)
+    # where a step goes under load: the step profile (patch 0004) and each context's decode profile
+    # (patch 0015) of servers that served CONC requests at once, plain and n_max LENGTHS
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    rm -rf "$W/profload"
+    if ! LLAMA_SPEC_PROFILE=1 $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" \
+        --n-predict 512 --trials 1 --lengths "${LENGTHS:-7}" --load-lengths "${LENGTHS:-7}" --concurrency "${CONC:-8}" \
+        --json "$OUT/profile-load.json" --log-dir "$W/profload" > "$OUT/profile-load-run.txt" 2>&1; then
+        echo "profile-load: the measurement failed:"; tail -n 3 "$OUT/profile-load-run.txt"
+    fi
+    for f in "$W"/profload/*np*.log; do
+        echo "$(basename "$f"): $(grep "spec profile" "$f" | tail -n 1)"
+        grep "decode profile" "$f" | awk '{k=$4; last[k]=$0} END {for (k in last) print "  " last[k]}'
+    done | tee "$OUT/profile-load.txt"
     ;;
 few)
     # patch 0012 in the server: the speed arms (R = 1, 2, 4 against the default) and the step profile

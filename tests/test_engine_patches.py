@@ -24,7 +24,7 @@ def _compiled(engine, src: Path, out: Path, *, llama: bool = False) -> Path:
     (headers from its source tree)."""
     lib = Path(engine.lib_dir)
     tree = lib.parent.parent / "src"
-    incs = [tree / "ggml" / "include"] + ([tree / "include"] if llama else [])
+    incs = [tree / "ggml" / "include"] + ([tree / "include", tree / "src"] if llama else [])
     for inc, header in zip(incs, ("ggml.h", "llama.h")):
         if not (inc / header).is_file():
             pytest.fail(f"{inc}: no {header} next to the engine build {engine.path} (rebuild it with "
@@ -87,3 +87,23 @@ def test_mmf_few_index_logic_emulated_for_every_variant_of_patch_0022():
     emulated = {(int(rt), int(kp)) for rt, kp in re.findall(r"RT (\d+) KP (\d+)", p.stdout)}
     assert launched <= emulated, f"variants launched but not emulated: {sorted(launched - emulated)}"
     assert re.search(r"columns 1[0-6]", p.stdout), "no case with two column tiles (9-16 columns) emulated"
+
+
+def test_output_argmax_ids_and_rows_left_on_the_device(dspark_engine, strong_conv_pair, tmp_path):
+    """Patch 0023: after prompts whose outputs all sit in the first of several ubatches, after a single
+    sequence's verify (its rows stay on the device) and after a batch interleaving three sequences
+    (rows reordered by the split), every output row's argmax taken in
+    the graph is the first maximum of the row an LLAMA_OUTPUT_ARGMAX=0 context copies to the host,
+    and the row fetched on request (one at a time, or all at once) is that row bit for bit. With the
+    argmax off in the context under test too, every id is missing, so the check can fail."""
+    exe = _compiled(dspark_engine, HERE / "output_argmax.cpp", tmp_path / "output_argmax", llama=True)
+    line = re.compile(r"(\d+) rows, (\d+) argmax mismatches, (\d+) logits mismatches, (\d+) reference ids")
+    p = subprocess.run([str(exe), str(strong_conv_pair.target)], capture_output=True, text=True, timeout=300)
+    m = line.search(p.stdout)
+    assert p.returncode == 0 and m, p.stdout[-1000:] + p.stderr[-2000:]
+    rows, bad_argmax, bad_logits, ref_ids = map(int, m.groups())
+    assert rows == 2 + 7 + 12 and (bad_argmax, bad_logits, ref_ids) == (0, 0, 0), p.stdout
+    p = subprocess.run([str(exe), str(strong_conv_pair.target), "0"], capture_output=True, text=True, timeout=300)
+    m = line.search(p.stdout)
+    assert p.returncode == 0 and m, p.stdout[-1000:] + p.stderr[-2000:]
+    assert int(m[2]) == rows and int(m[3]) == 0, p.stdout
