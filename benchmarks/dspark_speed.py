@@ -70,19 +70,23 @@ def run_arm(name, settings, args, *, concurrency=(1,), log_dir: Path):
             res["e2e_s"] = statistics.median(wall)
             res["accept_length"] = statistics.median([a for a in acc if a] or [0]) or None
         for n in (x for x in concurrency if x > 1):
-            outs = []
+            agg = []
+            for _ in range(args.load_trials):
+                outs = []
 
-            def worker():
-                outs.append(one_request(c, tokens, args.n_predict)[0])
+                def worker():
+                    outs.append(one_request(c, tokens, args.n_predict)[0])
 
-            threads = [threading.Thread(target=worker) for _ in range(n)]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - t0
-            res[f"aggregate_tps_c{n}"] = sum(o.timings.predicted_n or 0 for o in outs) / wall
+                threads = [threading.Thread(target=worker) for _ in range(n)]
+                t0 = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wall = time.perf_counter() - t0
+                agg.append(sum(o.timings.predicted_n or 0 for o in outs) / wall)
+            res[f"aggregate_tps_c{n}"] = statistics.median(agg)
+            res[f"aggregate_tps_c{n}_all"] = agg
     return res
 
 
@@ -104,6 +108,8 @@ def main() -> None:
     add_pair_arguments(ap)
     ap.add_argument("--n-predict", type=int, default=256, help="tokens generated per request")
     ap.add_argument("--trials", type=int, default=3, help="measured requests per arm (medians reported)")
+    ap.add_argument("--load-trials", type=int, default=1,
+                    help="waves of requests per concurrency level and arm (the median aggregate is reported)")
     ap.add_argument("--accept-len", type=float, default=4.22,
                     help="mean accept length of the synthetic acceptance held fixed")
     ap.add_argument("--block", type=int, default=9, help="block size the synthetic rates are spread over")
@@ -123,6 +129,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"), help="write the raw numbers here")
     ap.add_argument("--log-dir", type=Path, default=Path("dspark_speed_logs"), help="keep the server logs here")
     args = ap.parse_args()
+    if args.trials < 1 or args.load_trials < 1:
+        ap.error(f"--trials {args.trials} / --load-trials {args.load_trials}: at least 1")
     args.log_dir.mkdir(parents=True, exist_ok=True)
     server = args.server or engine.find_engine().path
     rates = geometric_rates(args.accept_len, args.block)
@@ -197,6 +205,8 @@ def main() -> None:
             label = f"dspark-n{r['draft_n_max']} [{r['env']}]"
         print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / base:>9.2f}x{al:>12}{step:>9}")
     if load:
+        if args.load_trials > 1:
+            print(f"\nunder load: median of {args.load_trials} waves a level")
         print(f"\n{'aggregate under load':<34}" + "".join(f"{'c' + str(c) + ' tok/s':>14}{'vs plain':>10}" for c in conc))
         for r in load:
             row = f"{r['arm']:<34}"

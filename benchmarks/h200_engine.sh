@@ -27,6 +27,8 @@
 #   stage "mmf-few-check": patch 0022 (GGML_CUDA_MMF_FEW=FEW_VARIANTS, tensor-core kernel for 2-16 columns)
 #                    through test-backend-ops: results against the CPU backend, speed at the verify's shapes;
 #   stage "mmf-few": patch 0022 in the server: one request at LENGTHS (5,7), variants 2 and 4 vs default;
+#   stage "final":   the default engine as serve runs it: one request at LENGTHS (5,7; TRIALS 5), 8 and
+#                    32 requests at once (LOAD_TRIALS 3 waves a level, medians);
 #   stage "argmax":  patch 0023 (the target graph's argmax, logits rows left on the device) on and off
 #                    (LLAMA_OUTPUT_ARGMAX=0): plain and n_max LENGTHS (7) at 1, 8 and 32 requests, a run each;
 #   stage "profile-load": LLAMA_SPEC_PROFILE=1 with CONC (8) requests at once, plain and n_max LENGTHS (7);
@@ -165,7 +167,8 @@ schedule)
     # as the load grows; plain, n_max LONG (7) and SHORT (5) at 1, 8 and 32 requests at once, then
     # LONG cut by SCHEDULE (1:5,8:4: to 5 above 1 generating slot, to 4 above 8) in every arm
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
-    sp=(--gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 --concurrency 8,32)
+    sp=(--gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 --trials 3 --concurrency 8,32
+        --load-trials "${LOAD_TRIALS:-1}")
     echo "== n_max ${LONG:-7} and ${SHORT:-5} at every load"
     $py benchmarks/dspark_speed.py "${sp[@]}" --lengths "${LONG:-7},${SHORT:-5}" --load-lengths "${LONG:-7},${SHORT:-5}" \
         --json "$OUT/schedule-fixed.json" --log-dir "$W/sched-fixed" 2>&1 | tail -n 14
@@ -290,6 +293,12 @@ mmf-few)
     # default (the plain arm does not use it: one column); under load see the load stage with
     # GGML_CUDA_MMF_FEW exported (plain at 8 and 32 slots uses it too)
     ENV_VARIANTS=${ENV_VARIANTS:-GGML_CUDA_MMF_FEW=2;GGML_CUDA_MMF_FEW=4;GGML_CUDA_MMF_FEW=2,GGML_CUDA_MMF_FEW_MIN_ROWS=4096;GGML_CUDA_MMF_FEW=4,GGML_CUDA_MMF_FEW_MIN_ROWS=4096} LENGTHS=${LENGTHS:-5,7} STAGES=arms bash "$0"
+    ;;
+final)
+    BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
+    $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" --n-predict 256 \
+        --trials "${TRIALS:-5}" --lengths "${LENGTHS:-5,7}" --load-lengths "${LOAD_LENGTHS:-7,5}" --concurrency 8,32 \
+        --load-trials "${LOAD_TRIALS:-3}" --json "$OUT/final.json" --log-dir "$W/final" 2>&1 | tee "$OUT/final.txt" | tail -n 14
     ;;
 argmax)
     # patch 0023: on (the default) and off, each a run of its own with its own plain arm

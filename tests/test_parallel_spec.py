@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import threading
 
 from ggufdspark.gate import top_logprobs_by_position
@@ -163,6 +164,29 @@ def test_drafts_are_cut_while_more_slots_generate(strong_conv_pair, start_server
     assert _drafted_per_step([last["timings"]]) > 5.0, f"a request alone drafted {last['timings']}: not 6 a step"
 
 
+def test_a_cut_draft_drafts_a_shorter_block(strong_conv_pair, start_server, monkeypatch):
+    """Patch 0024: with drafts cut to 2 tokens (n_max 6, --spec-draft-n-max-by-slots 0:2) the drafter
+    decodes blocks of 2 rows, not 6 (the step profile's rows per draft decode); with
+    LLAMA_SPEC_BLOCK_FULL=1 it drafts all 6 and throws 4 away, as before. Output equal either way."""
+    monkeypatch.setenv("LLAMA_SPEC_PROFILE", "1")  # prints every 128 target decodes
+    common = dict(model=strong_conv_pair.target, parallel=1, ctx_size=1024)
+    body = {"prompt": "a cut draft", "n_predict": 400, "temperature": 0.0, "ignore_eos": True, "return_tokens": True}
+    plain = start_server(spec_type=None, **common)
+    want = plain.client(timeout=300).post_json("/completion", body)["tokens"]
+    plain.stop()
+    rows = {}
+    for full in ("0", "1"):
+        monkeypatch.setenv("LLAMA_SPEC_BLOCK_FULL", full)
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(0, 2)], **common)
+        got = spec.client(timeout=300).post_json("/completion", body)
+        assert got["tokens"] == want, f"LLAMA_SPEC_BLOCK_FULL={full}: greedy output with cut drafts differs"
+        assert got["timings"].get("draft_n", 0) > 0, f"LLAMA_SPEC_BLOCK_FULL={full}: the draft never engaged"
+        line = spec.wait_for_log(r"draft block rows per draft decode \d+\.\d\s*$")[-1]
+        rows[full] = float(re.search(r"per draft decode (\d+\.\d)", line)[1])
+        spec.stop()
+    assert rows == {"0": 2.0, "1": 6.0}, f"draft block rows per draft decode (cut to 2 of 6, full): {rows}"
+
+
 def test_strong_conv_layers_one_slot_are_lossless(strong_conv_pair, start_server):
     """One slot, requests one after the other, draft lengths 3 and 6, on a pair whose conv layers move
     the output: a verify's conv-state snapshots and the rollback to them must leave greedy output
@@ -220,7 +244,32 @@ def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
     pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
     for script, args, said in (("crash_hunt.py", ["--env", "FOO"], "--env: 'FOO' is not NAME=VALUE"),
                                ("parallel_load.py", ["--env", "A=1,B"], "--env: 'B' is not NAME=VALUE"),
-                               ("dspark_speed.py", ["--load-lengths", "5,x"], "--load-lengths '5,x': expected draft lengths")):
+                               ("dspark_speed.py", ["--load-lengths", "5,x"], "--load-lengths '5,x': expected draft lengths"),
+                               ("dspark_speed.py", ["--load-trials", "0"], "--load-trials 0: at least 1")):
         p = subprocess.run([sys.executable, str(bench / script), *pair, *args, "--log-dir", str(tmp_path / script)],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (script, p.stderr)
+
+
+def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_path):
+    """benchmarks/dspark_speed.py --load-trials N: every concurrency level of every load arm is
+    measured N times on the real engine, each wave kept in the JSON, the median reported."""
+    import statistics
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "dspark_speed.py"
+    out = tmp_path / "speed.json"
+    p = subprocess.run([sys.executable, str(bench), "-m", str(small_pair.target), "-md", str(small_pair.draft),
+                        "--n-predict", "16", "--trials", "1", "--lengths", "3", "--load-lengths", "3",
+                        "--concurrency", "2", "--load-trials", "3", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
+    assert "under load: median of 3 waves a level" in p.stdout, p.stdout
+    load = json.loads(out.read_text())["load"]
+    assert [r["arm"] for r in load] == ["plain-np2", "dspark-n3-np2"], load
+    for r in load:
+        waves = r["aggregate_tps_c2_all"]
+        assert len(waves) == 3 and all(w > 0 for w in waves), r
+        assert r["aggregate_tps_c2"] == statistics.median(waves), r
