@@ -25,19 +25,25 @@ class BackendDefaults:
     # the most generating slots for which drafting measured worth it; above it new drafts pause
     # (engine patch 0011, --spec-draft-max-slots). None: not measured, no limit.
     draft_max_slots: int | None = None
+    # drafts cut to L tokens while more than N slots generate (engine patch 0021,
+    # --spec-draft-n-max-by-slots), with the table's draft length only. None: no cut.
+    draft_cut: tuple[tuple[int, int], ...] | None = None
 
 
 # The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
 DEFAULTS: dict[str, BackendDefaults] = {
     # Measured on one H200 with the patched engine (docs/engine-patches.md, docs/benchmarks.md),
-    # full-size LFM2.5-VL-3B-shaped pair, published acceptance profile with seeded draws: length 7
-    # was the fastest at one request in all four runs of sessions 6-7 (1.93x, 1.89x, 1.81x, 1.85x;
-    # 5: 1.67-1.68x, 6: 1.70-1.73x, 8: 1.76x, 9: 1.74x) and no worse under load (session 7, one run:
-    # 1.09x at 8 requests against 0.98x at 5, 0.85x at 32 for both). The families (docs/families.md):
-    # 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5 (1.76x vs 1.68x): tune there.
+    # full-size LFM2.5-VL-3B-shaped pair, published acceptance profile with seeded draws. Session 8
+    # (patches 0001-0024, four runs, each side by side with its own plain arm): length 7 at one
+    # request 2.09x, 2.09x, 2.01x, 2.04x (5: 1.80-1.90x); at 8 requests 7 beat 5 in every run (1.35x,
+    # 1.23x, 1.32x, 1.32x against 1.27x, 1.22x, 1.22x, 1.29x), at 32 5 beat 7 in every run (1.01x,
+    # 1.15x, 1.08x, 1.03x against 0.96x, 1.09x, 0.98x, 0.90x). Hence 7, cut to 5 while more than 8
+    # slots generate (two runs of that cut: 1.00x and 1.03x at 32 requests). The families
+    # (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5: tune there.
     # No slot limit: pausing new drafts above 8 generating slots (patch 0011) measured 0.90x of plain
     # at 16 requests and 0.88x at 32, against 1.23x and 0.97x drafting at every load (one run).
-    "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)"),
+    "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
+                            draft_cut=((8, 5),)),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core
@@ -111,6 +117,7 @@ class Decision:
     reasons: list[str] = field(default_factory=list)
     devices: list[dict] = field(default_factory=list)
     draft_max_slots: int | None = None  # --spec-draft-max-slots, when the engine has it
+    draft_cut: list[tuple[int, int]] | None = None  # the table's --spec-draft-n-max-by-slots (N, L) steps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,6 +143,8 @@ def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: in
     base = DEFAULTS.get(backend, OTHER_GPU)
     d = Decision(backend, True, base.draft_n_max, base.offload, base.flash_attn, [f"default for {base.source}"],
                  [asdict(x) for x in report.devices])
+    # the table's load cut goes with the table's length only (a profile or --draft-n-max replaces both)
+    d.draft_cut = list(base.draft_cut) if base.draft_cut else None
     if report.errors:
         d.reasons.append("device detection: " + "; ".join(report.errors))
     if profile:
@@ -146,6 +155,7 @@ def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: in
                              f"({best.get('why', 'it measured slower than no draft')})")
         elif best.get("draft_n_max"):
             d.draft_n_max = int(best["draft_n_max"])
+            d.draft_cut = None
             d.reasons.append(f"tune profile {profile.get('path', '')}: draft length {d.draft_n_max} measured fastest")
     # where the slot limit comes from: the table, a tune profile, or the caller (0: no limit)
     cap, cap_source = base.draft_max_slots, "the table (" + base.source.split(":")[0] + ")"
@@ -168,6 +178,7 @@ def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: in
                              f"(--draft-max-slots {cap} keeps it and pauses new drafts above that load instead)")
     if draft_n_max is not None:
         d.draft_n_max = draft_n_max
+        d.draft_cut = None
         d.draft_enabled = True
         d.reasons.append(f"--draft-n-max {draft_n_max} given")
     if no_draft:

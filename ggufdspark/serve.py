@@ -138,7 +138,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     _check_range("ctx_size", ctx_size, 0, None)
     _check_range("parallel", parallel, 1, None)
     _check_range("draft_max_slots", draft_max_slots, 0, None)
-    draft_cut = parse_draft_cut(draft_n_max_by_slots) if draft_n_max_by_slots else None
+    cut_off = (draft_n_max_by_slots or "").strip().lower() == "off"
+    draft_cut = parse_draft_cut(draft_n_max_by_slots) if draft_n_max_by_slots and not cut_off else None
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
@@ -169,7 +170,15 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if draft_max_slots and not hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING):
         warnings.append(f"--draft-max-slots {draft_max_slots}: {info.path} has no load-aware drafting "
                         f"(engine patch 0011); drafting stays on at every load")
-    if draft_cut and decision.draft_enabled:
+    if (not draft_cut and not cut_off and decision.draft_cut and decision.draft_enabled
+            and decision.draft_cut[0][0] < (parallel or 1) and hardware.has_patch(info, hardware.DRAFT_CUT_BY_LOAD)):
+        # the table's cut for this backend (measured with its draft length; off with 'off')
+        draft_cut = decision.draft_cut
+        decision.reasons.append("default for " + decision.backend + ": drafts cut by load "
+                                + ", ".join(f"to {k} above {n} generating slots" for n, k in draft_cut)
+                                + " (--draft-n-max-by-slots off keeps every draft at n_max)")
+        draft_n_max_by_slots = None
+    if draft_cut and draft_n_max_by_slots and decision.draft_enabled:
         if not hardware.has_patch(info, hardware.DRAFT_CUT_BY_LOAD):
             warnings.append(f"--draft-n-max-by-slots {draft_n_max_by_slots}: {info.path} cannot cut drafts by load "
                             f"(engine patch 0021); every draft stays at n_max {decision.draft_n_max}")

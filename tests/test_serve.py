@@ -293,6 +293,30 @@ def test_decide_pauses_drafts_under_load_only_when_asked_and_possible():
     assert d.draft_enabled and d.draft_max_slots == hardware.DEFAULTS["cuda"].draft_max_slots
 
 
+def test_the_cuda_load_cut_goes_with_the_table_length_only():
+    """CUDA's table cuts drafts to 5 above 8 generating slots (measured with its length 7); a tune
+    profile's length or --draft-n-max replaces the cut too; CPU has none."""
+    from ggufdspark import hardware
+    from ggufdspark.bindings import DeviceReport
+
+    cuda = DeviceReport(backend="cuda", source="none")
+    d = hardware.decide(cuda, parallel=32)
+    assert d.draft_n_max == 7 and d.draft_cut == [(8, 5)], d
+    prof = {"path": "p.json", "recommendation": {"draft_enabled": True, "draft_n_max": 4}}
+    assert hardware.decide(cuda, profile=prof, parallel=32).draft_cut is None
+    assert hardware.decide(cuda, draft_n_max=6, parallel=32).draft_cut is None
+    assert hardware.decide(DeviceReport(backend="cpu", source="none"), parallel=32).draft_cut is None
+
+
+def test_serve_draft_cut_off_and_malformed(ggufdspark_cli, small_pair):
+    """--draft-n-max-by-slots off: no cut on the command line; a malformed value: one line, exit 2."""
+    base = ("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run", "-np", "8")
+    p = ggufdspark_cli(*base, "--draft-n-max-by-slots", "off")
+    assert p.returncode == 0 and "--spec-draft-n-max-by-slots" not in p.stdout, p.stdout + p.stderr
+    p = ggufdspark_cli(*base, "--draft-n-max-by-slots", "8:x")
+    assert p.returncode == 2 and "'8:x' is not N:L" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_serve_warns_on_open_host_without_key(ggufdspark_cli, small_pair):
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
                        "--host", "0.0.0.0")

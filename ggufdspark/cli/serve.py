@@ -31,7 +31,7 @@ from ggufdspark.errors import InvalidArgumentError
               help="Pause new drafts while more than N slots generate (0: never; default: measured per backend).")
 @click.option("--draft-n-max-by-slots", metavar="N:L[,N:L...]",
               help="Cut drafts to L tokens while more than N slots generate, e.g. 2:5,8:3 (engine patch 0021; "
-                   "default: no cut).")
+                   "default: measured per backend, CUDA 8:5 with its default length; 'off': no cut).")
 @click.option("--no-draft", is_flag=True, help="Serve the target alone.")
 @click.option("--force", is_flag=True, help="Serve even if 'check' fails (loudly).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
