@@ -13,7 +13,7 @@
 //
 // Prints "<rows> rows, <a> argmax mismatches, <l> logits mismatches, <n> reference ids" and exits 0
 // when it ran.
-#include "llama.h"
+#include "llama_test_util.h"
 #include "llama-ext.h"
 
 #include <algorithm>
@@ -22,41 +22,9 @@
 #include <cstring>
 #include <vector>
 
-static std::vector<llama_token> tokens(int n, uint32_t seed, int n_vocab) {
-    std::vector<llama_token> out;
-    uint32_t x = seed;
-    for (int i = 0; i < n; ++i) {
-        x = x * 1664525u + 1013904223u;
-        out.push_back((llama_token) (16 + (x >> 8) % (uint32_t) (n_vocab - 16)));
-    }
-    return out;
-}
-
-struct batch_builder {
-    llama_batch b;
-    explicit batch_builder(int n) : b(llama_batch_init(n, 0, 1)) { b.n_tokens = 0; }
-    ~batch_builder() { llama_batch_free(b); }
-    void add(llama_token t, llama_pos p, llama_seq_id s, bool out) {
-        const int i = b.n_tokens++;
-        b.token[i] = t; b.pos[i] = p; b.n_seq_id[i] = 1; b.seq_id[i][0] = s; b.logits[i] = out;
-    }
-};
-
 static llama_context * new_context(llama_model * model, const char * output_argmax) {
     setenv("LLAMA_OUTPUT_ARGMAX", output_argmax, 1);  // read when the context is made
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx      = 2048;
-    cp.n_batch    = 512;
-    cp.n_ubatch   = 512;
-    cp.n_seq_max  = 3;
-    cp.kv_unified = true;
-    cp.n_threads  = cp.n_threads_batch = 2;
-    llama_context * ctx = llama_init_from_model(model, cp);
-    if (!ctx) {
-        fprintf(stderr, "no context\n");
-        exit(2);
-    }
-    return ctx;
+    return new_test_context(model, 3, 2048);
 }
 
 int main(int argc, char ** argv) {
@@ -64,14 +32,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s TARGET.gguf [0: the context under test without the argmax too]\n", argv[0]);
         return 2;
     }
-    llama_backend_init();
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(argv[1], mp);
-    if (!model) {
-        fprintf(stderr, "cannot load %s\n", argv[1]);
-        return 2;
-    }
+    llama_model * model = load_test_model(argv[1]);
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     llama_context * ctx = new_context(model, argc > 2 ? argv[2] : "1");

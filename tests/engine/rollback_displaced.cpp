@@ -10,33 +10,13 @@
 // equal those of a context that never saw the rejected tokens.
 //
 // Prints "max |diff| <d> of max |logit| <m>, argmax <a> vs <b>" and exits 0 when it ran.
-#include "llama.h"
+#include "llama_test_util.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-static std::vector<llama_token> tokens(int n, uint32_t seed, int n_vocab) {
-    std::vector<llama_token> out;
-    uint32_t x = seed;
-    for (int i = 0; i < n; ++i) {
-        x = x * 1664525u + 1013904223u;
-        out.push_back((llama_token) (16 + (x >> 8) % (uint32_t) (n_vocab - 16)));
-    }
-    return out;
-}
-
-struct batch_builder {
-    llama_batch b;
-    explicit batch_builder(int n) : b(llama_batch_init(n, 0, 1)) { b.n_tokens = 0; }
-    ~batch_builder() { llama_batch_free(b); }
-    void add(llama_token t, llama_pos p, llama_seq_id s, bool out) {
-        const int i = b.n_tokens++;
-        b.token[i] = t; b.pos[i] = p; b.n_seq_id[i] = 1; b.seq_id[i][0] = s; b.logits[i] = out;
-    }
-};
 
 static void decode(llama_context * ctx, const batch_builder & bb, const char * what) {
     if (llama_decode(ctx, bb.b) != 0) {
@@ -46,20 +26,7 @@ static void decode(llama_context * ctx, const batch_builder & bb, const char * w
 }
 
 static llama_context * new_context(llama_model * model, int n_seq_max) {
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx      = 512 * n_seq_max;
-    cp.n_batch    = 512;
-    cp.n_ubatch   = 512;
-    cp.n_seq_max  = n_seq_max;
-    cp.n_rs_seq   = 6;
-    cp.kv_unified = true;
-    cp.n_threads  = cp.n_threads_batch = 2;
-    llama_context * ctx = llama_init_from_model(model, cp);
-    if (!ctx) {
-        fprintf(stderr, "no context\n");
-        exit(2);
-    }
-    return ctx;
+    return new_test_context(model, n_seq_max, 512 * n_seq_max, 6);  // 6 rollback snapshots
 }
 
 int main(int argc, char ** argv) {
@@ -67,14 +34,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s TARGET.gguf\n", argv[0]);
         return 2;
     }
-    llama_backend_init();
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(argv[1], mp);
-    if (!model) {
-        fprintf(stderr, "cannot load %s\n", argv[1]);
-        return 2;
-    }
+    llama_model * model = load_test_model(argv[1]);
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     const int n_prompt = 24;
