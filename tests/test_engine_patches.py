@@ -107,3 +107,45 @@ def test_output_argmax_ids_and_rows_left_on_the_device(dspark_engine, strong_con
     m = line.search(p.stdout)
     assert p.returncode == 0 and m, p.stdout[-1000:] + p.stderr[-2000:]
     assert int(m[2]) == rows and int(m[3]) == 0, p.stdout
+
+
+def test_output_argmax_server_falls_back_to_rows_where_ids_cannot_answer(strong_conv_pair, start_server, monkeypatch):
+    """Patch 0023 in llama-server: greedy requests with a positive logit bias (which can lift a token
+    over the graph's argmax), with a negative bias on the token the graph picks, and with n_probs
+    (which reads the rows) answer exactly as a server with LLAMA_OUTPUT_ARGMAX=0, 4 slots at once;
+    and the positive bias does change the output, so ignoring it would fail here."""
+    import json
+    import threading
+
+    def serve(env: str) -> list[dict]:
+        monkeypatch.setenv("LLAMA_OUTPUT_ARGMAX", env)
+        srv = start_server(model=strong_conv_pair.target, spec_type=None, parallel=4, ctx_size=4 * 256)
+        client = srv.client(timeout=300)
+        out: list[dict | None] = [None] * len(bodies)
+
+        def one(i: int) -> None:
+            out[i] = client.post_json("/completion", bodies[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        srv.stop()
+        return out  # type: ignore[return-value]
+
+    base = {"n_predict": 24, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False, "return_tokens": True}
+    prompts = [[40 + 7 * i + k for k in range(30 + 5 * i)] for i in range(4)]
+    bodies = [dict(base, prompt=p) for p in prompts]
+    plain = serve("0")
+    favoured = [t for t in range(20, 60) if t not in plain[0]["tokens"]][:3]
+    bodies = [dict(base, prompt=prompts[0], logit_bias=[[t, 8.0] for t in favoured]),
+              dict(base, prompt=prompts[1], logit_bias=[[plain[1]["tokens"][0], -3.0]]),
+              dict(base, prompt=prompts[2], n_probs=3),
+              dict(base, prompt=prompts[3])]
+    want, got = serve("0"), serve("1")
+    for i, (w, g) in enumerate(zip(want, got)):
+        assert g["tokens"] == w["tokens"], f"request {i} ({json.dumps(bodies[i])[:120]}): argmax on vs off"
+    assert want[0]["tokens"] != plain[0]["tokens"], "a +8 bias on 3 tokens did not change the output: the case tests nothing"
+    probs = lambda r: [[(p["id"], round(p["logprob"], 4)) for p in c["top_logprobs"]] for c in r["completion_probabilities"]]
+    assert probs(got[2]) == probs(want[2]), "n_probs with the argmax on differ from the rows copied after each decode"
