@@ -190,6 +190,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         else:
             decision.reasons.append("drafts cut by load (--draft-n-max-by-slots): "
                                     + ", ".join(f"to {k} above {n} generating slots" for n, k in draft_cut))
+    decision.draft_cut = list(draft_cut) if draft_cut and decision.draft_enabled else None  # what is applied
     if (hf or hfd) and not (model and draft):
         warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
                         "(download it and run 'ggufdspark check' to see every reason a pair fails)")

@@ -309,10 +309,14 @@ def test_the_cuda_load_cut_goes_with_the_table_length_only():
 
 
 def test_serve_draft_cut_off_and_malformed(ggufdspark_cli, small_pair):
-    """--draft-n-max-by-slots off: no cut on the command line; a malformed value: one line, exit 2."""
+    """--draft-n-max-by-slots off: no cut on the command line; the --json plan's decision names the cut
+    applied (none, or the one given); a malformed value: one line, exit 2."""
     base = ("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run", "-np", "8")
     p = ggufdspark_cli(*base, "--draft-n-max-by-slots", "off")
     assert p.returncode == 0 and "--spec-draft-n-max-by-slots" not in p.stdout, p.stdout + p.stderr
+    for cut, applied in (("off", None), ("2:2", [[2, 2]])):
+        p = ggufdspark_cli(*base, "--draft-n-max-by-slots", cut, "--json")
+        assert p.returncode == 0 and json.loads(p.stdout)["decision"]["draft_cut"] == applied, (cut, p.stdout)
     p = ggufdspark_cli(*base, "--draft-n-max-by-slots", "8:x")
     assert p.returncode == 2 and "'8:x' is not N:L" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
