@@ -117,7 +117,8 @@ class Decision:
     reasons: list[str] = field(default_factory=list)
     devices: list[dict] = field(default_factory=list)
     draft_max_slots: int | None = None  # --spec-draft-max-slots, when the engine has it
-    draft_cut: list[tuple[int, int]] | None = None  # the table's --spec-draft-n-max-by-slots (N, L) steps
+    # --spec-draft-n-max-by-slots (N, L) steps: the table's here, the ones applied after serve.plan
+    draft_cut: list[tuple[int, int]] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -93,6 +93,37 @@ def parse_draft_cut(text: str) -> list[tuple[int, int]]:
     return steps
 
 
+def _cut_text(cut: list[tuple[int, int]]) -> str:
+    return ", ".join(f"to {k} above {n} generating slots" for n, k in cut)
+
+
+def _applied_draft_cut(given: list[tuple[int, int]] | None, text: str | None, off: bool, decision: hardware.Decision,
+                       info: eng.EngineInfo, parallel: int | None, warnings: list[str]) -> list[tuple[int, int]] | None:
+    """The --spec-draft-n-max-by-slots steps serve runs with: the ones given (``text``, parsed into
+    ``given``; ``off``: none), else the table's for this backend when it can engage; reasons and
+    warnings go to ``decision`` and ``warnings``."""
+    if off or not decision.draft_enabled:
+        return None
+    has_patch = hardware.has_patch(info, hardware.DRAFT_CUT_BY_LOAD)
+    if not given:
+        table = decision.draft_cut  # measured with the table's draft length only (hardware.decide)
+        if not (table and table[0][0] < (parallel or 1) and has_patch):
+            return None
+        decision.reasons.append(f"default for {decision.backend}: drafts cut by load {_cut_text(table)} "
+                                "(--draft-n-max-by-slots off keeps every draft at n_max)")
+        return list(table)
+    if not has_patch:
+        warnings.append(f"--draft-n-max-by-slots {text}: {info.path} cannot cut drafts by load "
+                        f"(engine patch 0021); every draft stays at n_max {decision.draft_n_max}")
+        return None
+    if given[0][0] >= (parallel or 1):
+        warnings.append(f"--draft-n-max-by-slots {text}: never more than {parallel or 1} slots "
+                        f"generate (-np), so no draft is ever cut")
+        return None
+    decision.reasons.append(f"drafts cut by load (--draft-n-max-by-slots): {_cut_text(given)}")
+    return given
+
+
 def check_host(host: str) -> str:
     """``host`` if it is an IP address or a host name that resolves.
 
@@ -170,27 +201,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if draft_max_slots and not hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING):
         warnings.append(f"--draft-max-slots {draft_max_slots}: {info.path} has no load-aware drafting "
                         f"(engine patch 0011); drafting stays on at every load")
-    if (not draft_cut and not cut_off and decision.draft_cut and decision.draft_enabled
-            and decision.draft_cut[0][0] < (parallel or 1) and hardware.has_patch(info, hardware.DRAFT_CUT_BY_LOAD)):
-        # the table's cut for this backend (measured with its draft length; off with 'off')
-        draft_cut = decision.draft_cut
-        decision.reasons.append("default for " + decision.backend + ": drafts cut by load "
-                                + ", ".join(f"to {k} above {n} generating slots" for n, k in draft_cut)
-                                + " (--draft-n-max-by-slots off keeps every draft at n_max)")
-        draft_n_max_by_slots = None
-    if draft_cut and draft_n_max_by_slots and decision.draft_enabled:
-        if not hardware.has_patch(info, hardware.DRAFT_CUT_BY_LOAD):
-            warnings.append(f"--draft-n-max-by-slots {draft_n_max_by_slots}: {info.path} cannot cut drafts by load "
-                            f"(engine patch 0021); every draft stays at n_max {decision.draft_n_max}")
-            draft_cut = None
-        elif draft_cut[0][0] >= (parallel or 1):
-            warnings.append(f"--draft-n-max-by-slots {draft_n_max_by_slots}: never more than {parallel or 1} slots "
-                            f"generate (-np), so no draft is ever cut")
-            draft_cut = None
-        else:
-            decision.reasons.append("drafts cut by load (--draft-n-max-by-slots): "
-                                    + ", ".join(f"to {k} above {n} generating slots" for n, k in draft_cut))
-    decision.draft_cut = list(draft_cut) if draft_cut and decision.draft_enabled else None  # what is applied
+    decision.draft_cut = _applied_draft_cut(draft_cut, draft_n_max_by_slots, cut_off, decision, info, parallel,
+                                            warnings)
     if (hf or hfd) and not (model and draft):
         warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
                         "(download it and run 'ggufdspark check' to see every reason a pair fails)")
@@ -201,7 +213,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         draft_n_max=decision.draft_n_max if decision.draft_enabled else None,
         draft_n_min=0 if decision.draft_enabled else None,
         draft_max_slots=decision.draft_max_slots if decision.draft_enabled else None,
-        draft_n_max_by_slots=draft_cut if decision.draft_enabled else None,
+        draft_n_max_by_slots=decision.draft_cut,
         n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None,
         n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if decision.offload and decision.draft_enabled else None,
         flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,
