@@ -149,3 +149,30 @@ def test_output_argmax_server_falls_back_to_rows_where_ids_cannot_answer(strong_
     assert want[0]["tokens"] != plain[0]["tokens"], "a +8 bias on 3 tokens did not change the output: the case tests nothing"
     probs = lambda r: [[(p["id"], round(p["logprob"], 4)) for p in c["top_logprobs"]] for c in r["completion_probabilities"]]
     assert probs(got[2]) == probs(want[2]), "n_probs with the argmax on differ from the rows copied after each decode"
+
+
+def test_server_turns_cuda_graphs_off_above_16_slots(small_pair, start_server, monkeypatch):
+    """Patch 0025: llama-server sets GGML_CUDA_DISABLE_GRAPHS=1 (and says so in its log) when -np is
+    above LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS (default 16), where CUDA graph replays killed the engine
+    on an H200; not at 16 slots, not with the limit moved, not when the variable is set already.
+    (The CPU backend ignores the variable: what is tested here is the server's decision.)"""
+    said = "CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS=1"
+
+    def log_of(parallel: int, **env: str) -> str:
+        for k in ("LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS", "GGML_CUDA_DISABLE_GRAPHS"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        srv = start_server(model=small_pair.target, spec_type=None, parallel=parallel, ctx_size=parallel * 256)
+        srv.client().complete([40, 41, 42], n_predict=2)  # the server has logged its start by now
+        text = srv.log_text()
+        srv.stop()
+        return text
+
+    above = log_of(17)
+    assert f"17 slots, more than 16: {said}" in above, above[-2000:]
+    assert said not in log_of(16)
+    assert said not in log_of(17, LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS="32")
+    assert f"17 slots, more than 8: {said}" in log_of(17, LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS="8")
+    assert said not in log_of(17, LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS="-1")
+    assert said not in log_of(17, GGML_CUDA_DISABLE_GRAPHS="1")

@@ -216,16 +216,17 @@ def test_strong_conv_layers_one_slot_are_lossless(strong_conv_pair, start_server
 
 
 def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engine, tmp_path):
-    """benchmarks/crash_hunt.py (the H200 abort of session 6): fresh drafted servers under the
-    families benchmark's load, one line a run and the count of deaths; a healthy engine, none."""
+    """benchmarks/crash_hunt.py --traffic families (the drafter abort an earlier engine had on the
+    H200): fresh drafted servers under the families benchmark's load, one line a run and the count
+    of deaths; a healthy engine, none."""
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
     p = subprocess.run([sys.executable, str(repo / "benchmarks" / "crash_hunt.py"), "-m", str(small_pair.target),
-                        "-md", str(small_pair.draft), "--server", dspark_engine.path, "--runs", "2", "--slots", "4",
-                        "--n-predict", "16", "--log-dir", str(tmp_path / "logs")],
+                        "-md", str(small_pair.draft), "--server", dspark_engine.path, "--traffic", "families", "--runs", "2",
+                        "--slots", "4", "--n-max", "5", "--family-n-predict", "16", "--log-dir", str(tmp_path / "logs")],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "run 0: ok" in p.stdout and "run 1: ok" in p.stdout, p.stdout
@@ -273,3 +274,30 @@ def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_pa
         waves = r["aggregate_tps_c2_all"]
         assert len(waves) == 3 and all(w > 0 for w in waves), r
         assert r["aggregate_tps_c2"] == statistics.median(waves), r
+
+
+def test_crash_hunt_mixed_traffic_through_many_slots(small_pair, dspark_engine, tmp_path):
+    """benchmarks/crash_hunt.py --traffic mixed (issue 28's shape, the one that killed the engine at
+    32 slots on CUDA): fresh servers at 16 slots, plain and drafted, 16 closed-loop clients and 32
+    prompts of different lengths (50-600 tokens) each; every request answered, every cell counted,
+    the JSON names each cell."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "cells.json"
+    p = subprocess.run([sys.executable, str(repo / "benchmarks" / "crash_hunt.py"), "-m", str(small_pair.target),
+                        "-md", str(small_pair.draft), "--server", dspark_engine.path, "--slots", "16",
+                        "--arms", "plain,draft", "--runs", "1", "--n-max", "3", "--prompt-tokens", "50-600",
+                        "--n-predict", "8-24", "--ctx-per-slot", "1024", "--json", str(out),
+                        "--log-dir", str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["slots"], c["arm"]) for c in cells] == [(16, "plain"), (16, "draft")], cells
+    for c in cells:
+        assert not c["died"] and c["answered"] == c["requests"] == 32, c
+        assert c["output_tokens"] >= 32 * 8, c
+    assert "16 slots, draft, env -, run 0: ok, answered 32/32" in p.stdout, p.stdout
