@@ -68,7 +68,8 @@ def _cut_text(cut: list[tuple[int, int]]) -> str:
 
 def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | None = None,
            draft_n_max: int | None = None, no_draft: bool = False, parallel: int | None = 1,
-           draft_cut: str | None = None, precision_note: str | None = None) -> hardware.Decision:
+           draft_cut: str | None = None, precision_note: str | None = None,
+           measuring: bool = False) -> hardware.Decision:
     """The final serving decision: table default < tune profile < explicit arguments, then what
     this ``engine`` build can do (its patches: ``hardware.has_patch``).
 
@@ -80,6 +81,8 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         draft_cut: ``--draft-n-max-by-slots`` as given (``N:L,...`` or ``off``); None: the table's
             cut for this backend, which goes with the table's draft length only.
         precision_note: the check report's note on the draft's precision (said on CUDA).
+        measuring: for bench and tune, which need their drafted arm: a tune profile that turns
+            drafting off here is said in the reasons, not followed.
 
     Returns:
         The ``hardware.Decision``; ``warnings`` holds what was asked for and cannot be done here.
@@ -99,18 +102,20 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
     best = (profile or {}).get("recommendation") or {}
     if profile:
         if best.get("draft_enabled") is False:
-            d.draft_enabled = False
+            d.draft_enabled = measuring
             d.reasons.append(f"tune profile {profile.get('path', '')}: drafting turned off "
-                             f"({best.get('why', 'it measured slower than no draft')})")
+                             f"({best.get('why', 'it measured slower than no draft')})"
+                             + ("; measured with the draft all the same" if measuring else ""))
         elif best.get("draft_n_max"):
             d.draft_n_max, table_length = int(best["draft_n_max"]), False
             d.reasons.append(f"tune profile {profile.get('path', '')}: draft length {d.draft_n_max} measured fastest")
     cap = best.get("max_concurrency_for_draft")
     if d.draft_enabled and cap is not None and parallel is not None and parallel > int(cap):
         # what tune measured is drafting at every load against none
-        d.draft_enabled = False
+        d.draft_enabled = measuring
         d.reasons.append(f"tune profile: drafting stops paying above {cap} parallel request(s) on this "
-                         f"machine and {parallel} slots were asked for; serving without the draft")
+                         f"machine and {parallel} slots were asked for; "
+                         + ("measured with the draft all the same" if measuring else "serving without the draft"))
     if draft_n_max is not None:
         d.draft_n_max, d.draft_enabled, table_length = draft_n_max, True, False
         d.reasons.append(f"--draft-n-max {draft_n_max} given")

@@ -379,9 +379,9 @@ def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None 
             devices: Any = None) -> tuple[eng.EngineInfo, Any, hardware.Decision, DraftLimits]:
     """Check inputs, the pair and the engine; detect devices; decide as ``serve`` would at the
     highest concurrency level (``launch.decide``: tune profile, ``draft_n_max``, the engine's
-    patches). Where a tune profile turned drafting off, the decision is made again without it: a
-    measurement needs its drafted arm. ``devices``: decide for this ``DeviceReport`` instead of
-    detecting the engine's (as ``serve.plan``'s). Shared by bench and tune.
+    patches). A tune profile that turned drafting off is said, not followed: a measurement needs
+    its drafted arm (``launch.decide(measuring=True)``). ``devices``: decide for this
+    ``DeviceReport`` instead of detecting the engine's (as ``serve.plan``'s). Shared by bench and tune.
 
     Raises:
         InputNotFoundError, CorruptFileError, PairMismatchError, EngineError, BenchError.
@@ -395,11 +395,7 @@ def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None 
     devices = devices or hardware.detect(info)
     prof = profiles.load_profile(devices, target, draft)
     parallel = max(concurrency_levels(concurrency, devices.backend or "cpu"))
-    decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max, parallel=parallel)
-    if not decision.draft_enabled:
-        off = decision.reasons[-1]
-        decision = launch.decide(devices, info, draft_n_max=draft_n_max, parallel=parallel)
-        decision.reasons.append(f"measured with the draft although {off}")
+    decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max, parallel=parallel, measuring=True)
     return info, devices, decision, draft_limits(draft)
 
 
