@@ -48,8 +48,9 @@ class ServePlan:
     def to_dict(self) -> dict:
         """The plan as JSON-ready data: the command line (as a list and as one shell line), the
         settings, the decision and its reasons, the context (``-c``, and what each slot holds),
-        the engine, the check report, the chat UI and the warnings. API keys are redacted exactly as on the printed command line (``--api-key-file
-        <api-key-file>``; see ``ServerSettings.redacted_dict``)."""
+        the engine, the check report, the chat UI and the warnings. API keys are redacted exactly
+        as on the printed command line (``--api-key-file <api-key-file>``; see
+        ``ServerSettings.redacted_dict``)."""
         argv = self.settings.redacted()
         return {"command": shlex.join(argv), "argv": argv, "settings": self.settings.redacted_dict(),
                 "decision": self.decision.to_dict(), "context": self.context.to_dict(),
@@ -126,6 +127,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     _check_range("ctx_size", ctx_size, 0, None)
     _check_range("ctx_per_slot", ctx_per_slot, 1, None)
     _check_range("parallel", parallel, 1, None)
+    if ctx_size is not None and ctx_per_slot is not None:
+        raise InvalidArgumentError(f"ctx_size {ctx_size} and ctx_per_slot {ctx_per_slot}: give one of them")
     if draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
         parse_draft_cut(draft_n_max_by_slots)  # refused before any file is read
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):

@@ -70,7 +70,7 @@ def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isol
         info, _devices, decision, _limits = ms.prepare(small_pair.target, small_pair.draft, concurrency=[1, 8, 32],
                                                        devices=H200, **extra)
         plain, spec = bench.bench_arms(info, decision, small_pair.target, small_pair.draft, parallel=32)
-        argv = p.settings.args()
+        argv = p.to_dict()["argv"]  # what serve --dry-run --json prints
         assert engine_args(spec.args()) == engine_args(argv), (spec.args(), argv)
         assert _value(argv, "--spec-draft-n-max-by-slots") == cut
         assert _value(argv, "--spec-draft-n-max") == str(extra.get("draft_n_max", 7))
