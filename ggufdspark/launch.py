@@ -109,7 +109,7 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         elif best.get("draft_n_max"):
             d.draft_n_max, table_length = int(best["draft_n_max"]), False
             d.reasons.append(f"tune profile {profile.get('path', '')}: draft length {d.draft_n_max} measured fastest")
-    cap = best.get("max_concurrency_for_draft")
+    cap = best.get("max_concurrency_for_draft") if best.get("draft_enabled") is not False else None
     if d.draft_enabled and cap is not None and parallel is not None and parallel > int(cap):
         # what tune measured is drafting at every load against none
         d.draft_enabled = measuring

@@ -104,10 +104,12 @@ def test_decision_is_final_and_engine_aware():
     d = launch.decide(H200, patched, profile=prof, parallel=8)
     assert d.draft_enabled and d.draft_n_max == 4 and d.draft_cut is None
     # bench and tune measure the draft where a profile turned it off, and say so
-    off = {"path": "p.json", "recommendation": {"draft_enabled": False, "why": "slower here"}}
+    off = {"path": "p.json", "recommendation": {"draft_enabled": False, "why": "slower here",
+                                                "max_concurrency_for_draft": 0}}
     assert not launch.decide(H200, patched, profile=off, parallel=32).draft_enabled
     d = launch.decide(H200, patched, profile=off, parallel=32, measuring=True)
-    assert d.draft_enabled and d.draft_n_max == 7 and "measured with the draft all the same" in d.reasons[1]
+    assert d.draft_enabled and d.draft_n_max == 7 and d.draft_cut == [(8, 5)]
+    assert [r for r in d.reasons if "measured with the draft all the same" in r] == [d.reasons[1]]
     with pytest.raises(InvalidArgumentError, match="'8:x' is not N:L"):
         launch.decide(H200, patched, draft_cut="8:x")
 
