@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ, parse_env  # noqa: E402
 from ggufdspark import engine, launch  # noqa: E402
+from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerProcess  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
 
@@ -149,9 +150,8 @@ def main() -> None:
         ctx = launch.context(parallel, model=args.target, ctx_per_slot=args.n_predict + 256)
         s = launch.server_settings(decision, info, model=args.target, ctx=ctx, parallel=parallel, metrics=False,
                                    extra_args=list(args.engine_arg) + list(extra or []))
-        if draft_n:
-            s = launch.with_draft(s, args.draft, draft_n)
-            s.synth_rates = rates[:draft_n]
+        if draft_n:  # the draft at this length, synthetic acceptance added as bench and tune add it
+            s = ms.arm_settings(s, args.draft, n_max=draft_n, synthetic=ms.Synthetic(rates=rates[:draft_n]))
         return s
 
     results = []

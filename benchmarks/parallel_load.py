@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from ggufdspark import engine, launch  # noqa: E402
+from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
@@ -196,10 +197,9 @@ def main() -> int:
                                     a.log_dir, n_probs=2, cache_prompt=a.cache_prompt)
             results.append(r)
         for n in (int(x) for x in a.n_max.split(",")):
-            s = launch.with_draft(base, a.draft, n)
+            syn = ms.Synthetic(rates=geometric_rates(a.synthetic, 9)[:n]) if a.synthetic is not None else None
+            s = ms.arm_settings(base, a.draft, n_max=n, synthetic=syn)  # as bench and tune build a drafted arm
             s.extra_args = s.extra_args + a.extra.split()
-            if a.synthetic is not None:
-                s.synth_rates = geometric_rates(a.synthetic, 9)[:n]
             with environ(env):  # the engine inherits it
                 r, outs = run_arm(f"n{n}", s, work, a.slots, run, a.log_dir, cache_prompt=a.cache_prompt)
             if plain_outs is not None:

@@ -32,6 +32,7 @@ from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
 from ggufdspark import engine, launch  # noqa: E402
+from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
 
 STATS = re.compile(r"statistics\s+(\S+): #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"
@@ -82,9 +83,8 @@ def main() -> None:
     def settings(n: int | None, zero: bool = False) -> ServerSettings:
         s = launch.server_settings(decision, info, model=args.target, ctx=launch.context(1, model=args.target),
                                    metrics=False, extra_args=["-lv", "4"])
-        if n:
-            s = launch.with_draft(s, args.draft, n)
-            s.synth_rates = [0.0] * n if zero else rates[:n]
+        if n:  # synthetic acceptance added as bench and tune add it
+            s = ms.arm_settings(s, args.draft, n_max=n, synthetic=ms.Synthetic(rates=[0.0] * n if zero else rates[:n]))
         return s
 
     configs = [("plain", settings(None), {})]
