@@ -174,7 +174,8 @@ def _pad(n: int) -> int:
 class Context:
     """The context llama-server gets (``total``: its ``-c``) and what each of its ``parallel``
     slots holds (``per_slot``: the engine's ``n_ctx_slot``; None where unknown: ``-c 0`` for a
-    model only the Hub has). ``trained``: the model's ``<arch>.context_length`` (None: unread)."""
+    model only the Hub has). ``trained``: the model's ``<arch>.context_length`` (None: unread).
+    ``warnings`` are not in ``to_dict`` (``serve``'s plan lists them with its own)."""
 
     total: int | None
     per_slot: int | None
@@ -184,7 +185,9 @@ class Context:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["warnings"]
+        return d
 
 
 def trained_context(model: str | Path | None) -> int | None:
