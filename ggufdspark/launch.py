@@ -197,25 +197,31 @@ def trained_context(model: str | Path | None) -> int | None:
     return read_gguf(model).get_int(Key.CONTEXT_LENGTH) or None
 
 
-def slot_context(total: int, parallel: int, trained: int | None) -> int | None:
+def slot_context(total: int, parallel: int, trained: int | None, *, unified: bool = False) -> int | None:
     """What each slot holds with ``-c total -np parallel``, as the pinned engine computes it:
-    ``-c 0`` is the trained context; ``-c`` and its share per slot padded to 256; capped by the
-    trained context (``server_context::n_ctx_slot``)."""
-    n_ctx = trained if total == 0 else total
-    if n_ctx is None:
-        return None
-    per = _pad(_pad(n_ctx) // max(parallel, 1))
+    ``-c 0`` gives each slot the trained context (``common/fit.cpp`` sizes ``-c`` to it times the
+    slots, less where free memory is short); otherwise ``-c`` and its share per slot are padded to
+    256 (with a unified KV cache, ``-kvu``, a slot may fill the whole ``-c``); capped by the trained
+    context (``server_context::n_ctx_slot``)."""
+    if total == 0:
+        return trained
+    per = _pad(total) if unified else _pad(_pad(total) // max(parallel, 1))
     return min(per, trained) if trained else per
 
 
+# llama-server flags for one KV cache shared by every slot (common/arg.cpp)
+UNIFIED_KV_FLAGS = ("-kvu", "--kv-unified")
+
+
 def context(parallel: int | None, *, model: str | Path | None = None, ctx_size: int | None = None,
-            ctx_per_slot: int | None = None) -> Context:
+            ctx_per_slot: int | None = None, extra_args: list[str] | None = None) -> Context:
     """Size ``-c`` for ``parallel`` slots.
 
     By default each slot gets ``CTX_PER_SLOT`` tokens, or the model's trained context where that
     is smaller (``-c`` = that x slots). ``ctx_per_slot`` asks for another share; ``ctx_size`` is
     the user's total, which llama-server divides among the slots (warned about below
-    ``MIN_CTX_PER_SLOT`` a slot).
+    ``MIN_CTX_PER_SLOT`` a slot) unless ``extra_args`` ask for a unified KV cache (``-kvu``),
+    where any slot may fill it.
 
     Raises:
         InvalidArgumentError: both given, or a value below 0 (``ctx_per_slot`` below 1).
@@ -227,11 +233,14 @@ def context(parallel: int | None, *, model: str | Path | None = None, ctx_size: 
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < lo):
             raise InvalidArgumentError(f"{name} {value!r}: expected an integer >= {lo}")
     trained = trained_context(model)
+    unified = any(a in UNIFIED_KV_FLAGS for a in extra_args or ())
     warnings: list[str] = []
     if ctx_size is not None:
-        per = slot_context(ctx_size, n, trained)
-        whole = "the model's trained context" if ctx_size == 0 else f"-c {ctx_size}"
-        why = f"{whole} (given), divided among {n} slot(s)"
+        per = slot_context(ctx_size, n, trained, unified=unified)
+        if ctx_size == 0:
+            why = "-c 0 (given): the model's trained context a slot, -c sized by llama-server to fit free memory"
+        else:
+            why = f"-c {ctx_size} (given), " + ("shared by the slots (-kvu)" if unified else f"divided among {n} slot(s)")
         if per is not None and per < MIN_CTX_PER_SLOT:
             warnings.append(f"-c {ctx_size} is llama-server's whole context, divided among the {n} slots (-np): "
                             f"{per} tokens a slot, and a longer prompt is refused; --ctx-per-slot "
@@ -247,7 +256,9 @@ def context(parallel: int | None, *, model: str | Path | None = None, ctx_size: 
         per, why = trained, f"the model's trained context, {trained} tokens a slot (below the default {CTX_PER_SLOT})"
     else:
         per, why = CTX_PER_SLOT, f"{CTX_PER_SLOT} tokens a slot (default)"
-    return Context(per * n, slot_context(per * n, n, trained), n, trained, why, tuple(warnings))
+    if unified:
+        why += "; one KV cache shared by the slots (-kvu): a slot may hold up to all of -c"
+    return Context(per * n, slot_context(per * n, n, trained, unified=unified), n, trained, why, tuple(warnings))
 
 
 # --------------------------------------------------------------------------- the settings

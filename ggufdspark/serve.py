@@ -157,7 +157,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
                              no_draft=no_draft or not use_draft, parallel=parallel,
                              draft_cut=draft_n_max_by_slots, precision_note=precision_note)
     warnings += decision.warnings
-    ctx = launch.context(parallel, model=model, ctx_size=ctx_size, ctx_per_slot=ctx_per_slot)
+    ctx = launch.context(parallel, model=model, ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
     warnings += ctx.warnings
     if (hf or hfd) and not (model and draft):
         warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "

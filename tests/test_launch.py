@@ -131,6 +131,9 @@ def test_each_slot_gets_a_usable_context(ggufdspark_cli, small_pair, isolated):
     p = ggufdspark_cli(*base, "--ctx-per-slot", "1000")
     ctx = json.loads(p.stdout)["context"]
     assert (ctx["total"], ctx["per_slot"]) == (32000, 1024), ctx  # the engine pads each slot to 256
+    p = ggufdspark_cli(*base, "-c", "4096", "--", "-kvu")  # one KV cache shared: any slot may fill -c
+    plan_ = json.loads(p.stdout)
+    assert plan_["context"]["per_slot"] == 4096 and plan_["warnings"] == [], plan_["context"]
     p = ggufdspark_cli(*base, "-c", "4096", "--ctx-per-slot", "1000")
     assert p.returncode == 2 and "give one" in p.stderr and "Traceback" not in p.stderr
 
@@ -177,3 +180,15 @@ def test_check_imports_without_the_generator():
             "import ggufdspark.cli.check; print('ok')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+@pytest.mark.parametrize("total,parallel,extra", [(4096, 32, []), (4096, 32, ["-kvu"]), (3000, 3, []), (0, 2, [])])
+def test_slot_context_is_what_the_engine_gives_each_slot(small_pair, start_server, tmp_path, total, parallel, extra):
+    """launch.slot_context (what --dry-run --json states) against the real engine's own log line."""
+    import re
+
+    srv = start_server(model=small_pair.target, spec_type=None, ctx_size=total, parallel=parallel, extra_args=extra)
+    m = re.search(r"n_ctx_slot = (\d+)", srv.log_path.read_text(errors="replace"))
+    assert m, f"no n_ctx_slot line in {srv.log_path}"
+    want = launch.slot_context(total, parallel, launch.trained_context(small_pair.target), unified=bool(extra))
+    assert int(m.group(1)) == want

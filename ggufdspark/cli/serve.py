@@ -35,7 +35,7 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--server", type=click.Path(), help="llama-server to use.")
 @click.option("-c", "--ctx-size", type=click.IntRange(0),
               help="llama-server's whole context (-c), which it divides among the -np slots (0: the model's "
-                   "trained context). Default: --ctx-per-slot x -np.")
+                   "trained context a slot, as memory allows). Default: --ctx-per-slot x -np.")
 @click.option("--ctx-per-slot", type=click.IntRange(1),
               help=f"Context of each slot in tokens (default {launch.CTX_PER_SLOT}, or the model's trained "
                    "context if smaller); -c is this x -np.")
