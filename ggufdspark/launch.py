@@ -240,7 +240,8 @@ def context(parallel: int | None, *, model: str | Path | None = None, ctx_size: 
         if ctx_size == 0:
             why = "-c 0 (given): the model's trained context a slot, -c sized by llama-server to fit free memory"
         else:
-            why = f"-c {ctx_size} (given), " + ("shared by the slots (-kvu)" if unified else f"divided among {n} slot(s)")
+            shared = "shared by the slots (-kvu)" if unified else f"divided among {n} slot(s)"
+            why = f"-c {ctx_size} (given), {shared}"
         if per is not None and per < MIN_CTX_PER_SLOT:
             warnings.append(f"-c {ctx_size} is llama-server's whole context, divided among the {n} slots (-np): "
                             f"{per} tokens a slot, and a longer prompt is refused; --ctx-per-slot "

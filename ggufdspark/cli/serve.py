@@ -66,7 +66,8 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     if as_json and not dry_run:
         raise click.UsageError("--json prints the plan of --dry-run: add --dry-run")
     if ctx_size is not None and ctx_per_slot is not None:
-        raise click.UsageError("-c/--ctx-size and --ctx-per-slot: give one (-c is the whole context, divided among the slots)")
+        raise click.UsageError("-c/--ctx-size and --ctx-per-slot: give one "
+                               "(-c is the whole context, divided among the slots)")
     if no_ui and open_page:
         raise click.UsageError("--open and --no-ui: there is no chat page to open without the UI")
     p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
