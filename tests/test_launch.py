@@ -55,6 +55,8 @@ def test_bench_drafted_arm_is_serves_server_on_cpu(ggufdspark_cli, small_pair, i
     st = json.loads(b.stdout)["settings"]
     assert engine_args(st["spec_command"]) == engine_args(served["argv"]), (st["spec_command"], served["argv"])
     assert "--no-repack" not in served["argv"]  # the engine has patch 0009: serve keeps repacking, so does bench
+    assert (st["ctx_size"], st["ctx_per_slot"]) == (32 * 4096, 4096) == (served["context"]["total"],
+                                                                       served["context"]["per_slot"])
     assert _value(served["argv"], "-c") == str(32 * launch.CTX_PER_SLOT) and _value(served["argv"], "-np") == "32"
     # the plain arm is serve's server without the draft
     p = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--json", "-np", "32", "--no-ui", "--no-draft")
