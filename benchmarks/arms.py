@@ -16,7 +16,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ggufdspark import hardware
+from ggufdspark import engine, launch
 from ggufdspark import measure as ms
 from ggufdspark.acceptance import geometric_rates
 from ggufdspark.gate import first_difference, top_logprobs_by_position
@@ -36,14 +36,15 @@ def published_rates(draft: str | Path, accept_len: float = PUBLISHED_ACCEPT_LEN)
 
 def base_settings(server: str | Path, target: str | Path, *, gpu: bool, parallel: int, n_predict: int,
                   threads: int | None = None, quantized: bool = False) -> ServerSettings:
-    """The plain server every arm of one target shares: everything offloaded with flash attention
-    on under ``gpu`` (as dspark_speed.py), the engine's workarounds for this backend otherwise."""
-    backend = "cuda" if gpu else "cpu"
-    return ServerSettings(
-        server=server, model=target, spec_type=None, draft_n_min=None, parallel=parallel,
-        ctx_size=parallel * (n_predict + CTX_MARGIN), threads=threads, metrics=False,
-        n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if gpu else None, flash_attn="on" if gpu else None,
-        extra_args=hardware.engine_workarounds(backend, parallel, quantized=quantized))
+    """The plain server every arm of one target shares, through ``ggufdspark.launch`` as ``serve``
+    builds its own: the table's CUDA row under ``gpu`` (everything offloaded, flash attention on),
+    the CPU row otherwise, the engine's workarounds for this build, ``n_predict + CTX_MARGIN``
+    tokens a slot. ``quantized``: a quantized draft will be added (it counts for the workarounds)."""
+    info = engine.find_engine(server)
+    decision = launch.table_decision("cuda" if gpu else "cpu")
+    ctx = launch.context(parallel, model=target, ctx_per_slot=n_predict + CTX_MARGIN)
+    return launch.server_settings(decision, info, model=target, ctx=ctx, parallel=parallel, threads=threads,
+                                  metrics=False, quantized=quantized or None)
 
 
 def drafted(base: ServerSettings, draft: str | Path, n_max: int, rates: list[float] | None) -> ServerSettings:

@@ -92,10 +92,10 @@ def confirm(result: tune.TuneResult, a: argparse.Namespace, progress) -> dict:
     """Re-measure the tuned configuration in a fresh plain / tuned / plain bracket, so the reported
     speedup is not the maximum of a noisy sweep (the winner's curse)."""
     rec, st = result.recommendation, result.settings
-    info, _devices, decision, _limits = ms.prepare(a.target, a.draft, server=a.server)
+    info, _devices, decision, _limits = ms.prepare(a.target, a.draft, server=a.server, concurrency=st["concurrency"])
     levels = [lv for lv in st["concurrency"] if lv <= rec["max_concurrency_for_draft"]]
-    base = ms.base_settings(info, a.target, decision=decision, parallel=max(st["concurrency"]),
-                            ctx_per_slot=1024 + a.n_predict, threads=a.threads)
+    base = ms.base_settings(info, a.target, decision=decision, parallel=max(st["concurrency"]), threads=a.threads,
+                            draft=a.draft)
     syn = ms.Synthetic(rates=result.acceptance.truncated(rec["draft_n_max"]))
     logs = Path(result.logs or ".")
     out: dict = {"levels": levels, "draft_n_max": rec["draft_n_max"]}

@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ, parse_env  # noqa: E402
-from ggufdspark import engine  # noqa: E402
-from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from ggufdspark import engine, launch  # noqa: E402
+from ggufdspark import measure as ms  # noqa: E402
+from ggufdspark.runners.server import ServerProcess  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
 
 PROMPT = ("Describe in detail how speculative decoding works with a small draft model and a large "
@@ -132,7 +133,10 @@ def main() -> None:
     if args.trials < 1 or args.load_trials < 1:
         ap.error(f"--trials {args.trials} / --load-trials {args.load_trials}: at least 1")
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    server = args.server or engine.find_engine().path
+    info = engine.find_engine(args.server)
+    server = info.path
+    # the table's row for the backend, through the seam serve uses (ggufdspark.launch)
+    decision = launch.table_decision("cuda" if args.gpu else "cpu")
     rates = geometric_rates(args.accept_len, args.block)
     env_variants = parse_env_variants(args.env_variants)
     conc = [int(x) for x in args.concurrency.split(",") if x]
@@ -143,15 +147,11 @@ def main() -> None:
     max_np = max(conc + [1])
 
     def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1):
-        s = ServerSettings(server=server, model=args.target, ctx_size=parallel * (args.n_predict + 256),
-                           parallel=parallel, metrics=False, extra_args=list(args.engine_arg) + list(extra or []))
-        if args.gpu:
-            s.n_gpu_layers, s.flash_attn = 99, "on"
-        if draft_n:
-            s.draft, s.draft_n_max, s.draft_n_min = args.draft, draft_n, 0
-            s.synth_rates = rates[:draft_n]
-            if args.gpu:
-                s.n_gpu_layers_draft = 99
+        ctx = launch.context(parallel, model=args.target, ctx_per_slot=args.n_predict + 256)
+        s = launch.server_settings(decision, info, model=args.target, ctx=ctx, parallel=parallel, metrics=False,
+                                   extra_args=list(args.engine_arg) + list(extra or []))
+        if draft_n:  # the draft at this length, synthetic acceptance added as bench and tune add it
+            s = ms.arm_settings(s, args.draft, n_max=draft_n, synthetic=ms.Synthetic(rates=rates[:draft_n]))
         return s
 
     results = []

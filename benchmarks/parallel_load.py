@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from ggufdspark import engine  # noqa: E402
+from ggufdspark import engine, launch  # noqa: E402
+from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
@@ -166,24 +167,23 @@ def main() -> int:
     ap.add_argument("--cache-prompt", action="store_true", help="let the server reuse cached prompt prefixes")
     ap.add_argument("--extra", default="", help="extra llama-server flags for the drafted arms")
     ap.add_argument("--env", default="", help="NAME=VALUE,... for the drafted arms' engine")
-    ap.add_argument("--repack", action="store_true",
-                    help="CPU: keep repacked weights (by default --no-repack, see hardware.engine_workarounds)")
     ap.add_argument("--json", type=Path, default=None, help="write the raw numbers here")
     ap.add_argument("--log-dir", type=Path, default=Path("parallel_load_logs"), help="keep the server logs here")
     a = ap.parse_args()
 
-    exe = a.server or engine.find_engine().path
+    info = engine.find_engine(a.server)
+    # every server through the seam serve uses (ggufdspark.launch): the table's row for the backend,
+    # the engine's workarounds for this build (hardware.engine_workarounds)
+    decision = launch.table_decision("cuda" if a.gpu else "cpu")
     a.log_dir.mkdir(parents=True, exist_ok=True)
     lo, hi = (int(x) for x in a.prompt_tokens.split("-"))
     glo, ghi = (int(x) for x in a.n_predict.split("-"))
     n_req = a.requests or 2 * a.slots
-    probe = ServerSettings(server=exe, model=a.target, spec_type=None, ctx_size=512, parallel=1)
+    probe = launch.server_settings(decision, info, model=a.target, ctx=launch.context(1, ctx_per_slot=512))
     with ServerProcess(probe, log_path=a.log_dir / "probe.log") as srv:
         vocab = _n_vocab(srv)
-    base = dict(server=exe, model=a.target, ctx_size=a.ctx_per_slot * a.slots, parallel=a.slots,
-                extra_args=[] if a.gpu or a.repack else ["--no-repack"])
-    if a.gpu:
-        base.update(n_gpu_layers=99, n_gpu_layers_draft=99, flash_attn="on")
+    base = launch.server_settings(decision, info, model=a.target, parallel=a.slots,
+                                  ctx=launch.context(a.slots, model=a.target, ctx_per_slot=a.ctx_per_slot))
     try:
         env = parse_env(a.env)
     except ValueError as e:
@@ -193,14 +193,13 @@ def main() -> int:
         work = make_workload(n_req, vocab, (lo, hi), (glo, ghi), seed=run, shared_prefix=a.shared_prefix)
         plain_outs = None
         if a.synthetic is None:
-            r, plain_outs = run_arm("plain", ServerSettings(spec_type=None, **base), work, a.slots, run,
+            r, plain_outs = run_arm("plain", base, work, a.slots, run,
                                     a.log_dir, n_probs=2, cache_prompt=a.cache_prompt)
             results.append(r)
         for n in (int(x) for x in a.n_max.split(",")):
-            s = ServerSettings(draft=a.draft, draft_n_max=n, **base)
+            syn = ms.Synthetic(rates=geometric_rates(a.synthetic, 9)[:n]) if a.synthetic is not None else None
+            s = ms.arm_settings(base, a.draft, n_max=n, synthetic=syn)  # as bench and tune build a drafted arm
             s.extra_args = s.extra_args + a.extra.split()
-            if a.synthetic is not None:
-                s.synth_rates = geometric_rates(a.synthetic, 9)[:n]
             with environ(env):  # the engine inherits it
                 r, outs = run_arm(f"n{n}", s, work, a.slots, run, a.log_dir, cache_prompt=a.cache_prompt)
             if plain_outs is not None:

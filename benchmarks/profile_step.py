@@ -31,7 +31,8 @@ from benchmarks.dspark_speed import PROMPT  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
-from ggufdspark import engine  # noqa: E402
+from ggufdspark import engine, launch  # noqa: E402
+from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
 
 STATS = re.compile(r"statistics\s+(\S+): #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"
@@ -74,17 +75,16 @@ def main() -> None:
     ap.add_argument("--log-dir", type=Path, default=Path("profile_step_logs"), help="keep the server logs here")
     args = ap.parse_args()
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    server = args.server or engine.find_engine().path
     rates = geometric_rates(4.22, 9)
 
+    info = engine.find_engine(args.server)
+    decision = launch.table_decision("cuda" if args.gpu else "cpu")  # through the seam serve uses
+
     def settings(n: int | None, zero: bool = False) -> ServerSettings:
-        s = ServerSettings(server=server, model=args.target, ctx_size=4096, metrics=False, extra_args=["-lv", "4"])
-        if args.gpu:
-            s.n_gpu_layers, s.flash_attn = 99, "on"
-        if n:
-            s.draft, s.draft_n_max, s.draft_n_min = args.draft, n, 0
-            s.synth_rates = [0.0] * n if zero else rates[:n]
-            s.n_gpu_layers_draft = 99 if args.gpu else None
+        s = launch.server_settings(decision, info, model=args.target, ctx=launch.context(1, model=args.target),
+                                   metrics=False, extra_args=["-lv", "4"])
+        if n:  # synthetic acceptance added as bench and tune add it
+            s = ms.arm_settings(s, args.draft, n_max=n, synthetic=ms.Synthetic(rates=[0.0] * n if zero else rates[:n]))
         return s
 
     configs = [("plain", settings(None), {})]

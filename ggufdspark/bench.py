@@ -27,11 +27,14 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ggufdspark import engine as eng
+from ggufdspark import launch
 from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
 from ggufdspark.errors import BenchError, InvalidArgumentError
 from ggufdspark.gate import (NEAR_TIE_GAP, GateResult, check_reference, first_difference, reference_run,
                              run_gate)
+from ggufdspark.hardware import Decision
 from ggufdspark.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoint, Outcome, Progress, Synthetic,
                                 Turn, arm_settings, base_settings, check_rates, concurrency_levels, log_directory,
                                 measure_load, prepare, render, request, run_first_arm, running, warm)
@@ -43,7 +46,7 @@ from ggufdspark.runners.server import ServerSettings
 
 # The verb's own names, and the public names of measure, gate and report that callers have long
 # imported from here (the CLI, tests, benchmarks); new code imports those from their modules.
-__all__ = ["Arms", "measure_arms", "summarize_arms", "run_bench",
+__all__ = ["Arms", "measure_arms", "summarize_arms", "bench_arms", "run_bench",
            "DEFAULT_N_PREDICT", "EXIT_WAIT_S", "NEAR_TIE_GAP", "Outcome", "Turn", "render", "request", "running",
            "GateResult", "first_difference", "run_gate", "BenchReport", "GroupStats", "accept_histogram",
            "format_report", "plot_report", "MAX_PLAIN_DRIFT"]
@@ -197,6 +200,18 @@ def summarize_arms(a: Arms, *, max_plain_drift: float = MAX_PLAIN_DRIFT
     return groups, overall, drift, load, acceptance
 
 
+def bench_arms(engine: eng.EngineInfo, decision: Decision, target: str | Path, draft: str | Path, *,
+               mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int | None = None,
+               threads: int | None = None, server_args: list[str] | None = None, p_min: float | None = None,
+               synthetic: Synthetic | None = None) -> tuple[ServerSettings, ServerSettings]:
+    """The plain and the drafted server of a bench run. The drafted one is what ``serve`` starts for
+    ``decision`` at ``-np parallel`` (``measure.base_settings``: draft length, load cut, context,
+    workarounds), plus ``p_min`` and synthetic acceptance; the plain one is the same without the draft."""
+    base = base_settings(engine, target, decision=decision, mmproj=mmproj, parallel=parallel,
+                         ctx_per_slot=ctx_per_slot, threads=threads, extra_args=server_args, draft=draft)
+    return arm_settings(base, None), arm_settings(base, draft, p_min=p_min, synthetic=synthetic)
+
+
 def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
               prompts: str | Path | None = None, categories: list[str] | None = None, limit: int | None = None,
               n_predict: int = DEFAULT_N_PREDICT, draft_n_max: int | None = None, p_min: float | None = None,
@@ -243,8 +258,9 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
         check_reference(reference_hf)
     if gate and (synthetic_len is not None or synthetic_rates):
         _synthetic(synthetic_len, synthetic_rates, gate, 1)  # refuse before anything is loaded
-    info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server)
-    n_max = draft_n_max or decision.draft_n_max or limits.max_n
+    info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server, concurrency=concurrency,
+                                              draft_n_max=draft_n_max)
+    n_max = decision.draft_n_max or limits.max_n
     if n_max > limits.max_n:
         raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
                          f"block size {limits.block_size})")
@@ -255,11 +271,12 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
     # a temporary log directory is gone again if the run fails before writing to it
     with log_directory(log_dir, "ggufdspark-bench-") as logs:
         pset = pr.prompt_set(prompts, mmproj=mmproj, image_dir=logs / "images", categories=categories, limit=limit)
-        per_slot = ctx_per_slot or 2048 + n_predict * max(it.n_turns for it in pset.items)
-        base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=max(levels),
-                             ctx_per_slot=per_slot, threads=threads, extra_args=server_args, draft=draft)
-        spec_settings = arm_settings(base, draft, n_max=n_max, p_min=p_min, synthetic=synthetic)
-        plain_settings = arm_settings(base, None)
+        # serve's context a slot, unless the prompt set's turns need more
+        needed = 2048 + n_predict * max(it.n_turns for it in pset.items)
+        per_slot = ctx_per_slot or (needed if needed > launch.CTX_PER_SLOT else None)
+        plain_settings, spec_settings = bench_arms(info, decision, target, draft, mmproj=mmproj, parallel=max(levels),
+                                                   ctx_per_slot=per_slot, threads=threads, server_args=server_args,
+                                                   p_min=p_min, synthetic=synthetic)
         gate_mode = ("refused: " + f"{synthetic.describe()}: the output is not valid in that mode" if synthetic
                      else "off: --no-gate given" if gate is False else "run")
         arms = measure_arms(plain_settings, spec_settings, pset.items, n_predict=n_predict, levels=levels, logs=logs,
@@ -270,6 +287,10 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
                     "engine": f"{info.commit or info.version} ({info.path})", "backend": decision.backend,
                     "devices": decision.devices, "draft_n_max": n_max, "block_size": limits.block_size,
                     "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
+                    "draft_cut": spec_settings.draft_n_max_by_slots, "ctx_size": spec_settings.ctx_size,
+                    "ctx_per_slot": launch.slot_context(
+                        spec_settings.ctx_size, max(levels), launch.trained_context(target),
+                        unified=any(a in launch.UNIFIED_KV_FLAGS for a in server_args or ())),
                     "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
                     "requests": len(arms.turns), "prompts": pset.source, "images": pset.images,
                     "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,

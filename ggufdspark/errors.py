@@ -81,6 +81,17 @@ class PortInUseError(EngineError, OSError):
     """The requested port is already bound."""
 
 
+class ContextSizeError(EngineError, ValueError):
+    """llama-server refused a request longer than its slot's context (HTTP 400,
+    ``exceed_context_size_error``); the server goes on serving. ``n_prompt`` / ``n_ctx``: the
+    request's tokens and the slot's context, when the engine's message gives them."""
+
+    def __init__(self, message: str, n_prompt: int | None = None, n_ctx: int | None = None):
+        super().__init__(message)
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
+
+
 class TimingsParseError(GgufdsparkError, ValueError):
     """Input to the timings parser could not be read."""
 

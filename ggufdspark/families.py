@@ -33,8 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ggufdspark.synthetic.synth import (FULL_DRAFTER, FULL_TARGET, SMALL_DRAFTER, SMALL_TARGET, DrafterSpec,
-                                      TargetSpec)
+from ggufdspark.shapes import FULL_DRAFTER, FULL_TARGET, SMALL_DRAFTER, SMALL_TARGET, DrafterSpec, TargetSpec
 
 SIZES = ("small", "full")
 

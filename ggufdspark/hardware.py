@@ -1,12 +1,13 @@
-"""Per-hardware defaults for serving a DSpark pair, as a table with where each number comes from,
-and the decision function ``serve`` and ``bench`` use."""
+"""Per-hardware defaults for serving a DSpark pair, as a table with where each number comes from;
+the engine's workarounds per backend; the ``Decision`` record (made by ``ggufdspark.launch.decide``)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
 
-from ggufdspark.bindings import DeviceReport, probe_devices
+from ggufdspark.bindings import probe_devices
+from ggufdspark.devices import DeviceReport
 from ggufdspark.engine import EngineInfo
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,6 @@ class BackendDefaults:
     offload: bool  # -ngl / -ngld OFFLOAD_ALL_LAYERS
     flash_attn: str | None  # "-fa on" on GPUs
     source: str  # why this number
-    # the most generating slots for which drafting measured worth it; above it new drafts pause
-    # (engine patch 0011, --spec-draft-max-slots). None: not measured, no limit.
-    draft_max_slots: int | None = None
     # drafts cut to L tokens while more than N slots generate (engine patch 0021,
     # --spec-draft-n-max-by-slots), with the table's draft length only. None: no cut.
     draft_cut: tuple[tuple[int, int], ...] | None = None
@@ -40,8 +38,9 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # 1.15x, 1.08x, 1.03x against 0.96x, 1.09x, 0.98x, 0.90x). Hence 7, cut to 5 while more than 8
     # slots generate (two runs of that cut: 1.00x and 1.03x at 32 requests). The families
     # (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5: tune there.
-    # No slot limit: pausing new drafts above 8 generating slots (patch 0011) measured 0.90x of plain
-    # at 16 requests and 0.88x at 32, against 1.23x and 0.97x drafting at every load (one run).
+    # No slot limit: pausing new drafts above 8 generating slots (patch 0011, --spec-draft-max-slots)
+    # measured 0.90x of plain at 16 requests and 0.88x at 32, against 1.23x and 0.97x drafting at
+    # every load (one run), so serve does not use it (docs/engine-patches.md, 0011).
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
                             draft_cut=((8, 5),)),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
@@ -56,8 +55,7 @@ OTHER_GPU = BackendDefaults(8, True, "on", "other GPU backend: Metal's value, un
 
 # The patch of ggufdspark's series that fixes the AMX crash below (docs/engine-patches.md, 0009).
 AMX_BATCH_FIX = "ggml-cpu-amx-batched-mul_mat-offsets"
-# The patch that gives llama-server --spec-draft-max-slots (docs/engine-patches.md, 0011).
-LOAD_AWARE_DRAFTING = "spec-draft-max-slots"
+# The patch that gives llama-server --spec-draft-n-max-by-slots (docs/engine-patches.md, 0021).
 DRAFT_CUT_BY_LOAD = "spec-draft-n-max-by-slots"  # patch 0021
 
 
@@ -107,7 +105,12 @@ def engine_workarounds(backend: str | None, parallel: int | None, engine: Engine
 
 @dataclass
 class Decision:
-    """What serve will run with, and why."""
+    """What a server will run with, and why (``ggufdspark.launch.decide`` makes it, final).
+
+    ``draft_cut``: the --spec-draft-n-max-by-slots (N, L) steps the engine gets (None: no cut).
+    ``warnings``: options asked for that this engine or load cannot honour (not in ``to_dict``:
+    ``serve``'s plan lists them with its own).
+    """
 
     backend: str
     draft_enabled: bool
@@ -116,73 +119,15 @@ class Decision:
     flash_attn: str | None
     reasons: list[str] = field(default_factory=list)
     devices: list[dict] = field(default_factory=list)
-    draft_max_slots: int | None = None  # --spec-draft-max-slots, when the engine has it
-    # --spec-draft-n-max-by-slots (N, L) steps: the table's here, the ones applied after serve.plan
     draft_cut: list[tuple[int, int]] | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["warnings"]
+        return d
 
 
 def detect(engine: EngineInfo) -> DeviceReport:
     """Devices of this engine build (ctypes bindings first, ``--list-devices`` as fallback)."""
     return probe_devices(engine.lib_dir, server=engine.path)
-
-
-def decide(report: DeviceReport, *, profile: dict | None = None, draft_n_max: int | None = None,
-           no_draft: bool = False, parallel: int | None = 1, load_aware: bool = False,
-           draft_max_slots: int | None = None) -> Decision:
-    """Pick the serving settings: table default < tune profile < explicit arguments.
-
-    Drafting pays up to some number of generating slots (the table's ``draft_max_slots``, a tune
-    profile's ``recommendation.max_concurrency_for_draft``, or ``draft_max_slots``; 0 means no
-    limit). With more slots than that, a profile's limit turns drafting off, as tune measured; the
-    table's or the caller's keeps the draft on an engine with load-aware drafting (``load_aware``:
-    patch 0011), which pauses new drafts while more slots than the limit generate.
-    """
-    backend = report.backend or "cpu"
-    base = DEFAULTS.get(backend, OTHER_GPU)
-    d = Decision(backend, True, base.draft_n_max, base.offload, base.flash_attn, [f"default for {base.source}"],
-                 [asdict(x) for x in report.devices])
-    # the table's load cut goes with the table's length only (a profile or --draft-n-max replaces both)
-    d.draft_cut = list(base.draft_cut) if base.draft_cut else None
-    if report.errors:
-        d.reasons.append("device detection: " + "; ".join(report.errors))
-    if profile:
-        best = profile.get("recommendation") or {}
-        if best.get("draft_enabled") is False:
-            d.draft_enabled = False
-            d.reasons.append(f"tune profile {profile.get('path', '')}: drafting turned off "
-                             f"({best.get('why', 'it measured slower than no draft')})")
-        elif best.get("draft_n_max"):
-            d.draft_n_max = int(best["draft_n_max"])
-            d.draft_cut = None
-            d.reasons.append(f"tune profile {profile.get('path', '')}: draft length {d.draft_n_max} measured fastest")
-    # where the slot limit comes from: the table, a tune profile, or the caller (0: no limit)
-    cap, cap_source = base.draft_max_slots, "the table (" + base.source.split(":")[0] + ")"
-    prof_cap = ((profile or {}).get("recommendation") or {}).get("max_concurrency_for_draft")
-    if prof_cap is not None:
-        cap, cap_source = int(prof_cap), "tune profile"
-    if draft_max_slots is not None:
-        cap, cap_source = (draft_max_slots or None), "--draft-max-slots"
-    if d.draft_enabled and cap is not None and parallel is not None and parallel > cap:
-        if load_aware and cap_source != "tune profile":
-            d.draft_max_slots = cap
-            d.reasons.append(f"{cap_source}: drafting pays up to {cap} generating slot(s); of the {parallel} slots, "
-                             f"new drafts pause while more than {cap} generate")
-        elif cap_source == "tune profile":
-            # what tune measured is drafting at every load against none; pausing drafts above the
-            # limit measured slower than no draft on an H200 (docs/engine-patches.md, 0011)
-            d.draft_enabled = False
-            d.reasons.append(f"tune profile: drafting stops paying above {cap} parallel request(s) on this "
-                             f"machine and {parallel} slots were asked for; serving without the draft "
-                             f"(--draft-max-slots {cap} keeps it and pauses new drafts above that load instead)")
-    if draft_n_max is not None:
-        d.draft_n_max = draft_n_max
-        d.draft_cut = None
-        d.draft_enabled = True
-        d.reasons.append(f"--draft-n-max {draft_n_max} given")
-    if no_draft:
-        d.draft_enabled = False
-        d.reasons.append("--no-draft given")
-    return d

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, profiles
+from ggufdspark import hardware, launch, profiles
 from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
 from ggufdspark.check import check_pair
@@ -107,33 +107,38 @@ def check_rates(rates: list[float], n_max: int, *, what: str = "--synthetic-rate
 
 
 def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardware.Decision,
-                  mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int = 4096,
+                  mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int | None = None,
                   threads: int | None = None, extra_args: list[str] | None = None,
                   draft: str | Path | None = None) -> ServerSettings:
-    """The target-only server the arms share (offload and flash attention as ``serve`` decides);
-    ``extra_args`` go to every arm's llama-server unchanged. ``draft``, the one the speculative arms
-    will add, counts for the engine's workarounds (a quantized draft), so every arm runs alike."""
-    from ggufdspark.quants import is_quantized_file
-
-    quantized = any(p is not None and is_quantized_file(p) for p in (target, draft))
-    return ServerSettings(
-        server=engine.path, model=target, mmproj=mmproj, spec_type=None, draft_n_min=None,
-        n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None, flash_attn=decision.flash_attn,
-        ctx_size=parallel * ctx_per_slot, parallel=parallel, threads=threads,
-        extra_args=hardware.engine_workarounds(decision.backend, parallel, quantized=quantized)
-        + list(extra_args or []))
+    """The server ``serve`` would start for ``decision`` at ``-np parallel`` (``launch.server_settings``):
+    with ``draft`` when the decision drafts, offload, flash attention, the load cut, the engine's
+    workarounds, each slot's context as ``serve`` sizes it (``ctx_per_slot``: another share), then
+    ``extra_args``. Every arm derives from it (``arm_settings``), so all of them run alike."""
+    ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
+    return launch.server_settings(decision, engine, model=target, draft=draft, mmproj=mmproj, ctx=ctx,
+                                  parallel=parallel, threads=threads, extra_args=extra_args)
 
 
 def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int | None = None,
                  p_min: float | None = None, synthetic: Synthetic | None = None) -> ServerSettings:
-    """``base`` with the DSpark draft (or without, for ``draft=None``)."""
+    """One arm of ``base`` (from ``base_settings``): ``draft=None`` is the same server without the
+    draft; ``n_max=None`` keeps the decision's draft as ``serve`` runs it (its length and load
+    cut); another ``n_max`` is what ``serve --draft-n-max N`` would run (no load cut). ``p_min``
+    and synthetic acceptance (speed studies only) are added here, never by ``serve``.
+
+    Raises:
+        ValueError: ``n_max=None`` for a ``base`` that serves no draft.
+    """
     if draft is None:
-        return dataclasses.replace(base, draft=None, spec_type=None, extra_args=list(base.extra_args))
+        return launch.without_draft(base)
+    if n_max is None:
+        if base.spec_type is None or base.draft is None:
+            raise ValueError("arm_settings: the base serves no draft; give n_max")
+        s = launch.with_draft(base, draft, base.draft_n_max, cut=base.draft_n_max_by_slots)
+    else:
+        s = launch.with_draft(base, draft, n_max)
     syn = synthetic or Synthetic()
-    return dataclasses.replace(
-        base, draft=draft, spec_type="draft-dspark", draft_n_max=n_max, draft_n_min=0, draft_p_min=p_min,
-        n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if base.n_gpu_layers else None, synth_len=syn.length,
-        synth_rates=syn.rates, extra_args=list(base.extra_args))
+    return dataclasses.replace(s, draft_p_min=p_min, synth_len=syn.length, synth_rates=syn.rates)
 
 
 # Seen on this project's x86 build machine (AMX-capable Xeon, pinned engine, CPU backend): with two
@@ -369,11 +374,17 @@ def concurrency_levels(concurrency: list[int] | None, backend: str) -> list[int]
 
 
 def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
-            server: str | Path | None = None) -> tuple[eng.EngineInfo, Any, hardware.Decision, DraftLimits]:
-    """Check inputs, the pair and the engine; detect devices. Shared by bench and tune.
+            server: str | Path | None = None, concurrency: list[int] | None = None,
+            draft_n_max: int | None = None,
+            devices: Any = None) -> tuple[eng.EngineInfo, Any, hardware.Decision, DraftLimits]:
+    """Check inputs, the pair and the engine; detect devices; decide as ``serve`` would at the
+    highest concurrency level (``launch.decide``: tune profile, ``draft_n_max``, the engine's
+    patches). A tune profile that turned drafting off is said, not followed: a measurement needs
+    its drafted arm (``launch.decide(measuring=True)``). ``devices``: decide for this
+    ``DeviceReport`` instead of detecting the engine's (as ``serve.plan``'s). Shared by bench and tune.
 
     Raises:
-        InputNotFoundError, CorruptFileError, PairMismatchError, EngineError.
+        InputNotFoundError, CorruptFileError, PairMismatchError, EngineError, BenchError.
     """
     for label, p in (("target", target), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
@@ -381,9 +392,10 @@ def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None 
     check_pair(target, draft, mmproj).raise_for_failures()
     info = eng.find_engine(server)
     eng.require_dspark(info)
-    devices = hardware.detect(info)
+    devices = devices or hardware.detect(info)
     prof = profiles.load_profile(devices, target, draft)
-    decision = hardware.decide(devices, profile=prof)
+    parallel = max(concurrency_levels(concurrency, devices.backend or "cpu"))
+    decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max, parallel=parallel, measuring=True)
     return info, devices, decision, draft_limits(draft)
 
 

@@ -14,7 +14,7 @@ import re
 import time
 from pathlib import Path
 
-from ggufdspark.bindings import DeviceReport
+from ggufdspark.devices import DeviceReport
 from ggufdspark.engine import cache_dir, sha256_file
 
 log = logging.getLogger(__name__)

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, profiles, webui
+from ggufdspark import hardware, launch, profiles, webui
 from ggufdspark.check import check_pair
+from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
-from ggufdspark.quants import is_quantized_file, is_quantized_tag
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
 
@@ -39,6 +39,7 @@ class ServePlan:
     settings: ServerSettings
     decision: hardware.Decision
     engine: eng.EngineInfo
+    context: launch.Context
     warnings: list[str] = field(default_factory=list)
     check: dict | None = None
     ui: Path | None = None  # the chat UI directory passed as --path (None: none passed)
@@ -46,18 +47,21 @@ class ServePlan:
 
     def to_dict(self) -> dict:
         """The plan as JSON-ready data: the command line (as a list and as one shell line), the
-        settings, the decision and its reasons, the engine, the check report, the chat UI and the
-        warnings. API keys are redacted exactly as on the printed command line (``--api-key-file
-        <api-key-file>``; see ``ServerSettings.redacted_dict``)."""
+        settings, the decision and its reasons, the context (``-c``, and what each slot holds),
+        the engine, the check report, the chat UI and the warnings. API keys are redacted exactly
+        as on the printed command line (``--api-key-file <api-key-file>``; see
+        ``ServerSettings.redacted_dict``)."""
         argv = self.settings.redacted()
         return {"command": shlex.join(argv), "argv": argv, "settings": self.settings.redacted_dict(),
-                "decision": self.decision.to_dict(), "engine": self.engine.to_dict(), "check": self.check,
+                "decision": self.decision.to_dict(), "context": self.context.to_dict(),
+                "engine": self.engine.to_dict(), "check": self.check,
                 "ui": str(self.ui) if self.ui else None, "ui_note": self.ui_note, "warnings": list(self.warnings)}
 
 
 # Accepted ranges, shared by the CLI's option types and the Python API.
 PORT_RANGE = (0, 65535)  # 0: pick a free port
-DRAFT_N_MAX_RANGE = (1, 64)
+DRAFT_N_MAX_RANGE = launch.DRAFT_N_MAX_RANGE
+parse_draft_cut = launch.parse_draft_cut  # where callers have long found it
 # RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens, 253 characters at most
 _HOST_NAME = re.compile(r"(?=.{1,253}\.?$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 
@@ -68,60 +72,6 @@ def _check_range(name: str, value: int | None, lo: int, hi: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
         expected = f"{lo}..{hi}" if hi is not None else f"an integer >= {lo}"
         raise InvalidArgumentError(f"{name} {value!r}: expected {expected}")
-
-
-def parse_draft_cut(text: str) -> list[tuple[int, int]]:
-    """``"2:5,8:3"`` -> ``[(2, 5), (8, 3)]``: with more than N slots generating, drafts of at most L
-    tokens (``--spec-draft-n-max-by-slots``, engine patch 0021).
-
-    Raises:
-        InvalidArgumentError: not N:L pairs of integers, N not ascending from 0, or L outside the
-            draft length range.
-    """
-    steps: list[tuple[int, int]] = []
-    for item in (x.strip() for x in text.split(",")):
-        n, sep, length = item.partition(":")
-        try:
-            step = (int(n), int(length)) if sep else None
-        except ValueError:
-            step = None
-        if step is None or step[0] < 0 or (steps and step[0] <= steps[-1][0]) \
-                or not DRAFT_N_MAX_RANGE[0] <= step[1] <= DRAFT_N_MAX_RANGE[1]:
-            raise InvalidArgumentError(f"draft_n_max_by_slots {text!r}: {item!r} is not N:L (N >= 0 ascending, "
-                                       f"L {DRAFT_N_MAX_RANGE[0]}..{DRAFT_N_MAX_RANGE[1]})")
-        steps.append(step)
-    return steps
-
-
-def _cut_text(cut: list[tuple[int, int]]) -> str:
-    return ", ".join(f"to {k} above {n} generating slots" for n, k in cut)
-
-
-def _applied_draft_cut(given: list[tuple[int, int]] | None, text: str | None, off: bool, decision: hardware.Decision,
-                       info: eng.EngineInfo, parallel: int | None, warnings: list[str]) -> list[tuple[int, int]] | None:
-    """The --spec-draft-n-max-by-slots steps serve runs with: the ones given (``text``, parsed into
-    ``given``; ``off``: none), else the table's for this backend when it can engage; reasons and
-    warnings go to ``decision`` and ``warnings``."""
-    if off or not decision.draft_enabled:
-        return None
-    has_patch = hardware.has_patch(info, hardware.DRAFT_CUT_BY_LOAD)
-    if not given:
-        table = decision.draft_cut  # measured with the table's draft length only (hardware.decide)
-        if not (table and table[0][0] < (parallel or 1) and has_patch):
-            return None
-        decision.reasons.append(f"default for {decision.backend}: drafts cut by load {_cut_text(table)} "
-                                "(--draft-n-max-by-slots off keeps every draft at n_max)")
-        return list(table)
-    if not has_patch:
-        warnings.append(f"--draft-n-max-by-slots {text}: {info.path} cannot cut drafts by load "
-                        f"(engine patch 0021); every draft stays at n_max {decision.draft_n_max}")
-        return None
-    if given[0][0] >= (parallel or 1):
-        warnings.append(f"--draft-n-max-by-slots {text}: never more than {parallel or 1} slots "
-                        f"generate (-np), so no draft is ever cut")
-        return None
-    decision.reasons.append(f"drafts cut by load (--draft-n-max-by-slots): {_cut_text(given)}")
-    return given
 
 
 def check_host(host: str) -> str:
@@ -147,19 +97,27 @@ def check_host(host: str) -> str:
 def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mmproj: str | Path | None = None,
          hf: str | None = None, hfd: str | None = None, host: str = "127.0.0.1", port: int = 8080,
          api_key: str | None = None, draft_n_max: int | None = None, no_draft: bool = False,
-         force: bool = False, server: str | Path | None = None, ctx_size: int | None = 4096,
-         parallel: int | None = 1, extra_args: list[str] | None = None,
-         use_profile: bool = True, draft_max_slots: int | None = None, ui: bool = True,
-         draft_n_max_by_slots: str | None = None) -> ServePlan:
+         force: bool = False, server: str | Path | None = None, ctx_size: int | None = None,
+         ctx_per_slot: int | None = None, parallel: int | None = 1, extra_args: list[str] | None = None,
+         use_profile: bool = True, ui: bool = True, draft_n_max_by_slots: str | None = None,
+         devices: DeviceReport | None = None) -> ServePlan:
     """Check the pair and decide the llama-server command line (nothing is started).
+
+    The decision and the settings come from ``ggufdspark.launch`` (as ``bench`` and ``tune``
+    get theirs). Each of the ``parallel`` slots gets ``launch.CTX_PER_SLOT`` tokens of context
+    (fewer where the model was trained for fewer) unless ``ctx_per_slot`` says otherwise;
+    ``ctx_size`` is llama-server's whole ``-c``, which it divides among the slots.
 
     With ``ui`` (the default) the chat UI built by ``build-engine`` (``ggufdspark.webui``) is served
     at ``/`` through ``--path``, unless ``extra_args`` already say ``--path`` or ``--no-ui``.
+    ``devices``: decide for these devices instead of detecting the engine's (tests, dry runs for
+    another machine).
 
     Raises:
         InputNotFoundError, CorruptFileError: a file is missing or not GGUF.
         PairMismatchError: the pair fails ``check`` and ``force`` is false.
         EngineError: no engine, or one without draft-dspark (when a draft is used).
+        InvalidArgumentError: a value out of range, or both ``ctx_size`` and ``ctx_per_slot``.
     """
     if not model and not hf:
         raise InputNotFoundError("no target: give -m TARGET.gguf or --hf REPO:QUANT")
@@ -167,10 +125,12 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     _check_range("port", port, *PORT_RANGE)
     _check_range("draft_n_max", draft_n_max, *DRAFT_N_MAX_RANGE)
     _check_range("ctx_size", ctx_size, 0, None)
+    _check_range("ctx_per_slot", ctx_per_slot, 1, None)
     _check_range("parallel", parallel, 1, None)
-    _check_range("draft_max_slots", draft_max_slots, 0, None)
-    cut_off = (draft_n_max_by_slots or "").strip().lower() == "off"
-    draft_cut = parse_draft_cut(draft_n_max_by_slots) if draft_n_max_by_slots and not cut_off else None
+    if ctx_size is not None and ctx_per_slot is not None:
+        raise InvalidArgumentError(f"ctx_size {ctx_size} and ctx_per_slot {ctx_per_slot}: give one of them")
+    if draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
+        parse_draft_cut(draft_n_max_by_slots)  # refused before any file is read
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
@@ -191,40 +151,25 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     use_draft = bool(draft or hfd) and not no_draft
     if use_draft:
         eng.require_dspark(info)
-    devices = hardware.detect(info)
+    devices = devices or hardware.detect(info)
     prof = profiles.load_profile(devices, model, draft) if (use_profile and model and draft) else None
-    decision = hardware.decide(devices, profile=prof, draft_n_max=draft_n_max, no_draft=no_draft or not use_draft,
-                               parallel=parallel, load_aware=hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING),
-                               draft_max_slots=draft_max_slots)
-    if decision.backend == "cuda" and decision.draft_enabled and precision_note:
-        decision.reasons.append(f"draft precision: {precision_note}")
-    if draft_max_slots and not hardware.has_patch(info, hardware.LOAD_AWARE_DRAFTING):
-        warnings.append(f"--draft-max-slots {draft_max_slots}: {info.path} has no load-aware drafting "
-                        f"(engine patch 0011); drafting stays on at every load")
-    decision.draft_cut = _applied_draft_cut(draft_cut, draft_n_max_by_slots, cut_off, decision, info, parallel,
-                                            warnings)
+    decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max,
+                             no_draft=no_draft or not use_draft, parallel=parallel,
+                             draft_cut=draft_n_max_by_slots, precision_note=precision_note)
+    warnings += decision.warnings
+    ctx = launch.context(parallel, model=model, ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
+    warnings += ctx.warnings
     if (hf or hfd) and not (model and draft):
         warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
                         "(download it and run 'ggufdspark check' to see every reason a pair fails)")
-    settings = ServerSettings(
-        server=info.path, model=model, draft=draft if decision.draft_enabled else None, mmproj=mmproj,
-        hf_repo=hf, hf_draft=hfd if decision.draft_enabled else None, host=host, port=port, api_key=api_key,
-        spec_type="draft-dspark" if decision.draft_enabled else None,
-        draft_n_max=decision.draft_n_max if decision.draft_enabled else None,
-        draft_n_min=0 if decision.draft_enabled else None,
-        draft_max_slots=decision.draft_max_slots if decision.draft_enabled else None,
-        draft_n_max_by_slots=decision.draft_cut,
-        n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None,
-        n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if decision.offload and decision.draft_enabled else None,
-        flash_attn=decision.flash_attn, ctx_size=ctx_size, parallel=parallel,
-        extra_args=hardware.engine_workarounds(decision.backend, parallel, info, quantized=_quantized(
-            model, draft if decision.draft_enabled else None, hf, hfd if decision.draft_enabled else None))
-        + list(extra_args or []))
+    settings = launch.server_settings(decision, info, model=model, draft=draft, mmproj=mmproj, hf=hf, hfd=hfd,
+                                      host=host, port=port, api_key=api_key, ctx=ctx, parallel=parallel,
+                                      extra_args=extra_args)
     ui_dir, ui_note = _chat_ui(info, ui, list(extra_args or []))
     settings.public_path = ui_dir
     if host not in LOOPBACK and not settings.api_keys():
         warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
-    return ServePlan(settings, decision, info, warnings, report, ui_dir, ui_note)
+    return ServePlan(settings, decision, info, ctx, warnings, report, ui_dir, ui_note)
 
 
 # llama-server flags that decide the page at / themselves (given after --)
@@ -239,12 +184,6 @@ def _chat_ui(info: eng.EngineInfo, wanted: bool, extra_args: list[str]) -> tuple
     if not wanted:
         return None, "none (--no-ui)"
     return webui.ui_for_engine(info)
-
-
-def _quantized(model, draft, hf, hfd) -> bool:
-    """Whether a file (or Hub tag) served is quantized (see ``hardware.engine_workarounds``)."""
-    return (any(p and is_quantized_file(p) for p in (model, draft))
-            or any(is_quantized_tag(r) for r in (hf, hfd) if r))
 
 
 @contextlib.contextmanager

@@ -214,7 +214,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     Raises:
         BenchError, InputNotFoundError, PairMismatchError, EngineError.
     """
-    info, devices, decision, limits = ms.prepare(target, draft, server=server)
+    info, devices, decision, limits = ms.prepare(target, draft, server=server, concurrency=concurrency)
     if p_mins and any(p > 0 for p in p_mins) and not limits.confidence_head:
         raise BenchError(f"{draft}: has no confidence head, so p_min must be 0 (got {max(p_mins)})")
     levels = ms.concurrency_levels(concurrency, decision.backend)
@@ -232,8 +232,9 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
                              f"{', '.join(PROFILES)})")
         profile = PROFILES[acceptance]
     lengths = _parse_lengths(draft_lengths, *_length_limit(limits, profile))
-    base = ms.base_settings(info, target, decision=decision, parallel=max(levels), ctx_per_slot=1024 + n_predict,
-                            threads=threads, extra_args=server_args, draft=draft)
+    # serve's server at the highest level; every length is measured as 'serve --draft-n-max N' runs it
+    base = ms.base_settings(info, target, decision=decision, parallel=max(levels), threads=threads,
+                            extra_args=server_args, draft=draft)
     plain_settings = ms.arm_settings(base, None)
     configs = [(n, p) for n in lengths for p in p_list]
     total = (len(configs) + 2) * len(levels) + (1 if profile is None else 0)

@@ -121,7 +121,8 @@ def test_publish_puts_pair_on_hub_with_cards(ggufdspark_cli, small_pair, mmproj,
         assert sha256(f) in card
     assert "`dspark-Tiny-LFM2-F16.gguf` goes with `Tiny-LFM2-F16.gguf`" in card
     cuda = ("llama-server -hf org/Tiny-LFM2-GGUF:F16 -hfd org/Tiny-LFM2-DSpark-GGUF:F16 "
-            f"--spec-type draft-dspark --spec-draft-n-max {DEFAULTS['cuda'].draft_n_max} -ngld 99 -ngl 99 -fa on")
+            f"--spec-type draft-dspark --spec-draft-n-max {DEFAULTS['cuda'].draft_n_max} --spec-draft-n-min 0 "
+            "-ngld 99 -ngl 99 -fa on")
     metal = cuda.replace(f"--spec-draft-n-max {DEFAULTS['cuda'].draft_n_max}",
                          f"--spec-draft-n-max {DEFAULTS['metal'].draft_n_max}")
     assert cuda in card and metal in card

@@ -1,5 +1,5 @@
-"""Small helpers shared by the CLI verbs: progress display, JSON output and the options that name
-a pair the same way in every verb."""
+"""Small helpers shared by the CLI verbs: progress display, JSON output, the options that name a
+pair the same way in every verb, and option parsers (``number_list``)."""
 
 from __future__ import annotations
 
@@ -156,3 +156,17 @@ def draft_option(*, required: bool = False):
     """``-md`` / ``--draft``: the DSpark draft GGUF of the pair (its value is the ``draft`` parameter)."""
     return click.option("-md", "--draft", "draft", required=required, type=click.Path(dir_okay=False),
                         help="DSpark draft GGUF.")
+
+
+def number_list(kind: type):
+    """A click callback turning ``"1,8,32"`` into a list of ``kind``."""
+
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return [kind(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: expected comma-separated {kind.__name__} values") from None
+
+    return parse

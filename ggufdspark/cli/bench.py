@@ -5,21 +5,8 @@ from __future__ import annotations
 import click
 
 from ggufdspark import bench as bench_lib
-from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, target_option
-
-
-def number_list(kind: type):
-    """A click callback turning ``"1,8,32"`` into a list of ``kind``."""
-
-    def parse(ctx, param, value):
-        if value is None:
-            return None
-        try:
-            return [kind(v) for v in str(value).split(",") if v.strip()]
-        except ValueError:
-            raise click.BadParameter(f"{value!r}: expected comma-separated {kind.__name__} values") from None
-
-    return parse
+from ggufdspark import launch
+from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, number_list, target_option
 
 
 @click.command(name="bench")
@@ -33,7 +20,7 @@ def number_list(kind: type):
 @click.option("--limit", type=click.IntRange(1), help="At most N items per category.")
 @click.option("-n", "--n-predict", type=click.IntRange(1), default=bench_lib.DEFAULT_N_PREDICT, show_default=True,
               help="Tokens generated per request.")
-@click.option("--draft-n-max", type=click.IntRange(1, 64),
+@click.option("--draft-n-max", type=click.IntRange(*launch.DRAFT_N_MAX_RANGE),
               help="Draft length (default: tune profile, else the hardware table).")
 @click.option("--p-min", type=click.FloatRange(0, 1),
               help="Confidence threshold for truncating drafts (engine default 0).")
@@ -51,7 +38,8 @@ def number_list(kind: type):
 @click.option("--server", type=click.Path(), help="llama-server to use.")
 @click.option("-t", "--threads", type=int, help="CPU threads for llama-server.")
 @click.option("--ctx-per-slot", type=click.IntRange(256),
-              help="Context per parallel slot (default 2048 + turns x n_predict).")
+              help="Context per parallel slot (default: serve's, 4096 or the model's trained context if "
+                   "smaller; more when the prompt set's turns need 2048 + turns x n_predict).")
 @click.option("--server-arg", "server_args", multiple=True,
               help="Extra llama-server argument for every arm (repeat; e.g. --server-arg=--no-repack).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep server logs (and drawn images) here.")

@@ -8,7 +8,7 @@ import webbrowser
 
 import click
 
-from ggufdspark import logfiles
+from ggufdspark import launch, logfiles
 from ggufdspark import serve as serve_lib
 from ggufdspark.cli._common import draft_option, echo_json, echo_warning, target_option
 from ggufdspark.errors import InvalidArgumentError
@@ -26,17 +26,19 @@ from ggufdspark.errors import InvalidArgumentError
               help="0 picks a free port.")
 @click.option("--api-key", envvar="GGUFDSPARK_API_KEY",
               help="Require this key (or $GGUFDSPARK_API_KEY); the engine reads it from a private file.")
-@click.option("--draft-n-max", type=click.IntRange(*serve_lib.DRAFT_N_MAX_RANGE), help="Override the draft length.")
-@click.option("--draft-max-slots", type=click.IntRange(0),
-              help="Pause new drafts while more than N slots generate (0: never; default: measured per backend).")
+@click.option("--draft-n-max", type=click.IntRange(*launch.DRAFT_N_MAX_RANGE), help="Override the draft length.")
 @click.option("--draft-n-max-by-slots", metavar="N:L[,N:L...]",
               help="Cut drafts to L tokens while more than N slots generate, e.g. 2:5,8:3 (engine patch 0021; "
                    "default: measured per backend, CUDA 8:5 with its default length; 'off': no cut).")
 @click.option("--no-draft", is_flag=True, help="Serve the target alone.")
 @click.option("--force", is_flag=True, help="Serve even if 'check' fails (loudly).")
 @click.option("--server", type=click.Path(), help="llama-server to use.")
-@click.option("-c", "--ctx-size", type=click.IntRange(0), default=4096, show_default=True,
-              help="Context size in tokens, llama-server's -c (0: the model's own).")
+@click.option("-c", "--ctx-size", type=click.IntRange(0),
+              help="llama-server's whole context (-c), which it divides among the -np slots (0: the model's "
+                   "trained context a slot, as memory allows). Default: --ctx-per-slot x -np.")
+@click.option("--ctx-per-slot", type=click.IntRange(1),
+              help=f"Context of each slot in tokens (default {launch.CTX_PER_SLOT}, or the model's trained "
+                   "context if smaller); -c is this x -np.")
 @click.option("-np", "--parallel", type=click.IntRange(1), default=1, show_default=True,
               help="Requests served at once (llama-server's slots, -np).")
 @click.option("--log", "log_file", type=click.Path(dir_okay=False),
@@ -52,9 +54,9 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
 @click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_max_slots, draft_n_max_by_slots,
+def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_n_max_by_slots,
             no_draft, force, server,
-            ctx_size, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, as_json, no_ui, open_page,
+            ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, as_json, no_ui, open_page,
             extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
 
@@ -63,12 +65,15 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     """
     if as_json and not dry_run:
         raise click.UsageError("--json prints the plan of --dry-run: add --dry-run")
+    if ctx_size is not None and ctx_per_slot is not None:
+        raise click.UsageError("-c/--ctx-size and --ctx-per-slot: give one "
+                               "(-c is the whole context, divided among the slots)")
     if no_ui and open_page:
         raise click.UsageError("--open and --no-ui: there is no chat page to open without the UI")
     p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
                        draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
-                       ctx_size=ctx_size, parallel=parallel, extra_args=list(extra), use_profile=not no_profile,
-                       draft_max_slots=draft_max_slots, ui=not no_ui, draft_n_max_by_slots=draft_n_max_by_slots)
+                       ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, parallel=parallel, extra_args=list(extra),
+                       use_profile=not no_profile, ui=not no_ui, draft_n_max_by_slots=draft_n_max_by_slots)
     keyed = bool(p.settings.api_keys())
     if keyed and p.ui and open_page:
         raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
@@ -77,10 +82,12 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     d = p.decision
     click.echo(f"backend: {d.backend}; draft: "
                + (f"on, n_max {d.draft_n_max}" if d.draft_enabled else "off")
-               + (f", paused above {d.draft_max_slots} generating slots" if d.draft_enabled and d.draft_max_slots else "")
                + f"; offload: {'yes' if d.offload else 'no'}", err=True)
     for r in d.reasons:
         click.echo(f"  because {r}", err=True)
+    c = p.context
+    slot = f"{c.per_slot} tokens a slot" if c.per_slot else "the model's trained context, divided among the slots"
+    click.echo(f"context: {slot} x {c.parallel} slot(s) (-c {c.total}): {c.why}", err=True)
     if dry_run:
         echo_json(p.to_dict()) if as_json else click.echo(shlex.join(p.settings.redacted()))
         return

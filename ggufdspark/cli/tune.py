@@ -6,8 +6,7 @@ import click
 
 from ggufdspark import bench as bench_lib
 from ggufdspark import tune as tune_lib
-from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, target_option
-from ggufdspark.cli.bench import number_list
+from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, number_list, target_option
 
 
 @click.command(name="tune")

@@ -6,14 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ggufdspark import __version__, hardware
+from ggufdspark import __version__, hardware, launch
 from ggufdspark.check import PairReport
 from ggufdspark.engine import PIN_COMMIT
 from ggufdspark.gguffile.reader import GGUFFile
 from ggufdspark.inspect import summarize_gguf
 from ggufdspark.publish.naming import llama_cpp_pick
 from ggufdspark.publish.records import PlannedFile
-from ggufdspark.runners.server import ServerSettings
 
 CARD_TAGS = ["gguf", "llama.cpp", "speculative-decoding", "dspark"]
 
@@ -71,13 +70,11 @@ def human_size(n: int) -> str:
 
 
 def llama_server_command(target_ref: str, draft_ref: str, backend: str) -> str:
-    """The llama-server line for a backend of ``hardware.DEFAULTS`` (draft length, offload, -fa)."""
-    d = hardware.DEFAULTS[backend]
-    every = hardware.OFFLOAD_ALL_LAYERS if d.offload else None
-    settings = ServerSettings(server="llama-server", hf_repo=target_ref, hf_draft=draft_ref, spec_type="draft-dspark",
-                              draft_n_max=d.draft_n_max, draft_n_min=None, n_gpu_layers=every,
-                              n_gpu_layers_draft=every, flash_attn=d.flash_attn or None, ctx_size=None,
-                              parallel=None, metrics=False)
+    """The llama-server line for a backend of ``hardware.DEFAULTS`` (draft length, offload, -fa), as
+    ``ggufdspark.launch`` builds it for any llama-server (no patch known: no load cut), without
+    ``-c``, ``-np``, ``--metrics`` or the network flags, which are the reader's to choose."""
+    settings = launch.server_settings(launch.table_decision(backend), None, hf=target_ref, hfd=draft_ref,
+                                      ctx=None, parallel=None, metrics=False)
     return " ".join(settings.args(network=False))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import mimetypes
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ggufdspark import timings as tm
-from ggufdspark.errors import EngineError
+from ggufdspark.errors import ContextSizeError, EngineError
 
 
 @dataclass
@@ -45,8 +46,8 @@ class Client:
         try:
             resp = urllib.request.urlopen(req, timeout=self.timeout)
         except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:300]
-            raise EngineError(f"{self.url}{path}: HTTP {e.code}: {detail}") from None
+            body = e.read().decode(errors="replace")
+            raise _http_error(f"{self.url}{path}", e.code, body) from None
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
             raise EngineError(f"{self.url}{path}: {getattr(e, 'reason', e)}") from None
         return resp
@@ -103,6 +104,29 @@ class Client:
         out = self.post_json("/v1/chat/completions", body)
         text = out["choices"][0]["message"].get("content") or ""
         return Completion(text=text, timings=tm.parse_response(out, where=f"{self.url}/v1/chat/completions"), raw=out)
+
+
+# The pinned engine's refusal of a prompt that does not fit its slot (tools/server/server-context.cpp,
+# ERROR_TYPE_EXCEED_CONTEXT_SIZE): "request (N tokens) exceeds the available context size (M tokens), ..."
+_CONTEXT_NUMBERS = re.compile(r"\((\d+) tokens\).*?\((\d+)\s+tokens\)")
+
+
+def _http_error(where: str, code: int, body: str) -> EngineError:
+    """The error for an HTTP error answer: ``ContextSizeError`` for a request longer than the
+    slot's context, said plainly with the numbers; else ``EngineError`` with the engine's answer."""
+    try:
+        err = json.loads(body).get("error") or {}
+    except (ValueError, AttributeError):
+        err = {}
+    if isinstance(err, dict) and err.get("type") == "exceed_context_size_error":
+        m = _CONTEXT_NUMBERS.search(str(err.get("message", "")))
+        n_prompt, n_ctx = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+        size = (f"the request holds {n_prompt} tokens and a slot of this server holds {n_ctx}" if m
+                else "the request is longer than a slot of this server holds")
+        return ContextSizeError(f"{where}: HTTP {code}: {size}: llama-server divides its context (-c) among its "
+                                f"slots (-np); shorten the prompt or give each slot more (serve --ctx-per-slot) "
+                                f"[engine: {err.get('message', '')}]", n_prompt, n_ctx)
+    return EngineError(f"{where}: HTTP {code}: {body[:300]}")
 
 
 def image_data_uri(path: str | Path) -> str:

@@ -1,0 +1,196 @@
+"""The seam from a decision to llama-server's command line (ggufdspark.launch): serve, bench and tune
+run the same server; each slot gets a usable context; a prompt longer than its slot is refused
+plainly by the real engine, which goes on serving."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ggufdspark import bench, launch
+from ggufdspark import measure as ms
+from ggufdspark.devices import Device, DeviceReport
+from ggufdspark.errors import ContextSizeError, InvalidArgumentError
+from ggufdspark.serve import plan, serving
+
+# what differs between a bench arm and serve's server by design: where it listens and logs, the
+# chat page, and the synthetic-acceptance flags only measurements add
+_VALUED = {"--port", "--host", "--path", "--spec-synth-len", "--spec-synth-rates", "--api-key-file"}
+
+
+def engine_args(argv: list[str]) -> list[str]:
+    """``argv`` without the flags (and their values) a measurement and serve may differ in."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _VALUED:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def _value(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+H200 = DeviceReport(devices=[Device("CUDA0", "NVIDIA H200", "gpu", 140 << 30, 141 << 30)], backend="cuda",
+                    source="bindings")
+
+
+def test_bench_drafted_arm_is_serves_server_on_cpu(ggufdspark_cli, small_pair, isolated, tmp_path):
+    """A real bench run at 32 parallel requests and `serve --dry-run --json -np 32`: the same engine
+    arguments (this machine's real decision, the real engine with its patches), drafted and plain."""
+    t, d = str(small_pair.target), str(small_pair.draft)
+    p = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--json", "-np", "32", "--no-ui")
+    assert p.returncode == 0, p.stderr
+    served = json.loads(p.stdout)
+    b = ggufdspark_cli("bench", "-m", t, "-md", d, "--concurrency", "32", "--limit", "1", "--categories", "complex_reasoning",
+                       "-n", "4", "--no-gate", "--json", "--log-dir", str(tmp_path / "logs"), timeout=900)
+    assert b.returncode in (0, 5), b.stderr  # 5: the shared machine drifted; the commands still count
+    st = json.loads(b.stdout)["settings"]
+    assert engine_args(st["spec_command"]) == engine_args(served["argv"]), (st["spec_command"], served["argv"])
+    assert "--no-repack" not in served["argv"]  # the engine has patch 0009: serve keeps repacking, so does bench
+    assert (st["ctx_size"], st["ctx_per_slot"]) == (32 * 4096, 4096) == (served["context"]["total"],
+                                                                       served["context"]["per_slot"])
+    assert _value(served["argv"], "-c") == str(32 * launch.CTX_PER_SLOT) and _value(served["argv"], "-np") == "32"
+    # the plain arm is serve's server without the draft
+    p = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--json", "-np", "32", "--no-ui", "--no-draft")
+    assert engine_args(st["plain_command"]) == engine_args(json.loads(p.stdout)["argv"])
+    assert "-md" not in st["plain_command"] and "--spec-type" not in st["plain_command"]
+
+
+def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isolated):
+    """Deciding for an H200 with the real engine's patch list: bench's arms and serve's plan at -np 32
+    carry the same flags, the table's 8:5 load cut among them; --draft-n-max drops the cut in both."""
+    for extra, cut in (({}, "8:5"), ({"draft_n_max": 4}, None)):
+        p = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, **extra)
+        info, _devices, decision, _limits = ms.prepare(small_pair.target, small_pair.draft, concurrency=[1, 8, 32],
+                                                       devices=H200, **extra)
+        plain, spec = bench.bench_arms(info, decision, small_pair.target, small_pair.draft, parallel=32)
+        argv = p.to_dict()["argv"]  # what serve --dry-run --json prints
+        assert engine_args(spec.args()) == engine_args(argv), (spec.args(), argv)
+        assert _value(argv, "--spec-draft-n-max-by-slots") == cut
+        assert _value(argv, "--spec-draft-n-max") == str(extra.get("draft_n_max", 7))
+        assert {"-ngl", "-ngld", "-fa"} <= set(argv) and _value(argv, "-c") == str(32 * launch.CTX_PER_SLOT)
+        alone = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, no_draft=True)
+        assert engine_args(plain.args()) == engine_args(alone.settings.args())
+        assert "-md" not in plain.args() and "-ngld" not in plain.args() and "-ngl" in plain.args()
+    # tune's drafted arms: each length as 'serve --draft-n-max N' runs it (no cut), the plain one serve's without draft
+    base = ms.base_settings(info, small_pair.target, decision=decision, parallel=32, draft=small_pair.draft)
+    assert ms.arm_settings(base, small_pair.draft, n_max=7).draft_n_max_by_slots is None
+
+
+def test_decision_is_final_and_engine_aware():
+    """launch.decide: the table's cut only with the table's length and an engine with patch 0021; a
+    given cut the engine cannot run is a warning, never a flag; a tune profile's limit turns drafting off."""
+    from ggufdspark.engine import EngineInfo
+
+    patched = EngineInfo(path="llama-server", source="explicit", dspark=True,
+                         patches=["0021-server-spec-draft-n-max-by-slots.patch"])
+    bare = EngineInfo(path="llama-server", source="explicit", dspark=True)
+    assert launch.decide(H200, patched, parallel=32).draft_cut == [(8, 5)]
+    assert launch.decide(H200, patched, parallel=8).draft_cut is None  # never more than 8 generate
+    assert launch.decide(H200, bare, parallel=32).draft_cut is None
+    assert launch.decide(H200, patched, parallel=32, draft_cut="off").draft_cut is None
+    d = launch.decide(H200, bare, parallel=32, draft_cut="2:5")
+    assert d.draft_cut is None and "patch 0021" in d.warnings[0] and "warnings" not in d.to_dict()
+    prof = {"path": "p.json", "recommendation": {"draft_enabled": True, "draft_n_max": 4,
+                                                 "max_concurrency_for_draft": 8}}
+    d = launch.decide(H200, patched, profile=prof, parallel=32)
+    assert not d.draft_enabled and "stops paying above 8" in d.reasons[-1]
+    d = launch.decide(H200, patched, profile=prof, parallel=8)
+    assert d.draft_enabled and d.draft_n_max == 4 and d.draft_cut is None
+    # bench and tune measure the draft where a profile turned it off, and say so
+    off = {"path": "p.json", "recommendation": {"draft_enabled": False, "why": "slower here",
+                                                "max_concurrency_for_draft": 0}}
+    assert not launch.decide(H200, patched, profile=off, parallel=32).draft_enabled
+    d = launch.decide(H200, patched, profile=off, parallel=32, measuring=True)
+    assert d.draft_enabled and d.draft_n_max == 7 and d.draft_cut == [(8, 5)]
+    assert [r for r in d.reasons if "measured with the draft all the same" in r] == [d.reasons[1]]
+    with pytest.raises(InvalidArgumentError, match="'8:x' is not N:L"):
+        launch.decide(H200, patched, draft_cut="8:x")
+
+
+def test_each_slot_gets_a_usable_context(ggufdspark_cli, small_pair, isolated):
+    """serve -np 32: 4096 tokens a slot by default (stated in --json and on stderr); -c stays the
+    user's whole context, warned about when a slot gets under 1024; --ctx-per-slot sets the share."""
+    base = ("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run", "--json", "-np", "32")
+    p = ggufdspark_cli(*base)
+    assert p.returncode == 0, p.stderr
+    ctx = json.loads(p.stdout)["context"]
+    assert ctx["per_slot"] == 4096 and ctx["total"] == 131072 and ctx["parallel"] == 32, ctx
+    assert "context: 4096 tokens a slot x 32 slot(s) (-c 131072)" in p.stderr
+    p = ggufdspark_cli(*base, "-c", "4096")
+    plan_ = json.loads(p.stdout)
+    assert p.returncode == 0 and plan_["context"]["per_slot"] == 256 and "-c 4096" in plan_["command"]
+    assert any("divided among the 32 slots (-np): 256 tokens a slot" in w for w in plan_["warnings"])
+    assert "WARNING: -c 4096 is llama-server's whole context" in p.stderr
+    p = ggufdspark_cli(*base, "--ctx-per-slot", "1000")
+    ctx = json.loads(p.stdout)["context"]
+    assert (ctx["total"], ctx["per_slot"]) == (32000, 1024), ctx  # the engine pads each slot to 256
+    p = ggufdspark_cli(*base, "-c", "4096", "--", "-kvu")  # one KV cache shared: any slot may fill -c
+    plan_ = json.loads(p.stdout)
+    assert plan_["context"]["per_slot"] == 4096 and plan_["warnings"] == [], plan_["context"]
+    p = ggufdspark_cli(*base, "-c", "4096", "--ctx-per-slot", "1000")
+    assert p.returncode == 2 and "give one" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_model_trained_for_less_gets_its_own_context(small_pair, isolated, tmp_path):
+    """A target trained for 2048 tokens: each slot gets 2048 (serve and bench alike)."""
+    from ggufdspark.gguffile.constants import TensorType
+    from ggufdspark.gguffile.reader import read_gguf
+    from ggufdspark.gguffile.writer import GGUFWriter
+
+    g = read_gguf(small_pair.target)
+    key = f"{g.arch}.context_length"
+    assert g.get_int("{arch}.context_length") > 4096, "the small pair should be trained for more than 4096"
+    w = GGUFWriter(tmp_path / "short.gguf")
+    for k, v in g.metadata.items():
+        vt, it = g.value_types[k]
+        w.add(k, 2048 if k == key else v, vt, it)
+    for name, t in g.tensors.items():
+        w.add_tensor(name, t.shape, TensorType(t.type))
+    w.write(lambda name: [g.tensor_bytes(name).tobytes()])
+    c = launch.context(4, model=tmp_path / "short.gguf")
+    assert (c.total, c.per_slot, c.trained) == (8192, 2048, 2048) and "trained context" in c.why
+    c = launch.context(4, model=tmp_path / "short.gguf", ctx_per_slot=8192)
+    assert c.per_slot == 2048 and "more than the model was trained for (2048)" in c.warnings[0]
+
+
+def test_a_prompt_longer_than_its_slot_is_refused_plainly(small_pair, isolated):
+    """The real engine at 2 slots of 256 tokens: a 400-token prompt gets HTTP 400, raised as
+    ContextSizeError naming both numbers; the server answers the next request."""
+    with serving(small_pair.target, small_pair.draft, parallel=2, ctx_per_slot=256) as (srv, client):
+        with pytest.raises(ContextSizeError) as e:
+            client.complete([5] * 400, n_predict=4)
+        assert (e.value.n_prompt, e.value.n_ctx) == (400, 256), str(e.value)
+        assert "HTTP 400" in str(e.value) and "a slot of this server holds 256" in str(e.value)
+        assert "--ctx-per-slot" in str(e.value)
+        assert srv.alive() and client.health()
+        assert client.complete([5] * 100, n_predict=4).timings.predicted_n == 4
+
+
+def test_check_imports_without_the_generator():
+    """check (and the families it names) reads the pair shapes from ggufdspark.shapes, not from the
+    test-pair generator (ggufdspark.synthetic, which also needs the 'generate' extra)."""
+    code = ("import sys; sys.modules['ggufdspark.synthetic'] = None; import ggufdspark.check, ggufdspark.families; "
+            "import ggufdspark.cli.check; print('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+@pytest.mark.parametrize("total,parallel,extra", [(4096, 32, []), (4096, 32, ["-kvu"]), (3000, 3, []), (0, 2, [])])
+def test_slot_context_is_what_the_engine_gives_each_slot(small_pair, start_server, tmp_path, total, parallel, extra):
+    """launch.slot_context (what --dry-run --json states) against the real engine's own log line."""
+    import re
+
+    srv = start_server(model=small_pair.target, spec_type=None, ctx_size=total, parallel=parallel, extra_args=extra)
+    m = re.search(r"n_ctx_slot = (\d+)", srv.log_path.read_text(errors="replace"))
+    assert m, f"no n_ctx_slot line in {srv.log_path}"
+    want = launch.slot_context(total, parallel, launch.trained_context(small_pair.target), unified=bool(extra))
+    assert int(m.group(1)) == want
