@@ -207,8 +207,9 @@ def mixed_main(a: argparse.Namespace) -> int:
     exe = sanitizer_wrapper(server, a.log_dir) if a.sanitizer else server
     cells: list[Run] = []
     for slots in slots_list:
-        base = arms.base_settings(exe, a.target, gpu=a.gpu, parallel=slots, n_predict=0)
+        base = arms.base_settings(server, a.target, gpu=a.gpu, parallel=slots, n_predict=0)
         base.ctx_size = slots * a.ctx_per_slot
+        base.server = exe  # the engine itself, or it under compute-sanitizer
         for arm in arm_names:
             settings = base if arm == "plain" else arms.drafted(base, a.draft, a.n_max, arms.published_rates(a.draft))
             for label, env in envs:
