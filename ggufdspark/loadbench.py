@@ -63,7 +63,8 @@ class LoadReport:
         t, s = self.traffic, self.settings
         pl = t["prompt_tokens"]
         lines = [f"ggufdspark bench --load: {Path(s['target']).name} + {Path(s['draft']).name} "
-                 f"({self.hardware['backend']}, engine {self.engine['version']})",
+                 f"({self.hardware['backend']}, engine {self.engine['commit'] or self.engine['version']}, "
+                 f"{len(self.engine['patches'])} patches)",
                  f"traffic: {t['shape']['describe']}",
                  f"prompts: {pl['count']} ({t['prompts']}), {pl['min']}-{pl['max']} tokens, median {pl['median']:g}",
                  f"drafted arm: draft length {s['draft_n_max']}" + (f", SYNTHETIC SPEED: {self.synthetic}"
@@ -210,8 +211,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
             than the slot's context, or a server that died or failed a request.
         InputNotFoundError, PairMismatchError, EngineError: files, pair or engine unusable.
     """
+    # the options are checked before anything loads; the default levels need the backend, known after
     shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
-                       requests=requests, seed=seed, backend="cpu")  # options checked before anything loads
+                       requests=requests, seed=seed, backend="cpu")
     info, devices, decision, limits = prepare(target, draft, server=server)
     if not clients and not rate:
         shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
@@ -269,7 +271,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                                f"{answer_tokens} tokens)"}
         return LoadReport(
             command=command,
-            engine={"version": info.commit or info.version, "path": info.path, "patches": list(info.patches)},
+            engine={"commit": info.commit, "version": info.version, "path": info.path, "patches": list(info.patches)},
             hardware={"backend": decision.backend, "devices": decision.devices},
             traffic=traffic,
             settings={"target": str(target), "draft": str(draft), "draft_n_max": n_max, "block_size": limits.block_size,

@@ -7,8 +7,9 @@ multi-turn item is one request holding its whole conversation) plus longer items
 questions and code to review (``data/traffic.jsonl``, written for this project) and documents to
 summarize (``ggufdspark.trafficdocs``, composed with a fixed seed). Measured on the generated pairs'
 LFM2-style tokenizer (LFM2's pre-tokenizer, a byte-level BPE trained here; the small and the
-full-size pair share it), rendered with the chat template, BOS included: 52 prompts, see
-``docs/bench.md`` for the distribution (``test_traffic.py`` checks its min, median and max).
+full-size pair share it), rendered with the chat template, BOS included: 66 prompts of 35-2705
+tokens, median 441 (``docs/bench.md`` has the distribution; ``tests/test_traffic.py`` checks its
+min, median and max).
 
 Schedules. Closed loop: N clients, each sending its next request as soon as its previous answer
 ended, R requests each; client c's j-th request takes prompt ``order[j * N + c]`` (cycled), so the
@@ -35,6 +36,7 @@ from typing import Any, Callable
 from ggufdspark import prompts as pr
 from ggufdspark import trafficdocs
 from ggufdspark.errors import BenchError, EngineError
+from ggufdspark.measure import render
 from ggufdspark.runners.client import Client
 
 log = logging.getLogger(__name__)
@@ -361,8 +363,6 @@ def render_all(client: Client, items: list[pr.PromptItem]) -> list[Prompt]:
     Raises:
         BenchError: the server could not render or tokenize an item (its id named).
     """
-    from ggufdspark.measure import render
-
     out = []
     for it in items:
         try:

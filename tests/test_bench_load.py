@@ -44,7 +44,7 @@ def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated
     rep = json.loads(out.read_text())
     assert rep["kind"] == "ggufdspark bench --load"
     assert rep["command"].startswith("ggufdspark bench --load -m ") and "--clients 1,2" in rep["command"]
-    assert rep["engine"]["version"] and isinstance(rep["engine"]["patches"], list) and rep["engine"]["patches"]
+    assert (rep["engine"]["commit"] or rep["engine"]["version"]) and isinstance(rep["engine"]["patches"], list) and rep["engine"]["patches"]
     assert rep["hardware"]["backend"] == "cpu" and rep["hardware"]["devices"]
     shape = rep["traffic"]["shape"]
     assert shape["mode"] == "closed" and shape["levels"] == [1, 2] and shape["answer_tokens"] == 12
