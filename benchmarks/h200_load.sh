@@ -59,11 +59,13 @@ load)
               --answer-tokens "$ans" --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --synthetic-rates "$RATES")
         echo "== ${args[*]}"
         $py -m ggufdspark "${args[@]}" --json "$OUT/load-$ans.json" --force --log-dir "$W/load-$ans" \
-            2>&1 | tee "$OUT/load-$ans.txt" | grep -v "^bench --load: [0-9]*%" | tail -n 30
+            2>&1 | tee "$OUT/load-$ans.txt" | grep -v "^bench --load: [0-9]*%" | tail -n 40
         if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+            for f in "$W/load-$ans"/*.log; do echo "-- $f"; tail -n 8 "$f"; done
             echo "== failed (logs: $W/load-$ans); again with CUDA graphs off"
             GGML_CUDA_DISABLE_GRAPHS=1 $py -m ggufdspark "${args[@]}" --json "$OUT/load-$ans-nographs.json" --force \
-                --log-dir "$W/load-$ans-nographs" 2>&1 | tee "$OUT/load-$ans-nographs.txt" | tail -n 30
+                --log-dir "$W/load-$ans-nographs" 2>&1 | tee "$OUT/load-$ans-nographs.txt" | grep -v "^bench --load: [0-9]*%" \
+                | tail -n 40
         fi
     done
     ;;

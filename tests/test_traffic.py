@@ -65,3 +65,41 @@ def test_prompt_set_length_spread_on_the_real_tokenizer(small_pair, start_server
     assert all(p.n_tokens <= tr.max_prompt_bytes([it]) for p, it in zip(prompts, items))
     kinds = {p.category.split(":")[0] for p in prompts if p.n_tokens > 1000}
     assert kinds == {"document"}, kinds
+
+
+def test_streamed_completion_matches_the_plain_one_and_times_the_first_token(small_pair, start_server):
+    srv = start_server(model=small_pair.target, ctx_size=4096)
+    c = srv.client()
+    toks = c.tokenize("Describe the weather in three sentences.", add_special=True)
+    full = c.complete(toks, n_predict=24, ignore_eos=True)
+    s = c.stream_complete(toks, n_predict=24, ignore_eos=True)
+    assert s.tokens == full.tokens and len(s.tokens) == 24  # greedy: the same tokens, streamed one by one
+    assert s.text == full.text
+    assert 0 < s.ttft_s < s.e2e_s
+    assert s.timings.predicted_n == 24 and s.timings.prompt_n == len(toks) and s.timings.source == "response"
+
+
+def test_a_server_dying_during_a_streamed_request_is_an_engine_error(small_pair, start_server):
+    import threading
+
+    from ggufdspark.errors import EngineError
+
+    srv = start_server(model=small_pair.target, ctx_size=4096)
+    c = srv.client()
+    toks = c.tokenize("Count to a very large number.", add_special=True)
+    failure: list[BaseException] = []
+
+    def long_request() -> None:
+        try:
+            c.stream_complete(toks, n_predict=200000, ignore_eos=True)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            failure.append(e)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    srv.wait_for_log(r"processing task", timeout=60)  # the request reached a slot
+    srv.kill()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert failure and isinstance(failure[0], EngineError), failure
+    assert "/completion" in str(failure[0])

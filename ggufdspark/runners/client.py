@@ -4,6 +4,7 @@ parsed timings; image parts of a chat message may be local files (sent as data U
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import mimetypes
 import time
@@ -142,7 +143,7 @@ class Client:
                     break
                 tokens.extend(got)
                 text.append(chunk.get("content", ""))
-        except (ConnectionError, TimeoutError, OSError) as e:  # a server that died mid-stream
+        except (OSError, http.client.HTTPException) as e:  # a server that died mid-stream (IncompleteRead...)
             raise EngineError(f"{where}: the stream broke: {e}") from None
         except json.JSONDecodeError as e:
             raise EngineError(f"{where}: a streamed chunk is not JSON ({e.msg})") from None
