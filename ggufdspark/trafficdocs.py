@@ -110,6 +110,7 @@ def _draws(rng: random.Random, pool: list[str], n: int) -> list[str]:
 
 
 def incident(rng: random.Random, entries: int) -> str:
+    """An on-call timeline of ``entries`` events, to summarize as a post-incident report."""
     minute = rng.randrange(0, 30)
     lines = []
     for event in _draws(rng, INCIDENT_EVENTS, entries):
@@ -121,6 +122,7 @@ def incident(rng: random.Random, entries: int) -> str:
 
 
 def minutes(rng: random.Random, entries: int) -> str:
+    """Meeting minutes of ``entries`` agenda items, to turn into decisions and actions."""
     parts = []
     for i in range(entries):
         topic = rng.choice(MINUTES_TOPICS)
@@ -132,6 +134,7 @@ def minutes(rng: random.Random, entries: int) -> str:
 
 
 def server_log(rng: random.Random, entries: int) -> str:
+    """``entries`` production log lines, to find the cause of a slowdown in."""
     sec = rng.randrange(0, 3600)
     lines = []
     day = rng.randrange(1, 28)
@@ -144,6 +147,7 @@ def server_log(rng: random.Random, entries: int) -> str:
 
 
 def reviews(rng: random.Random, entries: int) -> str:
+    """``entries`` customer reviews of one product, to summarize."""
     product = rng.choice(PRODUCTS)
     parts = []
     for i in range(entries):
@@ -157,6 +161,7 @@ def reviews(rng: random.Random, entries: int) -> str:
 
 
 def sales_table(rng: random.Random, entries: int) -> str:
+    """A CSV sales table of ``entries`` rows, to analyse."""
     rows = ["month,region,product,units,revenue_eur,returns"]
     for i in range(entries):
         units = rng.randrange(40, 900)

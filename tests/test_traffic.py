@@ -49,6 +49,23 @@ def test_closed_loop_shape_counts_requests():
     assert "Poisson arrivals at 1,2 requests/s" in p.describe()
 
 
+# The set's content, pinned: docs/bench.md states its token lengths, so a change to the composed
+# documents or to data/traffic.jsonl must come with a new measurement there (and a new digest here).
+TRAFFIC_DIGEST = "bb9348ec528e367479cd01f612bcb6ee0733df477b9abe639aa527d9c583ddea"
+
+
+def test_prompt_set_is_deterministic():
+    import hashlib
+    import json
+
+    items = tr.traffic_items()
+    digest = hashlib.sha256(json.dumps([(i.id, i.messages) for i in items]).encode()).hexdigest()
+    assert digest == TRAFFIC_DIGEST
+    cats = [i.category for i in items]
+    assert cats.count("code") == 5 and cats.count("question") == 8 and cats.count("chat") == 4
+    assert sum(c.startswith("document:") for c in cats) == 25
+
+
 def test_prompt_set_length_spread_on_the_real_tokenizer(small_pair, start_server):
     """The spread docs/bench.md states: a few dozen tokens to 2000+, median several hundred."""
     items = tr.traffic_items()
