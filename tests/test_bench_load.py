@@ -151,3 +151,15 @@ def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark
     for arm in ("plain", "drafted"):
         for lv in rep["arms"][arm]:
             _check_level(lv, int(lv["level"]), 8)
+
+
+def test_one_request_bench_writes_its_json_file_too(small_pair, ggufdspark_cli, isolated, tmp_path):
+    out = tmp_path / "bench.json"
+    p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--limit", "1",
+                       "--categories", "general_vqa", "-n", "8", "--concurrency", "1", "--max-plain-drift", "1000",
+                       "--json", str(out), env=isolated)
+    assert p.returncode == 0, p.stderr
+    assert "lossless gate: PASS" in p.stdout  # the text report still goes to stdout
+    rep = json.loads(out.read_text())
+    assert rep["gate"]["status"] == "pass" and rep["load_shape"].startswith("lock-step micro-benchmark")
+    assert f"json: {out}" in p.stderr
