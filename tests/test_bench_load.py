@@ -106,6 +106,7 @@ BAD = [
     (["--requests-per-client", "0"], "--requests-per-client 0"),
     (["--concurrency", "1,2"], "--concurrency"),
     (["-n", "16"], "--n-predict"),
+    (["--max-plain-drift", "1"], "--max-plain-drift"),
 ]
 
 

@@ -93,7 +93,8 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
     json_file = as_json if as_json not in (None, "-") else None
     if load:
         given = [f"--{n.replace('_', '-')}" for n in ("mmproj", "prompts", "categories", "limit", "concurrency",
-                                                        "reference_hf", "plot", "gate")
+                                                        "reference_hf", "plot", "gate", "near_tie_gap",
+                                                        "max_plain_drift")
                  if ctx.get_parameter_source(n).name == "COMMANDLINE"]
         given += ["--n-predict (use --answer-tokens)"] if ctx.get_parameter_source("n_predict").name == "COMMANDLINE" else []
         if given:
