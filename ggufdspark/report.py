@@ -12,7 +12,7 @@ from ggufdspark.convert.common import check_output
 from ggufdspark.errors import (InvalidArgumentError, LosslessGateError, MissingDependencyError, PlainDriftError,
                                UnsafeOutputError)
 from ggufdspark.gate import GateResult
-from ggufdspark.measure import Outcome
+from ggufdspark.measure import LOCKSTEP_LABEL, Outcome
 
 
 # The two runs of the target alone, before and after the speculative arm, measure the same thing.
@@ -169,7 +169,7 @@ class BenchReport:
         drift = {**self.drift, "plain_drift": _finite(self.drift.get("plain_drift"))}
         return {"settings": self.settings, "synthetic": self.synthetic,
                 "plain_drift": drift["plain_drift"], "headline_refused": self.headline_refused,
-                "groups": groups, "overall": overall, "drift": drift, "load": load,
+                "groups": groups, "overall": overall, "drift": drift, "load": load, "load_shape": LOCKSTEP_LABEL,
                 "gate": self.gate.to_dict(), "acceptance": self.acceptance, "reference": self.reference,
                 "logs": self.logs, "requests": self.requests}
 
@@ -242,7 +242,7 @@ def format_report(r: BenchReport) -> str:
         lines.append(f"accept length (verify passes, /metrics): {a['accept_length']:.2f} over {a['passes']} passes; "
                      "per position " + " ".join(f"{x:.2f}" for x in a.get("rates") or []))
     if r.load:
-        lines += ["", f"{'parallel':>8} {'plain t/s':>10} {'spec t/s':>9} {'ratio':>6} {'accept len':>10}"]
+        lines += ["", f"load ({LOCKSTEP_LABEL}):", f"{'parallel':>8} {'plain t/s':>10} {'spec t/s':>9} {'ratio':>6} {'accept len':>10}"]
         for p in r.load:
             lines.append(f"{p['level']:>8} {_f(p['plain_tps']):>10} {_f(p['spec_tps']):>9} "
                          f"{_f(None if refused else p['ratio'], '{:.2f}x'):>6} "

@@ -352,7 +352,8 @@ def format_tune(d: dict) -> str:
              f"  rates {rates} (mean length {acc['mean_length']:.2f}); truncated per draft length "
              "(expect: 1 + sum of the kept rates; accept: realized); speeds are synthetic-acceptance speeds",
              f"n_predict {s['n_predict']}; {s['requests_at_1']} requests at 1, {s['rounds']} per thread under "
-             f"load; median of {s.get('trials', 1)} trials; 1 request: decode tok/s; more: aggregate tok/s", ""]
+             f"load; median of {s.get('trials', 1)} trials; 1 request: decode tok/s; more: aggregate tok/s",
+             f"  load: {ms.LOCKSTEP_LABEL}", ""]
 
     def cell(p: dict | None, ratio: float | None) -> str:
         return f" {p['speed']:>12.1f} {ratio or 0:>5.2f}" if p else f" {'-':>12} {'-':>5}"

@@ -35,6 +35,7 @@ def test_bench_small_pair_passes_lossless_gate(small_pair, ggufdspark_cli, isola
     assert "SYNTHETIC" not in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench: 100%" in p.stderr  # the progress line finished
+    assert "load (lock-step micro-benchmark" in text and "not a serving measurement" in text
 
     p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--limit", "1",
                        "--categories", "multi_turn,chart_vqa", "-n", "16", "--concurrency", "1", "--json",
@@ -51,6 +52,7 @@ def test_bench_small_pair_passes_lossless_gate(small_pair, ggufdspark_cli, isola
     assert sum(rep["acceptance"]["histogram"]) == rep["acceptance"]["passes"]
     assert rep["overall"]["decode_speedup"] > 0 and rep["overall"]["e2e_speedup"] > 0
     assert [lp["level"] for lp in rep["load"]] == [1]
+    assert rep["load_shape"].startswith("lock-step micro-benchmark")
     # same prompt tokens, greedy: every arm generated the same number of tokens
     for r in rep["requests"]:
         assert r["plain"]["tokens"] == r["spec"]["tokens"] == r["plain_again"]["tokens"]

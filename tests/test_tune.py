@@ -85,6 +85,7 @@ def test_tune_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, isola
     show = ggufdspark_cli("tune", *pair, "--show", env=isolated)
     assert show.returncode == 0, show.stderr
     assert f"RECOMMENDATION: draft length {n}" in show.stdout and "profile: " in show.stdout
+    assert "load: lock-step micro-benchmark" in show.stdout and "bench --load" in show.stdout
 
     # an impossible bar: the tuner turns drafting off, says so plainly, and serve follows
     p = ggufdspark_cli("tune", *common, "--rates", "0.9,0.8,0.7", "--min-gain", "1000", env=isolated)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 import click
 
 from ggufdspark import bench as bench_lib
 from ggufdspark import launch
+from ggufdspark import loadbench
+from ggufdspark import traffic as tr
 from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, number_list, target_option
+from ggufdspark.errors import InvalidArgumentError
 
 
 @click.command(name="bench")
@@ -43,7 +49,21 @@ from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, number
 @click.option("--server-arg", "server_args", multiple=True,
               help="Extra llama-server argument for every arm (repeat; e.g. --server-arg=--no-repack).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep server logs (and drawn images) here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--load", "load", is_flag=True,
+              help="Load mode: plain vs drafted serving under realistic traffic (docs/bench.md, 'Load mode').")
+@click.option("--clients", callback=number_list(int),
+              help="--load: closed-loop clients per level, e.g. 1,2,4,8 (default per backend); with --rate: "
+                   "the most requests in flight.")
+@click.option("--rate", callback=number_list(float), help="--load: Poisson arrivals, requests/s per level (e.g. 1,4).")
+@click.option("--answer-tokens", type=int, default=tr.DEFAULT_ANSWER_TOKENS, show_default=True,
+              help="--load: tokens per answer (256 and 1024 are the standard shapes).")
+@click.option("--requests-per-client", type=int, help="--load: requests each client sends per level [default: 3].")
+@click.option("--requests", type=int, help="--load --rate: requests per rate [default: 32].")
+@click.option("--seed", type=int, default=tr.DEFAULT_SEED, show_default=True,
+              help="--load: seed of the prompt order and the arrivals.")
+@click.option("--json", "as_json", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="The report as JSON: on stdout, or written to FILE.")
+@click.option("--force", is_flag=True, help="Replace an existing --json FILE.")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a figure (.png, .svg, .pdf...): speedup by category, vs concurrency, accept lengths.")
 @click.option("--max-plain-drift", type=float, default=bench_lib.MAX_PLAIN_DRIFT, show_default=True,
@@ -51,15 +71,52 @@ from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, number
                    "(exit code 5).")
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
-            server_args, log_dir, as_json, plot, max_plain_drift):
-    """Measure decoding with and without the draft on this machine, and check the output is lossless."""
+            server_args, log_dir, load, clients, rate, answer_tokens, requests_per_client, requests, seed, as_json,
+            force, plot, max_plain_drift):
+    """Measure decoding with and without the draft on this machine, and check the output is lossless.
+
+    With --load: serving under realistic traffic instead (closed-loop clients or Poisson arrivals,
+    prompts of a few dozen to 2000+ tokens, streamed), plain and drafted arms in one run."""
+    ctx = click.get_current_context()
+    json_file = as_json if as_json not in (None, "-") else None
+    if load:
+        given = [f"--{n.replace('_', '-')}" for n in ("mmproj", "prompts", "categories", "limit", "concurrency",
+                                                        "reference_hf", "plot", "gate", "near_tie_gap",
+                                                        "max_plain_drift")
+                 if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+        given += ["--n-predict (use --answer-tokens)"] if ctx.get_parameter_source("n_predict").name == "COMMANDLINE" else []
+        if given:
+            raise InvalidArgumentError(f"bench --load: {given[0]} belongs to the one-request benchmark, not to --load")
+        if json_file:
+            loadbench.check_json_path(json_file, model, draft, force=force)
+        report = loadbench.run_load(
+            model, draft, clients=clients, rate=rate, answer_tokens=answer_tokens,
+            requests_per_client=requests_per_client, requests=requests, seed=seed, draft_n_max=draft_n_max,
+            p_min=p_min, synthetic_len=synthetic_len, synthetic_rates=synthetic_rates, server=server, threads=threads,
+            ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
+            command=shlex.join(["ggufdspark", *sys.argv[1:]]), progress=ProgressLine("bench --load"))
+        if json_file:
+            click.echo(f"json: {loadbench.write_json(json_file, report.to_dict())}", err=True)
+        if as_json == "-":
+            echo_json(report.to_dict())
+        else:
+            click.echo(report.text())
+        return
+    given = [f"--{n.replace('_', '-')}" for n in ("clients", "rate", "answer_tokens", "requests_per_client", "requests",
+                                                    "seed") if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+    if given:
+        raise InvalidArgumentError(f"bench: {given[0]} needs --load")
+    if json_file:
+        loadbench.check_json_path(json_file, model, draft, force=force)
     report = bench_lib.run_bench(
         model, draft, mmproj=mmproj, prompts=prompts, categories=categories, limit=limit, n_predict=n_predict,
         draft_n_max=draft_n_max, p_min=p_min, concurrency=concurrency, synthetic_len=synthetic_len,
         synthetic_rates=synthetic_rates, gate=gate, near_tie_gap=near_tie_gap, reference_hf=reference_hf,
         server=server, threads=threads, ctx_per_slot=ctx_per_slot, server_args=list(server_args),
         log_dir=log_dir, plot=plot, max_plain_drift=max_plain_drift, progress=ProgressLine("bench"))
-    if as_json:
+    if json_file:
+        click.echo(f"json: {loadbench.write_json(json_file, report.to_dict())}", err=True)
+    if as_json == "-":
         echo_json(report.to_dict())
     else:
         click.echo(report.text())

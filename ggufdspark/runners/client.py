@@ -4,9 +4,11 @@ parsed timings; image parts of a chat message may be local files (sent as data U
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import mimetypes
 import re
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -26,6 +28,15 @@ class Completion:
     tokens: list[int] | None = None
     probs: list[dict] | None = None
     raw: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class StreamedCompletion(Completion):
+    """A streamed request: a Completion plus the client's clock (seconds from send): ``ttft_s`` to
+    the first token, ``e2e_s`` to the final chunk."""
+
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
 
 
 class Client:
@@ -95,6 +106,54 @@ class Client:
         out = self.post_json("/completion", body)
         return Completion(text=out.get("content", ""), timings=tm.parse_response(out, where=f"{self.url}/completion"),
                           tokens=out.get("tokens"), probs=out.get("completion_probabilities"), raw=out)
+
+    def stream_complete(self, prompt: str | list[int], *, n_predict: int = 64, temperature: float = 0.0,
+                        **extra: Any) -> StreamedCompletion:
+        """A streamed ``/completion`` (greedy by default, prompt cache off), timed on the client:
+        ``ttft_s`` from send to the first chunk carrying a token, ``e2e_s`` to the final chunk
+        (``"stop": true``, which carries the engine's ``timings``).
+
+        Raises:
+            EngineError: HTTP or connection failure, or a stream that ends without its final chunk.
+        """
+        body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
+                                "cache_prompt": False, "return_tokens": True, **extra}
+        if temperature == 0:
+            body.setdefault("top_k", 1)
+        where = f"{self.url}/completion"
+        t0 = time.perf_counter()
+        first: float | None = None
+        tokens: list[int] = []
+        text: list[str] = []
+        final: dict | None = None
+        try:
+            for line in self.stream_lines("/completion", body):
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    raise EngineError(f"{where}: the server answered with an error: {chunk['error']}")
+                got = chunk.get("tokens") or []
+                if first is None and (got or chunk.get("content")):
+                    first = time.perf_counter() - t0
+                if chunk.get("stop"):
+                    final = chunk  # the final chunk repeats no tokens of the partial ones
+                    break
+                tokens.extend(got)
+                text.append(chunk.get("content", ""))
+        except (OSError, http.client.HTTPException) as e:  # a server that died mid-stream (IncompleteRead...)
+            raise EngineError(f"{where}: the stream broke: {e}") from None
+        except json.JSONDecodeError as e:
+            raise EngineError(f"{where}: a streamed chunk is not JSON ({e.msg})") from None
+        e2e = time.perf_counter() - t0
+        if final is None:
+            raise EngineError(f"{where}: the stream ended without its final chunk (stop: true)")
+        timings = tm.parse_response(final, where=where)
+        return StreamedCompletion(text="".join(text), timings=timings, tokens=tokens,
+                                  ttft_s=first if first is not None else e2e, e2e_s=e2e, raw=final)
 
     def chat(self, messages: list[dict], *, max_tokens: int = 64, temperature: float = 0.0,
              **extra: Any) -> Completion:

@@ -1,0 +1,297 @@
+"""``bench --load``: plain against drafted serving under traffic that looks real.
+
+Two arms on one engine build, one server each, started alike (``measure.base_settings`` /
+``arm_settings``, the slots the traffic needs): the target alone, then the target with the DSpark
+draft. The prompt set (``traffic.traffic_items``) is rendered and tokenized once by the first
+server; both arms send the same token ids in the same seeded order at every level. Each arm is
+warmed up (a short request, then the set's longest prompt) before its levels; each level is
+closed-loop clients or Poisson arrivals (``traffic.Shape``), every request streamed so the client
+measures its time to first token. One JSON result per run (``LoadReport.to_dict``): the exact
+command, the engine and its patch series, the devices, the traffic shape, per arm and level the
+figures and the raw requests, and drafted / plain of each figure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggufdspark import traffic as tr
+from ggufdspark.convert.common import check_output
+from ggufdspark.errors import BenchError, InvalidArgumentError, OutputExistsError
+from ggufdspark.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
+                                log_directory, prepare, running, warm)
+from ggufdspark.runners.client import Client
+
+log = logging.getLogger(__name__)
+
+ARMS = ("plain", "drafted")
+
+
+@dataclass
+class LoadReport:
+    """The result of one ``bench --load`` run (``to_dict`` is the JSON written)."""
+
+    command: str | None
+    engine: dict
+    hardware: dict
+    traffic: dict
+    settings: dict
+    synthetic: str | None
+    arms: dict[str, list[tr.LevelResult]]
+    logs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ratios(self) -> list[dict]:
+        return [tr.ratios(p, d) for p, d in zip(self.arms["plain"], self.arms["drafted"])]
+
+    def to_dict(self) -> dict:
+        return {"kind": "ggufdspark bench --load", "command": self.command, "engine": self.engine,
+                "hardware": self.hardware, "traffic": self.traffic, "settings": self.settings,
+                "synthetic": self.synthetic, "ratios": self.ratios,
+                "arms": {a: [lv.to_dict() for lv in levels] for a, levels in self.arms.items()}, "logs": self.logs}
+
+    def text(self) -> str:
+        """The report as a table: per level, each arm's figures and drafted / plain."""
+        t, s = self.traffic, self.settings
+        pl = t["prompt_tokens"]
+        lines = [f"ggufdspark bench --load: {Path(s['target']).name} + {Path(s['draft']).name} "
+                 f"({self.hardware['backend']}, engine {self.engine['commit'] or self.engine['version']}, "
+                 f"{len(self.engine['patches'])} patches)",
+                 f"traffic: {t['shape']['describe']}",
+                 f"prompts: {pl['count']} ({t['prompts']}), {pl['min']}-{pl['max']} tokens, median {pl['median']:g}",
+                 f"drafted arm: draft length {s['draft_n_max']}" + (f", SYNTHETIC SPEED: {self.synthetic}"
+                                                                    if self.synthetic else ", real acceptance"),
+                 ""]
+        unit = "clients" if t["shape"]["mode"] == "closed" else "req/s"
+        head = (f"{unit:>7} {'arm':>8} {'reqs':>5} {'agg tok/s':>10} {'dec tok/s':>10} {'TTFT p50':>9} "
+                f"{'TTFT p95':>9} {'lat p50':>8} {'lat p95':>8} {'accept':>7}")
+        lines += [head, "-" * len(head)]
+
+        def row(lv: tr.LevelResult, arm: str) -> str:
+            return (f"{lv.level:>7g} {arm:>8} {lv.requests:>5} {lv.aggregate_tps:>10.1f} {_f(lv.decode_tps_median, 10, 1)} "
+                    f"{_ms(lv.ttft_p50_s)} {_ms(lv.ttft_p95_s)} {_s(lv.latency_p50_s)} {_s(lv.latency_p95_s)} "
+                    f"{_f(lv.accept_length, 7, 2)}")
+
+        for p, d, r in zip(self.arms["plain"], self.arms["drafted"], self.ratios):
+            lines += [row(p, "plain"), row(d, "drafted"),
+                      f"{'':>7} {'ratio':>8} {'':>5} {_x(r['aggregate_tps'], 10)} {_x(r['decode_tps_median'], 10)} "
+                      f"{_x(r['ttft_p50_s'], 9)} {_x(r['ttft_p95_s'], 9)} {_x(r['latency_p50_s'], 8)} "
+                      f"{_x(r['latency_p95_s'], 8)}"]
+        lines += ["", "agg = output tokens / wall time of the level; dec = median over requests of (tokens - 1) / "
+                      "(latency - TTFT); TTFT and latency measured by the client (streamed); ratio = drafted / plain"]
+        return "\n".join(lines)
+
+
+def _f(v: float | None, w: int, d: int) -> str:
+    return f"{v:>{w}.{d}f}" if v is not None else f"{'-':>{w}}"
+
+
+def _x(v: float | None, w: int) -> str:
+    return f"{v:>{w - 1}.2f}x" if v is not None else f"{'-':>{w}}"
+
+
+def _ms(v: float | None) -> str:
+    return f"{v * 1000:>7.0f}ms" if v is not None else f"{'-':>9}"
+
+
+def _s(v: float | None) -> str:
+    return f"{v:>7.2f}s" if v is not None else f"{'-':>8}"
+
+
+def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
+               requests_per_client: int | None, requests: int | None, seed: int, backend: str) -> tr.Shape:
+    """The traffic asked for, validated.
+
+    Raises:
+        InvalidArgumentError: a level below 1 client or a rate <= 0, both ``clients`` and
+            ``rate`` as levels, an option of the other mode, or counts below 1.
+    """
+    if answer_tokens < 1:
+        raise InvalidArgumentError(f"--answer-tokens {answer_tokens}: expected at least 1")
+    if rate:
+        bad = [r for r in rate if not r > 0 or r == float("inf")]
+        if bad:
+            raise InvalidArgumentError(f"--rate {bad[0]}: expected requests per second > 0")
+        if requests_per_client is not None:
+            raise InvalidArgumentError("--requests-per-client is for closed-loop clients; with --rate give --requests")
+        if clients and len(clients) > 1:
+            raise InvalidArgumentError(f"--clients {','.join(map(str, clients))}: with --rate it is one number "
+                                       "(the most requests in flight), not levels")
+        n = requests or tr.DEFAULT_RATE_REQUESTS
+        if n < 1:
+            raise InvalidArgumentError(f"--requests {n}: expected at least 1")
+        cap = clients[0] if clients else None
+        if cap is not None and cap < 1:
+            raise InvalidArgumentError(f"--clients {cap}: expected at least 1 request in flight")
+        return tr.Shape("poisson", tuple(sorted(set(rate))), answer_tokens, requests=n,
+                        max_in_flight=cap if cap is not None else min(n, 64), seed=seed)
+    if requests is not None:
+        raise InvalidArgumentError("--requests is for --rate; closed-loop clients take --requests-per-client")
+    levels = sorted(set(clients or tr.CLIENTS_DEFAULTS.get(backend, tr.OTHER_CLIENTS)))
+    if levels[0] < 1:
+        raise InvalidArgumentError(f"--clients {levels[0]}: expected at least 1 client")
+    per = tr.DEFAULT_REQUESTS_PER_CLIENT if requests_per_client is None else requests_per_client
+    if per < 1:
+        raise InvalidArgumentError(f"--requests-per-client {per}: expected at least 1")
+    return tr.Shape("closed", tuple(levels), answer_tokens, requests_per_client=per, seed=seed)
+
+
+def check_json_path(path: str | Path, *inputs: str | Path | None, force: bool = False) -> Path:
+    """Refuse a ``--json FILE`` that could not be written, or exists without ``force``.
+
+    Raises:
+        OutputExistsError, UnsafeOutputError: naming ``--json`` and the path.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise InvalidArgumentError(f"--json {p}: is a directory")
+    if p.exists() and not force:
+        raise OutputExistsError(f"--json {p}: exists (give --force to replace it)")
+    check_output(p, *(i for i in inputs if i))
+    return p
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """``obj`` as JSON at ``path``, written whole (a temporary file renamed into place)."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def _synthetic(synthetic_len: float | None, synthetic_rates: list[float] | None, n_max: int) -> Synthetic | None:
+    if synthetic_len is None and not synthetic_rates:
+        return None
+    if synthetic_len is not None and synthetic_rates:
+        raise InvalidArgumentError("--synthetic-accept and --synthetic-rates are mutually exclusive")
+    if synthetic_rates:
+        return Synthetic(rates=check_rates(list(synthetic_rates), n_max))
+    if not 1.0 <= synthetic_len <= n_max + 1:
+        raise InvalidArgumentError(f"--synthetic-accept {synthetic_len}: expected a mean length in [1, {n_max + 1}] "
+                                   f"for draft length {n_max}")
+    return Synthetic(length=synthetic_len)
+
+
+def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None = None,
+             rate: list[float] | None = None, answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS,
+             requests_per_client: int | None = None, requests: int | None = None, seed: int = tr.DEFAULT_SEED,
+             draft_n_max: int | None = None, p_min: float | None = None, synthetic_len: float | None = None,
+             synthetic_rates: list[float] | None = None, server: str | Path | None = None,
+             threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
+             log_dir: str | Path | None = None, command: str | None = None,
+             progress: Progress | None = None) -> LoadReport:
+    """Plain and drafted arms under the same traffic; see the module docstring.
+
+    Args:
+        clients: closed-loop levels (default per backend); with ``rate``, one number: the most
+            requests in flight (default: the requests, at most 64).
+        rate: Poisson arrival rates (requests/s), each a level; instead of closed-loop clients.
+        requests_per_client: closed loop (default 3); ``requests``: per rate (default 32).
+        ctx_per_slot: context per slot (default: an upper bound of the longest prompt, plus the answer).
+        command: the command line to record in the result.
+
+    Raises:
+        InvalidArgumentError: bad traffic options (before anything is loaded).
+        BenchError: a draft length the draft cannot make, bad synthetic rates, a prompt longer
+            than the slot's context, or a server that died or failed a request.
+        InputNotFoundError, PairMismatchError, EngineError: files, pair or engine unusable.
+    """
+    # the options are checked before anything loads; the default levels need the backend, known after
+    shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
+                       requests=requests, seed=seed, backend="cpu")
+    if not clients and not rate:  # the default levels are the backend's: decide once for the highest
+        info, devices, decision, limits = prepare(target, draft, server=server, draft_n_max=draft_n_max)
+        shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
+                           requests_per_client=requests_per_client, requests=None, seed=seed, backend=decision.backend)
+    # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
+    info, devices, decision, limits = prepare(target, draft, server=server, concurrency=[shape.slots],
+                                              draft_n_max=draft_n_max)
+    n_max = draft_n_max or decision.draft_n_max or limits.max_n
+    if n_max > limits.max_n:
+        raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
+                         f"block size {limits.block_size})")
+    if p_min and not limits.confidence_head:
+        raise BenchError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
+    synthetic = _synthetic(synthetic_len, synthetic_rates, n_max)
+    items = tr.traffic_items()
+    per_slot = ctx_per_slot or tr.max_prompt_bytes(items) + answer_tokens + 16
+    with log_directory(log_dir, "ggufdspark-load-") as logs:
+        base = base_settings(info, target, decision=decision, parallel=shape.slots, ctx_per_slot=per_slot,
+                             threads=threads, extra_args=server_args, draft=draft)
+        # the drafted arm is the server `serve` would start (its length and load cut, launch.decide),
+        # unless --draft-n-max asked for another length
+        drafted = arm_settings(base, draft, n_max=None if draft_n_max is None and base.draft else n_max, p_min=p_min,
+                               synthetic=synthetic)
+        settings = {"plain": arm_settings(base, None), "drafted": drafted}
+        total = 2 * sum(shape.n_requests(lv) for lv in shape.levels)
+        done = [0]
+
+        def tick(what: str) -> None:
+            done[0] += 1
+            if progress:
+                progress(min(done[0], total), total, what)
+
+        prompts: list[tr.Prompt] = []
+        arms: dict[str, list[tr.LevelResult]] = {}
+        for k, arm in enumerate(ARMS):
+            log.info("arm %d/2: %s (%s)", k + 1, arm, logs / f"{arm}.log")
+            with running(settings[arm], logs / f"{arm}.log") as c:
+                if not prompts:
+                    prompts = tr.render_all(c, items)
+                    _check_fits(prompts, per_slot, answer_tokens)
+                _warm_up(c, prompts)
+                arms[arm] = []
+                for lv in shape.levels:
+                    res = tr.run_level(c, prompts, lv, shape, tick=lambda w, a=arm: tick(f"{a}: {w}"))
+                    log.info("%s, %g %s: %.1f tok/s aggregate, TTFT p50 %.3f s, %d requests", arm, lv,
+                             "clients" if shape.mode == "closed" else "requests/s", res.aggregate_tps,
+                             res.ttft_p50_s or 0.0, res.requests)
+                    arms[arm].append(res)
+        sizes = [p.n_tokens for p in prompts]
+        traffic = {"shape": shape.to_dict(), "prompts": "built-in set (text-only) + data/traffic.jsonl + composed "
+                   "documents (ggufdspark.traffic)", "prompt_tokens": tr.length_stats(sizes),
+                   "prompt_ids": [p.id for p in prompts],
+                   "warmup": f"one {WARMUP_TOKENS}-token request, then the longest prompt ({max(sizes)} tokens, "
+                             f"{WARMUP_TOKENS} tokens) per arm, before its levels",
+                   "requests": "streamed /completion, greedy, prompt cache off, ignore_eos (every answer exactly "
+                               f"{answer_tokens} tokens)"}
+        return LoadReport(
+            command=command,
+            engine={"commit": info.commit, "version": info.version, "path": info.path, "patches": list(info.patches)},
+            hardware={"backend": decision.backend, "devices": decision.devices},
+            traffic=traffic,
+            settings={"target": str(target), "draft": str(draft), "draft_n_max": n_max, "block_size": limits.block_size,
+                      "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
+                      "p_min": p_min, "draft_cut": drafted.draft_n_max_by_slots, "slots": shape.slots, "ctx_per_slot": per_slot,
+                      "synthetic": asdict(synthetic) if synthetic else None,
+                      "plain_command": settings["plain"].redacted(), "drafted_command": settings["drafted"].redacted()},
+            synthetic=synthetic.describe() if synthetic else None, arms=arms,
+            logs={a: str(logs / f"{a}.log") for a in ARMS})
+
+
+def _check_fits(prompts: list[tr.Prompt], per_slot: int, answer_tokens: int) -> None:
+    longest = max(prompts, key=lambda p: p.n_tokens)
+    if longest.n_tokens + answer_tokens > per_slot:
+        raise BenchError(f"prompt {longest.id!r} has {longest.n_tokens} tokens: with {answer_tokens}-token answers "
+                         f"it needs a context of {longest.n_tokens + answer_tokens} a slot, --ctx-per-slot is {per_slot}")
+
+
+def _warm_up(client: Client, prompts: list[tr.Prompt]) -> None:
+    warm(client)
+    longest = max(prompts, key=lambda p: p.n_tokens)
+    client.stream_complete(longest.tokens, n_predict=WARMUP_TOKENS, ignore_eos=True)
+
+

@@ -1,0 +1,384 @@
+"""Traffic for ``bench --load``: a prompt set with a realistic length spread, request schedules
+(clients in a closed loop, or Poisson arrivals), streamed requests timed on the client, and the
+per-level figures (aggregate throughput, per-request decode speed, time to first token, latency).
+
+The prompt set (``traffic_items``) is the built-in set (text-only: pictures described in text; a
+multi-turn item is one request holding its whole conversation) plus longer items: multi-paragraph
+questions and code to review (``data/traffic.jsonl``, written for this project) and documents to
+summarize (``ggufdspark.trafficdocs``, composed with a fixed seed). Measured on the generated pairs'
+LFM2-style tokenizer (LFM2's pre-tokenizer, a byte-level BPE trained here; the small and the
+full-size pair share it), rendered with the chat template, BOS included: 66 prompts of 35-2705
+tokens, median 441 (``docs/bench.md`` has the distribution; ``tests/test_traffic.py`` checks its
+min, median and max).
+
+Schedules. Closed loop: N clients, each sending its next request as soon as its previous answer
+ended, R requests each; client c's j-th request takes prompt ``order[j * N + c]`` (cycled), so the
+first wave is the first N prompts of the seeded order and every arm sends the same prompts in the
+same order. Open loop: arrivals at seeded exponential gaps (mean 1/rate), the i-th arrival taking
+``order[i]``; at most ``max_in_flight`` requests are in flight (later arrivals wait for a free
+client, as vLLM's ``--max-concurrency`` does).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import logging
+import math
+import random
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from typing import Any, Callable
+
+from ggufdspark import prompts as pr
+from ggufdspark import trafficdocs
+from ggufdspark.errors import BenchError, EngineError
+from ggufdspark.measure import render
+from ggufdspark.runners.client import Client
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ANSWER_TOKENS = 256
+DEFAULT_REQUESTS_PER_CLIENT = 3
+DEFAULT_RATE_REQUESTS = 32
+DEFAULT_SEED = 0
+# Clients measured by default, per backend.
+CLIENTS_DEFAULTS: dict[str, tuple[int, ...]] = {"cuda": (1, 2, 4, 8, 16, 32), "metal": (1, 2, 4, 8), "cpu": (1, 2)}
+OTHER_CLIENTS = (1, 2, 4, 8)
+
+Tick = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------- the prompt set
+
+
+def traffic_items() -> list[pr.PromptItem]:
+    """The load benchmark's prompts, in a fixed order: the built-in set (text-only), then the
+    questions and code of ``data/traffic.jsonl``, then the composed documents."""
+    items = []
+    for it in pr.builtin_prompts(image_dir=None):
+        # one request per item: a multi-turn item's whole conversation (its user turns in a row)
+        items.append(pr.PromptItem(it.id, it.category, it.messages, "builtin"))
+    text = resources.files("ggufdspark").joinpath("data/traffic.jsonl").read_text(encoding="utf-8")
+    for line in text.splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            items.append(pr.PromptItem(rec["id"], rec["category"], rec["messages"], "traffic"))
+    for d in trafficdocs.documents():
+        items.append(pr.PromptItem(d.id, f"document:{d.kind}", [{"role": "user", "content": d.text}], "traffic"))
+    return items
+
+
+def max_prompt_bytes(items: list[pr.PromptItem]) -> int:
+    """An upper bound of any item's rendered token count, before a server can tokenize: its
+    UTF-8 bytes plus the chat template's few tokens per message (a byte-level BPE token covers at
+    least one byte)."""
+    return max(sum(len(str(m["content"]).encode()) + 16 for m in it.messages) + 16 for it in items)
+
+
+@dataclass
+class Prompt:
+    """One prompt of the set, rendered and tokenized once (every arm sends these token ids)."""
+
+    id: str
+    category: str
+    tokens: list[int] = field(repr=False)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def length_stats(values: list[float]) -> dict:
+    """min, p25, median, p75, p95, max and mean of prompt lengths (or any sizes)."""
+    if not values:
+        return {}
+    return {"count": len(values), "min": min(values), "p25": percentile(values, 25), "median": percentile(values, 50),
+            "p75": percentile(values, 75), "p95": percentile(values, 95), "max": max(values),
+            "mean": statistics.fmean(values)}
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The traffic of a run: closed-loop clients or Poisson rates (the levels), answer length,
+    requests per level, the seed of the prompt order and of the arrivals."""
+
+    mode: str  # "closed" or "poisson"
+    levels: tuple[float, ...]  # clients (closed) or requests/s (poisson)
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS
+    requests_per_client: int = DEFAULT_REQUESTS_PER_CLIENT  # closed loop
+    requests: int = DEFAULT_RATE_REQUESTS  # per rate (poisson)
+    max_in_flight: int | None = None  # poisson: at most this many at once (None: no limit)
+    seed: int = DEFAULT_SEED
+
+    def n_requests(self, level: float) -> int:
+        return int(level) * self.requests_per_client if self.mode == "closed" else self.requests
+
+    @property
+    def slots(self) -> int:
+        """Parallel slots the server needs: the most clients, or the in-flight limit."""
+        if self.mode == "closed":
+            return int(max(self.levels))
+        return self.max_in_flight or self.requests
+
+    def describe(self) -> str:
+        ans = f"{self.answer_tokens}-token answers"
+        if self.mode == "closed":
+            lv = ",".join(str(int(v)) for v in self.levels)
+            return (f"closed loop: {lv} clients, {self.requests_per_client} requests each (each sent when the "
+                    f"client's previous answer ended), {ans}, seed {self.seed}")
+        lv = ",".join(f"{v:g}" for v in self.levels)
+        cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
+        return f"open loop: Poisson arrivals at {lv} requests/s, {self.requests} requests a rate{cap}, {ans}, seed {self.seed}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "levels": list(self.levels), "describe": self.describe()}
+
+
+def prompt_order(n_prompts: int, n_requests: int, seed: int) -> list[int]:
+    """Indices into the prompt set for ``n_requests`` requests: seeded shuffles of the whole set,
+    one after another (every prompt once before any repeats)."""
+    rng = random.Random(seed)
+    out: list[int] = []
+    while len(out) < n_requests:
+        idx = list(range(n_prompts))
+        rng.shuffle(idx)
+        out += idx
+    return out[:n_requests]
+
+
+def poisson_schedule(rate: float, n: int, seed: int) -> list[float]:
+    """Arrival times (seconds from the start) of ``n`` requests of a Poisson process with ``rate``
+    requests per second: the first at 0, then exponential gaps of mean ``1/rate`` (seeded)."""
+    if not rate > 0 or math.isinf(rate):
+        raise BenchError(f"--rate {rate}: expected requests per second > 0")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(n):
+        if i:
+            t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+# --------------------------------------------------------------------------- requests and figures
+
+
+@dataclass
+class RequestRecord:
+    """One streamed request under load: the client's clock (seconds; ``start_s`` from the level's
+    start) and the engine's timings (None where the engine sent none)."""
+
+    index: int
+    client: int
+    prompt: str
+    prompt_tokens: int
+    start_s: float
+    ttft_s: float
+    latency_s: float
+    output_tokens: int
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    predicted_per_second: float | None = None
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+    passes: int | None = None
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens after the first over the time after the first: what a user sees streaming."""
+        after = self.latency_s - self.ttft_s
+        return (self.output_tokens - 1) / after if self.output_tokens > 1 and after > 0 else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "decode_tps": self.decode_tps}
+
+
+def send(client: Client, p: Prompt, answer_tokens: int, *, index: int, who: int, t0: float) -> RequestRecord:
+    """One streamed greedy request of exactly ``answer_tokens`` tokens (``ignore_eos``), timed."""
+    start = time.perf_counter() - t0
+    out = client.stream_complete(p.tokens, n_predict=answer_tokens, ignore_eos=True)
+    t = out.timings
+    return RequestRecord(index, who, p.id, p.n_tokens, start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
+                         t.prompt_n, t.prompt_ms, t.predicted_per_second, t.draft_n, t.draft_n_accepted, t.passes)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between closest ranks (numpy's default)."""
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    k = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+@dataclass
+class LevelResult:
+    """One arm at one level: the figures ``bench --load`` reports (docs/bench.md defines them)
+    and the requests they come from."""
+
+    level: float
+    requests: int
+    wall_s: float
+    output_tokens: int
+    prompt_tokens: int
+    aggregate_tps: float
+    decode_tps_median: float | None
+    engine_decode_tps_median: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_mean_s: float | None
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    latency_mean_s: float | None
+    drafted: int
+    accepted: int
+    passes: int
+    records: list[RequestRecord] = field(default_factory=list, repr=False)
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens per target verify pass, bonus included (1 + accepted / passes); None undrafted."""
+        return 1.0 + self.accepted / self.passes if self.passes else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["records"] = [r.to_dict() for r in self.records]
+        return {**d, "accept_length": self.accept_length}
+
+
+def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -> LevelResult:
+    """The level's figures from its requests and the wall time from its first send to its last answer."""
+    ttft = [r.ttft_s for r in records]
+    lat = [r.latency_s for r in records]
+    out = sum(r.output_tokens for r in records)
+    drafted = [r for r in records if r.draft_n]
+    return LevelResult(
+        level, len(records), wall_s, out, sum(r.prompt_tokens for r in records), out / wall_s if wall_s else 0.0,
+        percentile([r.decode_tps for r in records], 50), percentile([r.predicted_per_second for r in records], 50),
+        percentile(ttft, 50), percentile(ttft, 95), statistics.fmean(ttft) if ttft else None,
+        percentile(lat, 50), percentile(lat, 95), statistics.fmean(lat) if lat else None,
+        sum(r.draft_n or 0 for r in drafted), sum(r.draft_n_accepted or 0 for r in drafted),
+        sum(r.passes or 0 for r in drafted), sorted(records, key=lambda r: r.index))
+
+
+def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape, *, tick: Tick | None = None
+               ) -> LevelResult:
+    """``clients`` threads in a closed loop, ``shape.requests_per_client`` requests each.
+
+    Raises:
+        EngineError: a request failed (the first failure; the other clients stop after their
+            current request).
+    """
+    n = clients * shape.requests_per_client
+    order = prompt_order(len(prompts), n, shape.seed)
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def worker(c: int) -> None:
+        for j in range(shape.requests_per_client):
+            if failed.is_set():
+                return
+            i = j * clients + c
+            try:
+                r = send(client, prompts[order[i]], shape.answer_tokens, index=i, who=c, t0=t0)
+            except BaseException:
+                failed.set()
+                raise
+            with lock:
+                records.append(r)
+            if tick:
+                tick(f"{clients} clients")
+
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=clients) as ex:
+        futures = [ex.submit(worker, c) for c in range(clients)]
+    wall = time.perf_counter() - t0
+    for f in futures:
+        f.result()
+    return summarize_level(clients, records, wall)
+
+
+def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape, *, tick: Tick | None = None
+                ) -> LevelResult:
+    """``shape.requests`` requests arriving at ``rate`` per second (seeded), at most
+    ``shape.max_in_flight`` at once; wall time from the first arrival to the last answer.
+
+    Raises:
+        EngineError: a request failed (no later arrival is sent).
+    """
+    n = shape.requests
+    order = prompt_order(len(prompts), n, shape.seed)
+    arrivals = poisson_schedule(rate, n, shape.seed)
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def one(i: int) -> None:
+        if failed.is_set():
+            return
+        try:
+            r = send(client, prompts[order[i]], shape.answer_tokens, index=i, who=i, t0=t0)
+        except BaseException:
+            failed.set()
+            raise
+        with lock:
+            records.append(r)
+        if tick:
+            tick(f"{rate:g} requests/s")
+
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=shape.max_in_flight or n) as ex:
+        futures = []
+        for i, at in enumerate(arrivals):
+            wait = at - (time.perf_counter() - t0)
+            if wait > 0 and failed.wait(wait):
+                break
+            futures.append(ex.submit(one, i))
+    wall = time.perf_counter() - t0
+    for f in futures:
+        f.result()
+    return summarize_level(rate, records, wall)
+
+
+def run_level(client: Client, prompts: list[Prompt], level: float, shape: Shape, *, tick: Tick | None = None
+              ) -> LevelResult:
+    """One level of ``shape`` on a started server."""
+    if shape.mode == "closed":
+        return run_closed(client, prompts, int(level), shape, tick=tick)
+    return run_poisson(client, prompts, level, shape, tick=tick)
+
+
+def render_all(client: Client, items: list[pr.PromptItem]) -> list[Prompt]:
+    """Every item rendered with the server's chat template and tokenized (BOS included).
+
+    Raises:
+        BenchError: the server could not render or tokenize an item (its id named).
+    """
+    out = []
+    for it in items:
+        try:
+            toks, _ = render(client, it.messages, None)
+        except EngineError as e:
+            raise BenchError(f"prompt {it.id!r}: the server could not render it: {e}") from None
+        out.append(Prompt(it.id, it.category, list(toks)))
+    return out
+
+
+def ratios(plain: LevelResult, drafted: LevelResult) -> dict[str, Any]:
+    """drafted / plain of each figure (None where either is missing or zero)."""
+    keys = ("aggregate_tps", "decode_tps_median", "engine_decode_tps_median", "ttft_p50_s", "ttft_p95_s",
+            "ttft_mean_s", "latency_p50_s", "latency_p95_s", "latency_mean_s")
+    out: dict[str, Any] = {"level": plain.level}
+    for k in keys:
+        a, b = getattr(plain, k), getattr(drafted, k)
+        out[k] = b / a if a and b is not None else None
+    return out

@@ -1,0 +1,166 @@
+"""``bench --load``: plain and drafted arms under closed-loop and Poisson traffic, against the real
+engine on CPU with the small generated pair. Timings on a tiny model are noise: these tests prove
+the mechanics and the result's internal consistency, not speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def _args(pair, *extra: str) -> list[str]:
+    return ["bench", "--load", "-m", str(pair.target), "-md", str(pair.draft), *extra]
+
+
+def _check_level(lv: dict, n_requests: int, answer: int) -> None:
+    recs = lv["records"]
+    assert lv["requests"] == len(recs) == n_requests
+    assert sorted(r["index"] for r in recs) == list(range(n_requests))
+    assert all(r["output_tokens"] == answer for r in recs)  # ignore_eos: every answer is exactly this long
+    assert lv["output_tokens"] == sum(r["output_tokens"] for r in recs) == n_requests * answer
+    assert lv["prompt_tokens"] == sum(r["prompt_tokens"] for r in recs)
+    assert all(r["prompt_n"] == r["prompt_tokens"] for r in recs)  # the engine processed the whole prompt
+    assert all(0 < r["ttft_s"] < r["latency_s"] for r in recs)
+    assert all(r["start_s"] + r["latency_s"] <= lv["wall_s"] + 1e-6 for r in recs)
+    assert lv["aggregate_tps"] == pytest.approx(lv["output_tokens"] / lv["wall_s"])
+    assert lv["ttft_p50_s"] <= lv["ttft_p95_s"] <= max(r["ttft_s"] for r in recs)
+    assert lv["latency_p50_s"] <= lv["latency_p95_s"] <= max(r["latency_s"] for r in recs)
+    assert lv["ttft_p50_s"] < lv["latency_p50_s"]
+    assert min(r["ttft_s"] for r in recs) <= lv["ttft_mean_s"] <= max(r["ttft_s"] for r in recs)
+    dec = sorted(r["decode_tps"] for r in recs)
+    assert dec[0] <= lv["decode_tps_median"] <= dec[-1]
+
+
+def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated, tmp_path):
+    out = tmp_path / "load.json"
+    p = ggufdspark_cli(*_args(small_pair, "--clients", "1,2", "--answer-tokens", "12", "--requests-per-client", "2",
+                              "--draft-n-max", "3", "--json", str(out), "--log-dir", str(tmp_path / "logs")),
+                       env=isolated)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "bench --load: 100%" in p.stderr  # the progress line finished
+    assert "ratio" in p.stdout and "closed loop: 1,2 clients" in p.stdout
+    rep = json.loads(out.read_text())
+    assert rep["kind"] == "ggufdspark bench --load"
+    assert rep["command"].startswith("ggufdspark bench --load -m ") and "--clients 1,2" in rep["command"]
+    assert (rep["engine"]["commit"] or rep["engine"]["version"]) and isinstance(rep["engine"]["patches"], list) and rep["engine"]["patches"]
+    assert rep["hardware"]["backend"] == "cpu" and rep["hardware"]["devices"]
+    shape = rep["traffic"]["shape"]
+    assert shape["mode"] == "closed" and shape["levels"] == [1, 2] and shape["answer_tokens"] == 12
+    pt = rep["traffic"]["prompt_tokens"]
+    assert pt["count"] == 66 and pt["min"] < pt["median"] < pt["max"]
+    assert rep["settings"]["draft_n_max"] == 3 and "draft-dspark" in rep["settings"]["drafted_command"]
+    assert "draft-dspark" not in rep["settings"]["plain_command"]
+    assert rep["synthetic"] is None
+    plain, drafted = rep["arms"]["plain"], rep["arms"]["drafted"]
+    for arm in (plain, drafted):
+        assert [lv["level"] for lv in arm] == [1, 2]
+        for lv in arm:
+            _check_level(lv, int(lv["level"]) * 2, 12)
+    # the same prompts in the same order on both arms, at every level
+    for a, b in zip(plain, drafted):
+        assert [(r["index"], r["client"], r["prompt"]) for r in a["records"]] == \
+               [(r["index"], r["client"], r["prompt"]) for r in b["records"]]
+    # the closed loop: client c's j-th request is order[j * clients + c]
+    two = plain[1]["records"]
+    assert [r["client"] for r in two] == [0, 1, 0, 1]
+    assert all(lv["drafted"] == 0 and lv["accept_length"] is None for lv in plain)
+    assert all(lv["drafted"] > 0 and lv["passes"] > 0 and lv["accept_length"] >= 1.0 for lv in drafted)
+    for r, a, b in zip(rep["ratios"], plain, drafted):
+        assert r["level"] == a["level"]
+        assert r["aggregate_tps"] == pytest.approx(b["aggregate_tps"] / a["aggregate_tps"])
+        assert r["ttft_p50_s"] == pytest.approx(b["ttft_p50_s"] / a["ttft_p50_s"])
+    # an existing --json file is not replaced without --force
+    again = ggufdspark_cli(*_args(small_pair, "--clients", "1", "--json", str(out)), env=isolated)
+    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+    assert json.loads(out.read_text()) == rep
+
+
+def test_load_poisson_with_synthetic_acceptance(small_pair, ggufdspark_cli, isolated, tmp_path):
+    p = ggufdspark_cli(*_args(small_pair, "--rate", "20", "--requests", "5", "--clients", "3", "--answer-tokens", "8",
+                              "--draft-n-max", "3", "--synthetic-rates", "0.9,0.8,0.7,0.6", "--seed", "5", "--json"),
+                       env=isolated)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    shape = rep["traffic"]["shape"]
+    assert shape["mode"] == "poisson" and shape["levels"] == [20.0] and shape["max_in_flight"] == 3
+    assert rep["settings"]["slots"] == 3
+    assert rep["synthetic"].startswith("synthetic acceptance, rates 0.9,0.8,0.7")
+    assert "--spec-synth-rates" in rep["settings"]["drafted_command"]
+    for arm in ("plain", "drafted"):
+        (lv,) = rep["arms"][arm]
+        _check_level(lv, 5, 8)
+        starts = [r["start_s"] for r in lv["records"]]
+        assert starts == sorted(starts)  # sent in arrival order
+    assert rep["arms"]["drafted"][0]["accept_length"] > 1.0
+
+
+BAD = [
+    (["--clients", "0"], "--clients 0"),
+    (["--clients", "2", "--rate", "1,2", "--requests-per-client", "2"], "--requests-per-client"),
+    (["--rate", "0"], "--rate 0"),
+    (["--rate", "1", "--clients", "2,4"], "--clients 2,4"),
+    (["--requests", "4"], "--requests"),
+    (["--answer-tokens", "0"], "--answer-tokens 0"),
+    (["--requests-per-client", "0"], "--requests-per-client 0"),
+    (["--concurrency", "1,2"], "--concurrency"),
+    (["-n", "16"], "--n-predict"),
+    (["--max-plain-drift", "1"], "--max-plain-drift"),
+]
+
+
+@pytest.mark.parametrize("extra,needle", BAD, ids=[b[1] for b in BAD])
+def test_load_bad_options_are_refused_in_one_line(small_pair, ggufdspark_cli, isolated, extra, needle):
+    p = ggufdspark_cli(*_args(small_pair, *extra), env=isolated)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_load_options_need_load(small_pair, ggufdspark_cli, isolated):
+    p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--clients", "2",
+                       env=isolated)
+    assert p.returncode == 2 and "--clients needs --load" in p.stderr and "Traceback" not in p.stderr
+    p = ggufdspark_cli(*_args(small_pair, "--clients", "x"), env=isolated)  # click's own usage error
+    assert p.returncode == 2 and "'x': expected comma-separated int values" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark_engine, tmp_path):
+    """benchmarks/h200_load.sh's own command line (published profile, serve's defaults), run on CPU
+    with the small pair in place of the full-size one."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, **isolated, "STAGES": "load", "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
+           "SERVER": dspark_engine.path, "CLIENTS": "1,2", "ANSWERS": "8", "REQUESTS_PER_CLIENT": "1",
+           "OUT": str(out), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200_load.sh")], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "failed" not in p.stdout, p.stdout
+    rep = json.loads((out / "load-8.json").read_text())
+    assert rep["synthetic"].startswith("synthetic acceptance, rates 0.7838,0.6143")  # the published profile
+    assert rep["traffic"]["shape"]["levels"] == [1, 2]
+    n = rep["settings"]["draft_n_max"]
+    assert len(rep["settings"]["synthetic"]["rates"]) == n  # truncated to the draft length
+    for arm in ("plain", "drafted"):
+        for lv in rep["arms"][arm]:
+            _check_level(lv, int(lv["level"]), 8)
+
+
+def test_one_request_bench_writes_its_json_file_too(small_pair, ggufdspark_cli, isolated, tmp_path):
+    out = tmp_path / "bench.json"
+    p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--limit", "1",
+                       "--categories", "general_vqa", "-n", "8", "--concurrency", "1", "--max-plain-drift", "1000",
+                       "--json", str(out), env=isolated)
+    assert p.returncode == 0, p.stderr
+    assert "lossless gate: PASS" in p.stdout  # the text report still goes to stdout
+    rep = json.loads(out.read_text())
+    assert rep["gate"]["status"] == "pass" and rep["load_shape"].startswith("lock-step micro-benchmark")
+    assert f"json: {out}" in p.stderr

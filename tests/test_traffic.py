@@ -1,0 +1,122 @@
+"""The load benchmark's traffic: the Poisson schedule, the prompt order, percentiles (pure), and
+the prompt set's length spread on the generated pair's real tokenizer (a real llama-server)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from ggufdspark import traffic as tr
+from ggufdspark.errors import BenchError
+
+
+def test_poisson_schedule_is_seeded_and_has_the_asked_rate():
+    a = tr.poisson_schedule(4.0, 2000, seed=7)
+    assert a == tr.poisson_schedule(4.0, 2000, seed=7)  # reproducible
+    assert a != tr.poisson_schedule(4.0, 2000, seed=8)  # and the seed matters
+    assert a[0] == 0.0 and all(b > c for b, c in zip(a[1:], a))  # first at once, then strictly later
+    gaps = [b - c for b, c in zip(a[1:], a)]
+    # 1999 exponential gaps of mean 0.25 s: the sample mean's standard error is 0.25/sqrt(1999) = 0.0056
+    assert statistics.fmean(gaps) == pytest.approx(0.25, abs=0.02)
+    assert (len(a) - 1) / a[-1] == pytest.approx(4.0, rel=0.08)
+    # exponential, not evenly spaced: the gaps' spread is about their mean
+    assert statistics.pstdev(gaps) == pytest.approx(0.25, rel=0.15)
+    with pytest.raises(BenchError, match="--rate 0"):
+        tr.poisson_schedule(0, 3, seed=0)
+
+
+def test_prompt_order_is_seeded_and_uses_every_prompt_before_repeating():
+    o = tr.prompt_order(10, 25, seed=3)
+    assert o == tr.prompt_order(10, 25, seed=3) and o != tr.prompt_order(10, 25, seed=4)
+    assert sorted(o[:10]) == list(range(10)) and sorted(o[10:20]) == list(range(10))
+    assert len(o) == 25
+
+
+def test_percentile_matches_linear_interpolation():
+    v = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert tr.percentile(v, 50) == 3.0
+    assert tr.percentile(v, 95) == pytest.approx(4.8)
+    assert tr.percentile(v, 0) == 1.0 and tr.percentile(v, 100) == 5.0
+    assert tr.percentile([None, 2.0], 50) == 2.0 and tr.percentile([], 50) is None
+
+
+def test_closed_loop_shape_counts_requests():
+    s = tr.Shape("closed", (2, 4), 16, requests_per_client=3)
+    assert [s.n_requests(lv) for lv in s.levels] == [6, 12] and s.slots == 4
+    p = tr.Shape("poisson", (1.0, 2.0), 16, requests=10, max_in_flight=4)
+    assert p.n_requests(2.0) == 10 and p.slots == 4
+    assert "Poisson arrivals at 1,2 requests/s" in p.describe()
+
+
+# The set's content, pinned: docs/bench.md states its token lengths, so a change to the composed
+# documents or to data/traffic.jsonl must come with a new measurement there (and a new digest here).
+TRAFFIC_DIGEST = "bb9348ec528e367479cd01f612bcb6ee0733df477b9abe639aa527d9c583ddea"
+
+
+def test_prompt_set_is_deterministic():
+    import hashlib
+    import json
+
+    items = tr.traffic_items()
+    digest = hashlib.sha256(json.dumps([(i.id, i.messages) for i in items]).encode()).hexdigest()
+    assert digest == TRAFFIC_DIGEST
+    cats = [i.category for i in items]
+    assert cats.count("code") == 5 and cats.count("question") == 8 and cats.count("chat") == 4
+    assert sum(c.startswith("document:") for c in cats) == 25
+
+
+def test_prompt_set_length_spread_on_the_real_tokenizer(small_pair, start_server):
+    """The spread docs/bench.md states: a few dozen tokens to 2000+, median several hundred."""
+    items = tr.traffic_items()
+    assert len({it.id for it in items}) == len(items) == 66
+    srv = start_server(model=small_pair.target, ctx_size=8192)
+    prompts = tr.render_all(srv.client(), items)
+    sizes = [p.n_tokens for p in prompts]
+    st = tr.length_stats(sizes)
+    print("prompt tokens:", {k: round(v) for k, v in st.items()})
+    assert 20 <= st["min"] <= 80
+    assert 300 <= st["median"] <= 800
+    assert 2000 <= st["max"] <= 4000
+    assert st["max"] + 1024 < tr.max_prompt_bytes(items) + 1024 + 16  # the context bound holds
+    assert all(p.n_tokens <= tr.max_prompt_bytes([it]) for p, it in zip(prompts, items))
+    kinds = {p.category.split(":")[0] for p in prompts if p.n_tokens > 1000}
+    assert kinds == {"document"}, kinds
+
+
+def test_streamed_completion_matches_the_plain_one_and_times_the_first_token(small_pair, start_server):
+    srv = start_server(model=small_pair.target, ctx_size=4096)
+    c = srv.client()
+    toks = c.tokenize("Describe the weather in three sentences.", add_special=True)
+    full = c.complete(toks, n_predict=24, ignore_eos=True)
+    s = c.stream_complete(toks, n_predict=24, ignore_eos=True)
+    assert s.tokens == full.tokens and len(s.tokens) == 24  # greedy: the same tokens, streamed one by one
+    assert s.text == full.text
+    assert 0 < s.ttft_s < s.e2e_s
+    assert s.timings.predicted_n == 24 and s.timings.prompt_n == len(toks) and s.timings.source == "response"
+
+
+def test_a_server_dying_during_a_streamed_request_is_an_engine_error(small_pair, start_server):
+    import threading
+
+    from ggufdspark.errors import EngineError
+
+    srv = start_server(model=small_pair.target, ctx_size=4096)
+    c = srv.client()
+    toks = c.tokenize("Count to a very large number.", add_special=True)
+    failure: list[BaseException] = []
+
+    def long_request() -> None:
+        try:
+            c.stream_complete(toks, n_predict=200000, ignore_eos=True)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            failure.append(e)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    srv.wait_for_log(r"processing task", timeout=60)  # the request reached a slot
+    srv.kill()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert failure and isinstance(failure[0], EngineError), failure
+    assert "/completion" in str(failure[0])
