@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, profiles, webui
+from ggufdspark import hardware, hubref, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.quants import is_quantized_file, is_quantized_tag
@@ -156,13 +156,19 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     With ``ui`` (the default) the chat UI built by ``build-engine`` (``ggufdspark.webui``) is served
     at ``/`` through ``--path``, unless ``extra_args`` already say ``--path`` or ``--no-ui``.
 
+    ``model``, ``draft`` and ``mmproj`` may be Hub references ``ORG/NAME[:QUANT]`` (so may ``hf``
+    and ``hfd``, llama-server's spellings): they are resolved and downloaded first (``hubref``), a
+    target's repo also giving its mmproj (unless ``mmproj`` or ``--no-mmproj`` is given) and, with no
+    draft given, its ``dspark-`` draft; then everything goes on as with local files.
+
     Raises:
         InputNotFoundError, CorruptFileError: a file is missing or not GGUF.
+        HubError: a Hub reference could not be resolved or downloaded (``hubref.resolve``).
         PairMismatchError: the pair fails ``check`` and ``force`` is false.
         EngineError: no engine, or one without draft-dspark (when a draft is used).
     """
-    if not model and not hf:
-        raise InputNotFoundError("no target: give -m TARGET.gguf or --hf REPO:QUANT")
+    if not (model or hf):
+        raise InputNotFoundError("no target: give -m TARGET.gguf or -hf ORG/NAME[:QUANT]")
     check_host(host)
     _check_range("port", port, *PORT_RANGE)
     _check_range("draft_n_max", draft_n_max, *DRAFT_N_MAX_RANGE)
@@ -171,6 +177,9 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     _check_range("draft_max_slots", draft_max_slots, 0, None)
     cut_off = (draft_n_max_by_slots or "").strip().lower() == "off"
     draft_cut = parse_draft_cut(draft_n_max_by_slots) if draft_n_max_by_slots and not cut_off else None
+    # Hub references become local files first (downloaded now, so the start timeout never includes it)
+    model, draft, mmproj = _local_files(model, draft, mmproj, hf, hfd, no_draft, extra_args)
+    hf = hfd = None  # the engine gets local paths (-m/-md/--mmproj), never -hf: its build has no TLS
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
@@ -203,9 +212,6 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
                         f"(engine patch 0011); drafting stays on at every load")
     decision.draft_cut = _applied_draft_cut(draft_cut, draft_n_max_by_slots, cut_off, decision, info, parallel,
                                             warnings)
-    if (hf or hfd) and not (model and draft):
-        warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
-                        "(download it and run 'ggufdspark check' to see every reason a pair fails)")
     settings = ServerSettings(
         server=info.path, model=model, draft=draft if decision.draft_enabled else None, mmproj=mmproj,
         hf_repo=hf, hf_draft=hfd if decision.draft_enabled else None, host=host, port=port, api_key=api_key,
@@ -225,6 +231,25 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if host not in LOOPBACK and not settings.api_keys():
         warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
     return ServePlan(settings, decision, info, warnings, report, ui_dir, ui_note)
+
+
+# llama-server flags that turn off its own search for the mmproj beside a -hf model (given after --)
+_NO_MMPROJ_FLAGS = ("--no-mmproj", "--no-mmproj-auto")
+
+
+def _local_files(model, draft, mmproj, hf, hfd, no_draft: bool, extra_args: list[str] | None):
+    """(target, draft, mmproj) as local paths: Hub references (``-hf``/``-hfd``, or ``-m``/``-md``
+    given as ``ORG/NAME[:QUANT]``) resolved and downloaded through ``hubref``, before anything else,
+    so that ``check`` reads the files and the engine's start timeout never includes a download."""
+    for label, a, b in (("target", model, hf), ("draft", draft, hfd)):
+        if a and b:
+            raise InvalidArgumentError(f"the {label} given twice: {a} and {b} (give one of the two)")
+    model, draft = model or hf, draft or hfd
+    no_mm = any(a.split("=", 1)[0] in _NO_MMPROJ_FLAGS for a in (extra_args or []))
+    pair = hubref.resolve_pair(model, draft, mmproj, find_mmproj=not no_mm, find_draft=not no_draft)
+    for role, r in pair.resolved.items():
+        log.info("%s %s: %s%s", role, r.ref, r.path, " (from the cache)" if r.from_cache else "")
+    return pair.target, pair.draft, pair.mmproj
 
 
 # llama-server flags that decide the page at / themselves (given after --)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ggufdspark import bench as bench_lib
-from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, target_option
+from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, from_hub, mmproj_option, target_option
 
 
 def number_list(kind: type):
@@ -23,10 +23,9 @@ def number_list(kind: type):
 
 
 @click.command(name="bench")
-@target_option(required=True)
-@draft_option(required=True)
-@click.option("--mmproj", type=click.Path(dir_okay=False),
-              help="Vision projector: image prompts are sent as images.")
+@target_option(required=True, hub_aliases=True)
+@draft_option(required=True, hub_aliases=True)
+@mmproj_option("Vision projector: image prompts are sent as images.")
 @click.option("--prompts", type=click.Path(dir_okay=False),
               help="JSON Lines prompt file (default: the built-in set).")
 @click.option("--categories", callback=number_list(str), help="Only these categories (comma-separated).")
@@ -64,7 +63,10 @@ def number_list(kind: type):
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
             server_args, log_dir, as_json, plot, max_plain_drift):
-    """Measure decoding with and without the draft on this machine, and check the output is lossless."""
+    """Measure decoding with and without the draft on this machine, and check the output is lossless.
+
+    TARGET, DRAFT and --mmproj may be Hub references ORG/NAME[:QUANT] (downloaded first)."""
+    model, draft, mmproj = from_hub(model, draft, mmproj)
     report = bench_lib.run_bench(
         model, draft, mmproj=mmproj, prompts=prompts, categories=categories, limit=limit, n_predict=n_predict,
         draft_n_max=draft_n_max, p_min=p_min, concurrency=concurrency, synthetic_len=synthetic_len,
