@@ -8,9 +8,11 @@ The files are picked as the pinned llama-server's ``-hf`` / ``-hfd`` pick them
 (``ggufdspark.hubpick``) and downloaded with ``hf_hub_download`` into huggingface_hub's own cache,
 shared with every other Hugging Face tool: ``HF_HOME`` / ``HF_HUB_CACHE`` say where, ``HF_ENDPOINT``
 which Hub, ``HF_TOKEN`` or ``hf auth login`` who asks (gated and private repos), and
-``HF_HUB_OFFLINE=1`` keeps everything to the cache. Downloads resume where an interrupted one stopped
-(huggingface_hub keeps the ``.incomplete`` blob) and a file appears in the cache's snapshot only once
-complete, so nothing half-downloaded is ever handed on. When the Hub cannot be reached, a repo already
+``HF_HUB_OFFLINE=1`` keeps everything to the cache. A download whose connection breaks resumes from
+where it stopped (huggingface_hub retries with a ``Range`` request) and a file appears in the cache's
+snapshot only once complete and of the listed size; one that fails for good leaves nothing behind
+(huggingface_hub 2.x deletes its process-unique ``.incomplete`` file), so nothing half-downloaded is
+ever handed on. When the Hub cannot be reached, a repo already
 in the cache is used from there (with a warning), as huggingface_hub does for single files.
 
 A value is a reference when it names no existing file, does not end in ``.gguf`` and reads
@@ -138,6 +140,16 @@ def _cached_listing(repo: str) -> Listing | None:
     return Listing(repo, commit, files, cached=True, snapshot=snap)
 
 
+def _remember_main(lst: Listing) -> None:
+    """Record the commit the files came from as the cache's ``refs/main`` (as snapshot_download does
+    after downloading by commit), so that an offline run finds them."""
+    ref = _cache_dir(lst.repo) / "refs" / "main"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ref.with_name(f".main.{os.getpid()}.tmp")
+    tmp.write_text(lst.commit)
+    tmp.replace(ref)
+
+
 def _token() -> str | None:
     from huggingface_hub import get_token
 
@@ -248,10 +260,11 @@ def _fetch(lst: Listing, path: str, token: str | None) -> Path:
         return Path(hf_hub_download(lst.repo, path, revision=lst.commit, token=token))
     except Exception as e:
         err = _failure(e, lst.repo, token)
-        if err is not None:
+        if isinstance(err, (HubAccessError, HubNotFoundError)):
             raise err from None
-        raise HubConnectionError(f"{lst.repo}: downloading {path} failed ({_say_error(e, token)}); the part "
-                                 "already downloaded is kept and the next run resumes it") from None
+        kind = HubError if err is not None else HubConnectionError  # the Hub refused / the network failed
+        raise kind(f"{lst.repo}: downloading {path} failed ({_say_error(e, token)}); nothing of it was kept: "
+                   "run again to download it") from None
 
 
 def resolve(ref: str | HubRef, role: str = "target", *, find_mmproj: bool = False,
@@ -288,6 +301,8 @@ def resolve(ref: str | HubRef, role: str = "target", *, find_mmproj: bool = Fals
         if role == "target" and find_draft:
             ds = hubpick.pick_sibling(lst.files, chosen, hubpick.DSPARK, ref.tag)
             out.dspark = _fetch(lst, ds, token) if ds else None
+        if not lst.cached:
+            _remember_main(lst)
     log.info("%s -> %s%s", ref, out.path, " (cache)" if lst.cached else "")
     return out
 

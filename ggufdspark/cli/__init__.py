@@ -122,6 +122,9 @@ def cli(ctx, debug: bool, quiet: bool):
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(MarkedFormatter())
     logging.basicConfig(level=level, handlers=[handler])
+    if not debug:  # the Hub client's HTTP library logs every request at INFO
+        for name in ("httpx", "httpx2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class MarkedFormatter(logging.Formatter):
