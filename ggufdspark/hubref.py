@@ -114,16 +114,38 @@ class LocalPair:
     resolved: dict[str, Resolved] = field(default_factory=dict)
 
 
-def _hub():
-    """huggingface_hub's module state, read at call time (its constants follow the environment of
-    the process at import)."""
-    from huggingface_hub import constants
+@dataclass(frozen=True)
+class HubSettings:
+    """Where the Hub is, where its cache is, and whether to stay offline: huggingface_hub's own
+    settings, read from the environment at call time (its ``constants`` keep what the environment
+    said when it was first imported, which a script or a test may have changed since)."""
 
-    return constants
+    endpoint: str
+    cache: Path
+    offline: bool
+
+    @classmethod
+    def now(cls) -> "HubSettings":
+        from huggingface_hub import constants
+
+        env = os.environ
+        endpoint = (env.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        if env.get("HF_HUB_CACHE"):
+            cache = Path(env["HF_HUB_CACHE"])
+        elif env.get("HF_HOME"):
+            cache = Path(env["HF_HOME"]) / "hub"
+        else:
+            cache = Path(constants.HF_HUB_CACHE)
+        flag = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE")
+        offline = flag.strip().upper() in ("1", "ON", "YES", "TRUE") if flag is not None else constants.HF_HUB_OFFLINE
+        return cls(endpoint, cache.expanduser(), offline)
+
+
+_hub = HubSettings.now
 
 
 def _cache_dir(repo: str) -> Path:
-    return Path(_hub().HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
+    return _hub().cache / ("models--" + repo.replace("/", "--"))
 
 
 def _cached_listing(repo: str) -> Listing | None:
@@ -171,7 +193,7 @@ def _failure(e: Exception, repo: str, token: str | None) -> HubError | None:
     """The one-line error for a Hub client failure; None for one that is not the Hub's (a network error)."""
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
-    endpoint = _hub().ENDPOINT
+    endpoint = _hub().endpoint
     login = "log in with 'hf auth login' or set HF_TOKEN"
     if isinstance(e, GatedRepoError):
         if token:
@@ -187,16 +209,16 @@ def _failure(e: Exception, repo: str, token: str | None) -> HubError | None:
 
 
 def _listing(ref: HubRef, token: str | None) -> Listing:
-    if _hub().HF_HUB_OFFLINE:
+    if _hub().offline:
         cached = _cached_listing(ref.repo)
         if cached is None:
-            raise HubNotFoundError(f"{ref.repo}: not in the Hugging Face cache ({_hub().HF_HUB_CACHE}) and "
+            raise HubNotFoundError(f"{ref.repo}: not in the Hugging Face cache ({_hub().cache}) and "
                                    "HF_HUB_OFFLINE is set: run once without it to download")
         return cached
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
-    api = HfApi(token=token)
+    api = HfApi(endpoint=_hub().endpoint, token=token)
     try:
         info = api.model_info(ref.repo)
         files = [e.path for e in api.list_repo_tree(ref.repo, recursive=True, revision=info.sha)
@@ -209,9 +231,10 @@ def _listing(ref: HubRef, token: str | None) -> Listing:
         cached = _cached_listing(ref.repo)
         reason = _say_error(e, token)
         if cached is None:
-            raise HubConnectionError(f"{ref.repo}: cannot reach the Hub at {_hub().ENDPOINT} ({reason}) and it is "
-                                     f"not in the Hugging Face cache ({_hub().HF_HUB_CACHE})") from None
-        log.warning("cannot reach the Hub at %s (%s): using %s as cached (commit %s)", _hub().ENDPOINT, reason,
+            raise HubConnectionError(f"{ref.repo}: cannot download: the Hub at {_hub().endpoint} cannot be reached "
+                                     f"({reason}) and the repo is not in the Hugging Face cache ({_hub().cache})"
+                                     ) from None
+        log.warning("cannot reach the Hub at %s (%s): using %s as cached (commit %s)", _hub().endpoint, reason,
                     ref.repo, cached.commit[:12])
         return cached
 
@@ -257,7 +280,9 @@ def _fetch(lst: Listing, path: str, token: str | None) -> Path:
 
     log.info("%s: %s", lst.repo, path)
     try:
-        return Path(hf_hub_download(lst.repo, path, revision=lst.commit, token=token))
+        hub = _hub()
+        return Path(hf_hub_download(lst.repo, path, revision=lst.commit, token=token, endpoint=hub.endpoint,
+                                    cache_dir=hub.cache))
     except Exception as e:
         err = _failure(e, lst.repo, token)
         if isinstance(err, (HubAccessError, HubNotFoundError)):

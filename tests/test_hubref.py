@@ -267,7 +267,8 @@ def test_hub_failures_are_one_line(ggufdspark_cli, published, hub, hub_env, tmp_
     line = assert_one_line_error(run(f"{T_REPO}:Q8_0", good_d, env=fresh(HF_HUB_OFFLINE="1")), code=4)
     assert "not in the Hugging Face cache" in line and "HF_HUB_OFFLINE is set" in line, line
     line = assert_one_line_error(run(f"{T_REPO}:Q8_0", good_d, env=fresh(HF_ENDPOINT="http://127.0.0.1:9")))
-    assert f"{T_REPO}: cannot reach the Hub at http://127.0.0.1:9" in line and "not in the Hugging Face cache" in line
+    assert f"{T_REPO}: cannot download: the Hub at http://127.0.0.1:9 cannot be reached" in line \
+        and "not in the Hugging Face cache" in line, line
     assert TOKEN not in json.dumps(hub.requests)
 
 
