@@ -339,3 +339,15 @@ def test_one_repo_pair_and_its_mmproj(ggufdspark_cli, quant_pair, hub, hub_env, 
     assert {Path(report["draft"]).name, Path(report["mmproj"]).name} == {"dspark-Tiny-LFM2-Q8_0.gguf",
                                                                           "mmproj-Tiny-LFM2-F16.gguf"}
     assert sha256(snap / "mmproj-Tiny-LFM2-F16.gguf") == sha256(mm)
+
+
+def test_doctor_says_how_hub_references_are_downloaded(ggufdspark_cli, hub_env):
+    p = ggufdspark_cli("doctor", env=hub_env)
+    assert p.returncode == 0, p.stderr
+    (line,) = [ln for ln in p.stdout.splitlines() if ln.startswith("hub:")]
+    assert "through huggingface_hub" in line and f"into {hub_env['HF_HOME']}/hub from {hub_env['HF_ENDPOINT']}" \
+        in line and "a token is set" in line and "without TLS (LLAMA_OPENSSL=OFF)" in line, line
+    assert TOKEN not in p.stdout + p.stderr
+    p = ggufdspark_cli("doctor", "--json", env={**hub_env, "HF_TOKEN": "", "HF_HUB_OFFLINE": "1"})
+    hub_text = json.loads(p.stdout)["hub"]
+    assert "no token (gated repos: 'hf auth login' or HF_TOKEN)" in hub_text and "the cache only" in hub_text
