@@ -307,9 +307,21 @@ def test_every_verb_takes_references(ggufdspark_cli, published, hub, hub_env, tm
     assert p.returncode == 0, p.stderr
     assert (out / "Tiny-LFM2-Q4_0.gguf").is_file()  # here, not in the Hugging Face cache
     assert not list(snapshot(hub_env, T_REPO).glob("*Q4_0*"))
-    for verb in ("bench", "tune"):
-        p = ggufdspark_cli(verb, "--help", env=hub_env)
-        assert "-hf, --hf-repo" in p.stdout.replace("-m, -hf, --model, --target, --hf-repo", "-hf, --hf-repo")
+    # tune reads the profile of the downloaded files (none yet: the message names its path, not a missing file)
+    p = ggufdspark_cli("tune", "--show", "-hf", f"{T_REPO}:Q8_0", "-hfd", f"{D_REPO}:Q8_0", env=hub_env)
+    line = assert_one_line_error(p, code=4)
+    assert "no tune profile for this pair on this machine" in line, line
+    # bench measures the downloaded pair
+    p = ggufdspark_cli("bench", "-hf", f"{T_REPO}:Q8_0", "-hfd", f"{D_REPO}:Q8_0", "--limit", "1", "--categories",
+                       "general_vqa", "-n", "16", "--concurrency", "1", "--no-gate", "--json", env=hub_env)
+    assert p.returncode in (0, 5), p.stderr  # 5: a busy machine's plain runs drifted (no speedup claimed)
+    report = json.loads(p.stdout)
+    assert Path(report["settings"]["target"]).parent == snapshot(hub_env, T_REPO), report["settings"]
+    # the target given twice is a usage error, before any download
+    hub.requests.clear()
+    p = ggufdspark_cli("serve", "-m", str(published["target"]), "-hf", f"{T_REPO}:Q8_0", "--dry-run", env=hub_env)
+    line = assert_one_line_error(p, code=2)
+    assert "the target given twice" in line and not hub.requests, line
 
 
 def test_one_repo_pair_and_its_mmproj(ggufdspark_cli, quant_pair, hub, hub_env, tmp_path):
