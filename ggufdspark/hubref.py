@@ -185,7 +185,9 @@ def _say_error(e: BaseException, token: str | None) -> str:
     text = f"HTTP {status}: {server.splitlines()[0]}" if status and server else \
         next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
     if token:
-        text = text.replace(token, "***")
+        from ggufdspark.publish.masking import MaskSecret
+
+        text = MaskSecret(token).mask(text)  # the token, and its body without "hf_"
     return text[:300]
 
 
