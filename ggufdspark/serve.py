@@ -247,8 +247,6 @@ def _local_files(model, draft, mmproj, hf, hfd, no_draft: bool, extra_args: list
     model, draft = model or hf, draft or hfd
     no_mm = any(a.split("=", 1)[0] in _NO_MMPROJ_FLAGS for a in (extra_args or []))
     pair = hubref.resolve_pair(model, draft, mmproj, find_mmproj=not no_mm, find_draft=not no_draft)
-    for role, r in pair.resolved.items():
-        log.info("%s %s: %s%s", role, r.ref, r.path, " (from the cache)" if r.from_cache else "")
     return pair.target, pair.draft, pair.mmproj
 
 
