@@ -78,6 +78,7 @@ class Listing:
     files: list[str]
     cached: bool = False
     snapshot: Path | None = None  # the cache's snapshot directory (cached listings)
+    sizes: dict[str, int] = field(default_factory=dict)  # bytes per path, where the Hub said
 
 
 @dataclass
@@ -223,9 +224,9 @@ def _listing(ref: HubRef, token: str | None) -> Listing:
     api = HfApi(endpoint=_hub().endpoint, token=token)
     try:
         info = api.model_info(ref.repo)
-        files = [e.path for e in api.list_repo_tree(ref.repo, recursive=True, revision=info.sha)
-                 if isinstance(e, RepoFile)]
-        return Listing(ref.repo, info.sha, files)
+        entries = [e for e in api.list_repo_tree(ref.repo, recursive=True, revision=info.sha)
+                   if isinstance(e, RepoFile)]
+        return Listing(ref.repo, info.sha, [e.path for e in entries], sizes={e.path: e.size for e in entries})
     except Exception as e:  # the Hub client's errors, and what the network does
         err = _failure(e, ref.repo, token)
         if err is not None:
@@ -280,9 +281,13 @@ def _fetch(lst: Listing, path: str, token: str | None) -> Path:
         return lst.snapshot / path
     from huggingface_hub import hf_hub_download
 
-    log.info("%s: %s", lst.repo, path)
+    hub = _hub()
+    done = _cache_dir(lst.repo) / "snapshots" / lst.commit / path
+    if done.is_file():  # complete: huggingface_hub links a file into its snapshot only then
+        return done
+    size = lst.sizes.get(path)
+    log.info("downloading %s from %s%s", path, lst.repo, f" ({size / 1e6:.1f} MB)" if size else "")
     try:
-        hub = _hub()
         return Path(hf_hub_download(lst.repo, path, revision=lst.commit, token=token, endpoint=hub.endpoint,
                                     cache_dir=hub.cache))
     except Exception as e:
