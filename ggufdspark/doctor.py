@@ -40,6 +40,7 @@ class DoctorReport:
     pinned_commit: str = PIN_COMMIT
     ui: str | None = None  # the chat UI serve would pass as --path (None: no chat page from ggufdspark)
     ui_note: str = ""  # where the page at / comes from
+    hub: str = ""  # how Hub references (-hf / ORG/NAME[:QUANT]) are downloaded, and where to
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -79,10 +80,29 @@ def doctor(server: str | os.PathLike | None = None, *, cache: Path | None = None
     except EngineError as e:  # a $GGUFDSPARK_UI that is no UI
         report.ui_note = str(e)
         report.warnings.append(str(e))
+    report.hub = hub_note()
     report.ok = not report.problems
     log.debug("doctor: ok=%s, %d problems, %d warnings", report.ok, len(report.problems),
               len(report.warnings))
     return report
+
+
+def hub_note() -> str:
+    """How ``-hf`` / ``ORG/NAME[:QUANT]`` references are served: downloaded by ggufdspark through
+    huggingface_hub (its version, cache, endpoint, whether a token and offline mode are set; never
+    the token itself), because the engine is built without TLS and never gets ``-hf`` itself."""
+    try:
+        import huggingface_hub
+        from huggingface_hub import get_token
+
+        from ggufdspark.hubref import HubSettings
+    except ImportError as e:
+        return f"huggingface_hub not importable ({e}): Hub references cannot be downloaded"
+    s = HubSettings.now()
+    token = "a token is set" if get_token() else "no token (gated repos: 'hf auth login' or HF_TOKEN)"
+    return (f"downloaded by ggufdspark through huggingface_hub {huggingface_hub.__version__} into {s.cache} "
+            f"from {s.endpoint}; {token}{'; HF_HUB_OFFLINE: the cache only' if s.offline else ''}. "
+            "The engine gets local files, never -hf: it is built without TLS (LLAMA_OPENSSL=OFF)")
 
 
 def _warnings(report: DoctorReport) -> list[str]:

@@ -7,9 +7,9 @@ Messages name the file and the value found (and expected, where there is one).
 
 Exit codes (``exit_code``): 1 by default; 2 a usage error (click's own code, also for arguments
 and outputs refused before any work); 3 the lossless gate failed; 4 an input file missing or
-unreadable; 5 a bench whose two plain runs disagreed too much to give a speedup (the machine's
-speed moved during the run: ``PlainDriftError``); 130 interrupted; 141 the reader of the output
-went away (a broken pipe).
+unreadable, or a Hub reference naming nothing there (``HubNotFoundError``); 5 a bench whose two
+plain runs disagreed too much to give a speedup (the machine's speed moved during the run:
+``PlainDriftError``); 130 interrupted; 141 the reader of the output went away (a broken pipe).
 """
 
 from __future__ import annotations
@@ -115,3 +115,21 @@ class LosslessGateError(GgufdsparkError, AssertionError):
 
 class PublishError(GgufdsparkError, RuntimeError):
     """Publishing to the Hub failed or was refused."""
+
+
+class HubError(GgufdsparkError, OSError):
+    """A Hub reference (``ORG/NAME[:QUANT]``) could not be resolved or downloaded."""
+
+
+class HubNotFoundError(HubError, FileNotFoundError):
+    """No such repo, no file for the quant asked for, or offline and not in the cache."""
+
+    exit_code = 4  # an input that is not there, like InputNotFoundError
+
+
+class HubAccessError(HubError, PermissionError):
+    """A gated or private repo that the token in use (or no token) cannot read."""
+
+
+class HubConnectionError(HubError, ConnectionError):
+    """The Hub could not be reached (and the cache could not stand in), or a download broke off."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, launch, profiles, webui
+from ggufdspark import hardware, hubref, launch, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
@@ -113,14 +113,20 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     ``devices``: decide for these devices instead of detecting the engine's (tests, dry runs for
     another machine).
 
+    ``model``, ``draft`` and ``mmproj`` may be Hub references ``ORG/NAME[:QUANT]`` (so may ``hf``
+    and ``hfd``, llama-server's spellings): they are resolved and downloaded first (``hubref``), a
+    target's repo also giving its mmproj (unless ``mmproj`` or ``--no-mmproj`` is given) and, with no
+    draft given, its ``dspark-`` draft; then everything goes on as with local files.
+
     Raises:
         InputNotFoundError, CorruptFileError: a file is missing or not GGUF.
+        HubError: a Hub reference could not be resolved or downloaded (``hubref.resolve``).
         PairMismatchError: the pair fails ``check`` and ``force`` is false.
         EngineError: no engine, or one without draft-dspark (when a draft is used).
         InvalidArgumentError: a value out of range, or both ``ctx_size`` and ``ctx_per_slot``.
     """
-    if not model and not hf:
-        raise InputNotFoundError("no target: give -m TARGET.gguf or --hf REPO:QUANT")
+    if not (model or hf):
+        raise InputNotFoundError("no target: give -m TARGET.gguf or -hf ORG/NAME[:QUANT]")
     check_host(host)
     _check_range("port", port, *PORT_RANGE)
     _check_range("draft_n_max", draft_n_max, *DRAFT_N_MAX_RANGE)
@@ -131,6 +137,9 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         raise InvalidArgumentError(f"ctx_size {ctx_size} and ctx_per_slot {ctx_per_slot}: give one of them")
     if draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
         parse_draft_cut(draft_n_max_by_slots)  # refused before any file is read
+    # Hub references become local files first (downloaded now, so the start timeout never includes it)
+    model, draft, mmproj = _local_files(model, draft, mmproj, hf, hfd, no_draft, extra_args)
+    hf = hfd = None  # the engine gets local paths (-m/-md/--mmproj), never -hf: its build has no TLS
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
@@ -159,9 +168,6 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     warnings += decision.warnings
     ctx = launch.context(parallel, model=model, ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
     warnings += ctx.warnings
-    if (hf or hfd) and not (model and draft):
-        warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
-                        "(download it and run 'ggufdspark check' to see every reason a pair fails)")
     settings = launch.server_settings(decision, info, model=model, draft=draft, mmproj=mmproj, hf=hf, hfd=hfd,
                                       host=host, port=port, api_key=api_key, ctx=ctx, parallel=parallel,
                                       extra_args=extra_args)
@@ -170,6 +176,23 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if host not in LOOPBACK and not settings.api_keys():
         warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
     return ServePlan(settings, decision, info, ctx, warnings, report, ui_dir, ui_note)
+
+
+# llama-server flags that turn off its own search for the mmproj beside a -hf model (given after --)
+_NO_MMPROJ_FLAGS = ("--no-mmproj", "--no-mmproj-auto")
+
+
+def _local_files(model, draft, mmproj, hf, hfd, no_draft: bool, extra_args: list[str] | None):
+    """(target, draft, mmproj) as local paths: Hub references (``-hf``/``-hfd``, or ``-m``/``-md``
+    given as ``ORG/NAME[:QUANT]``) resolved and downloaded through ``hubref``, before anything else,
+    so that ``check`` reads the files and the engine's start timeout never includes a download."""
+    for label, a, b in (("target", model, hf), ("draft", draft, hfd)):
+        if a and b:
+            raise InvalidArgumentError(f"the {label} given twice: {a} and {b} (give one of the two)")
+    model, draft = model or hf, draft or hfd
+    no_mm = any(a.split("=", 1)[0] in _NO_MMPROJ_FLAGS for a in (extra_args or []))
+    pair = hubref.resolve_pair(model, draft, mmproj, find_mmproj=not no_mm, find_draft=not no_draft)
+    return pair.target, pair.draft, pair.mmproj
 
 
 # llama-server flags that decide the page at / themselves (given after --)

@@ -10,10 +10,17 @@ a temporary directory next to it and renamed into place once complete, under a l
 engine's. It is kept out of the engine's build on purpose: building it never changes the engine's
 cache key and never recompiles ``llama-server``. ``serve`` hands it to the engine as
 ``--path DIST`` (the pinned server then serves the directory's files, ``index.html`` at ``/``).
+
+ggufdspark's changes to the UI (``ggufdspark/data/ui-patches/*.patch``, paths relative to
+``tools/ui``; ``$GGUFDSPARK_UI_PATCHES`` names another directory, empty for none) are applied to the
+copy that is built, and key the cache: ``<cache>/ui/<commit>-<digest of the patches>``. They are not
+part of the engine's patch series, so changing one rebuilds the page (about two minutes) and never
+the engine.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +48,9 @@ NODE_WANTED = "node ^20.19 or >= 22.12"
 ENV_UI = "GGUFDSPARK_UI"
 # What a completed build has (the dist directory only appears once complete: it is renamed into place).
 REQUIRED = ("index.html",)
+# The UI's own patch series, and the variable that names another directory ("" for none).
+UI_PATCHES = Path(__file__).parent / "data" / "ui-patches"
+ENV_UI_PATCHES = "GGUFDSPARK_UI_PATCHES"
 
 
 class UiBuildError(EngineBuildError):
@@ -57,9 +67,25 @@ class UiBuild:
     seconds: float | None = None
 
 
+def ui_patch_files() -> list[Path]:
+    """The patches applied to the UI's sources before it is built, in order (may be empty)."""
+    env = os.environ.get(ENV_UI_PATCHES)
+    d = UI_PATCHES if env is None else (Path(env).expanduser() if env else None)
+    return sorted(d.glob("*.patch")) if d is not None and d.is_dir() else []
+
+
+def ui_key() -> str:
+    """The UI build's cache key: the pinned commit, plus a digest of the UI patches when there are any."""
+    patches = ui_patch_files()
+    if not patches:
+        return eng.PIN_COMMIT
+    digest = hashlib.sha256("\n".join(f"{p.name}:{eng.sha256_file(p)}" for p in patches).encode()).hexdigest()
+    return f"{eng.PIN_COMMIT}-{digest[:10]}"
+
+
 def ui_root(cache: Path | None = None) -> Path:
-    """``<cache>/ui/<pinned commit>``: the UI's lock, log, record and ``dist``."""
-    return (cache or eng.cache_dir()) / "ui" / eng.PIN_COMMIT
+    """``<cache>/ui/<ui_key()>``: the UI's lock, log, record and ``dist``."""
+    return (cache or eng.cache_dir()) / "ui" / ui_key()
 
 
 def built_ui(cache: Path | None = None) -> Path | None:
@@ -157,6 +183,7 @@ def _build(src: Path, root: Path) -> UiBuild:
     try:
         staged = work / "ui"
         shutil.copytree(src, staged, symlinks=True, ignore=shutil.ignore_patterns("node_modules", "dist", ".svelte-kit"))
+        patches = _apply_ui_patches(staged)
         out = work / "dist"
         env = {**os.environ, "LLAMA_UI_OUT_DIR": str(out), "npm_config_update_notifier": "false",
                "npm_config_fund": "false", "npm_config_audit": "false"}
@@ -181,6 +208,7 @@ def _build(src: Path, root: Path) -> UiBuild:
         out.replace(dist)
         seconds = round(time.monotonic() - t0, 1)
         record = {"commit": eng.PIN_COMMIT, "source": str(src), "seconds": seconds,
+                  "patches": [p.name for p in patches],
                   "node": subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip(),
                   "files": sum(1 for p in dist.rglob("*") if p.is_file()),
                   "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -188,6 +216,30 @@ def _build(src: Path, root: Path) -> UiBuild:
         return UiBuild("built", dist, seconds=seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # node_modules: about 700 MB
+
+
+def _apply_ui_patches(staged: Path) -> list[Path]:
+    """Apply ``ui_patch_files()`` to the staged copy of ``tools/ui``; returns them.
+
+    Raises:
+        UiBuildError: no ``patch`` or ``git`` to apply them with, or a patch that does not apply.
+    """
+    patches = ui_patch_files()
+    if not patches:
+        return []
+    if shutil.which("patch"):
+        tool = ["patch", "-p1", "--forward", "--batch", "-i"]
+    elif shutil.which("git"):
+        tool = ["git", "apply", "-p1"]
+    else:
+        raise UiBuildError("applying ggufdspark's chat UI patches needs 'patch' or 'git' on PATH")
+    for p in patches:
+        proc = subprocess.run([*tool, str(p)], cwd=staged, capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
+            raise UiBuildError(f"chat UI: patch {p} does not apply to {UI_SOURCE} of the pinned tree: {last[0]}")
+        log.info("chat UI: applied %s", p.name)
+    return patches
 
 
 def _last_error(logfile: Path) -> str:

@@ -19,7 +19,9 @@ Endpoints (the paths the clients build, read from their sources):
   PUT  /_storage/{oid}                               the object store the batch API points to
   POST /{repo}.git/info/lfs/objects/verify           LFS verify step
   POST /api/models/{repo}/commit/{rev}               ndjson commit (file / lfsFile / deletedFile)
-  GET|HEAD /{repo}/resolve/{rev}/{path}              downloads (Range supported)
+  GET|HEAD /{repo}/resolve/{rev}/{path}              downloads (Range supported; a gated repo's
+                                                     only with the token: 401 GatedRepo without one,
+                                                     403 with another, as the Hub answers)
 
 Not served: Xet storage (clients must run with ``HF_HUB_DISABLE_XET=1``), datasets and Spaces,
 pull requests, pagination beyond one page. Commits are atomic: an ``lfsFile`` whose object was
@@ -90,6 +92,7 @@ class Repo:
     repo_id: str
     private: bool
     commits: list[Commit] = field(default_factory=list)
+    gated: bool = False  # files download only with the hub's token (its metadata and listing stay public)
 
     @property
     def head(self) -> Commit:
@@ -115,6 +118,10 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.objects: dict[str, bytes] = {}  # LFS store: sha256 -> bytes
         self.fail_uploads: set[str] = set()  # sha256 oids whose PUT is refused (403, not retried)
+        # downloads broken on purpose: path -> how many GETs send half their body and drop the connection;
+        # then GETs of the paths in refuse_downloads answer 503 (HEAD requests stay fine)
+        self.cut_downloads: dict[str, int] = {}
+        self.refuse_downloads: set[str] = set()
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
         self.lock = threading.RLock()
         self._n_commits = 0
@@ -354,7 +361,7 @@ class _Handler(BaseHTTPRequestHandler):
                 s["lfs"] = {"size": f.size, "sha256": f.lfs_oid, "pointerSize": len(lfs_pointer(f.lfs_oid, f.size))}
             siblings.append(s)
         self._json({"id": repo, "modelId": repo, "sha": c.oid, "private": r.private, "siblings": siblings,
-                    "tags": [], "author": repo.split("/")[0]})
+                    "tags": [], "author": repo.split("/")[0], "gated": "manual" if r.gated else False})
 
     def refs(self, query, repo):
         r = self._repo(repo)
@@ -459,16 +466,45 @@ class _Handler(BaseHTTPRequestHandler):
         f = c.files.get(path)
         if f is None:
             raise HubError(404, f"{path} not found", "EntryNotFound")
+        if r.gated and not self._authorized():
+            # what the Hub answers: 401 without a token, 403 with one that is not on the list
+            if self.headers.get("Authorization"):
+                raise HubError(403, f"Access to model {repo} is restricted and you are not in the authorized "
+                               f"list. Visit {self.hub.url}/{repo} to ask for access.", "GatedRepo")
+            raise HubError(401, f"Access to model {repo} is restricted. You must have access to it and be "
+                           "authenticated to access it. Please log in.", "GatedRepo")
         data = self.hub._content(f)
         etag = f.lfs_oid or f.blob_id
         headers = {"ETag": f'"{etag}"', "X-Repo-Commit": c.oid, "Accept-Ranges": "bytes"}
-        rng = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        status, rng = 200, re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
         if rng and self.command == "GET":
             start = int(rng.group(1))
             end = int(rng.group(2)) if rng.group(2) else len(data) - 1
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-            return self._send(206, data[start:end + 1], headers, "application/octet-stream")
-        self._send(200, data, headers, "application/octet-stream")
+            status, data = 206, data[start:end + 1]
+        if self.command == "GET":
+            with self.hub.lock:
+                cut = self.hub.cut_downloads.get(path, 0)
+                if cut:
+                    self.hub.cut_downloads[path] = cut - 1
+            if cut:
+                return self._cut(status, data, headers)
+            if path in self.hub.refuse_downloads:
+                raise HubError(503, "Service unavailable (failure injected by the test)")
+        self._send(status, data, headers, "application/octet-stream")
+
+    def _cut(self, status: int, data: bytes, headers: dict) -> None:
+        """Announce all of ``data``, send half of it, drop the connection (a download broken off)."""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        for k, v in headers.items():
+            self.send_header(k, str(v))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[:len(data) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+        self.hub.requests.append((self.command, self.path, -status))  # negative: cut short
 
 
 ROUTES = [

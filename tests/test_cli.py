@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import re
 from pathlib import Path
 
 import click
@@ -55,7 +56,8 @@ def test_check_names_the_pair_like_serve(ggufdspark_cli, small_pair):
         reports[way] = json.loads(p.stdout)
     assert all(r == reports["positional"] for r in reports.values()), reports
     h = ggufdspark_cli("check", "--help")
-    assert "-m, --model, --target" in h.stdout and "-md, --draft" in h.stdout, h.stdout
+    names = re.findall(r"^\s+(-[^\n]*?)\s+(?:FILE|TEXT)", h.stdout, re.MULTILINE)
+    assert "-m, -hf, --model, --target, --hf-repo" in names and "-md, -hfd, --draft, --hf-repo-draft" in names, names
 
 
 def test_check_refuses_a_pair_named_twice_or_not_at_all(ggufdspark_cli, small_pair):

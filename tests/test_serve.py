@@ -232,7 +232,9 @@ def test_a_pair_is_named_the_same_way_in_every_verb(ggufdspark_cli, small_pair):
     assert short.stdout == long_.stdout and f"-m {t}" in short.stdout
     for verb in ("bench", "tune"):
         h = ggufdspark_cli(verb, "--help")
-        assert "-m, --model, --target" in h.stdout and "-md, --draft" in h.stdout, h.stdout
+        # llama-server's -hf / -hfd spellings name the same options (issue 30)
+        assert "-m, -hf, --model, --target, --hf-repo" in h.stdout and "-md, -hfd, --draft, --hf-repo-draft" \
+            in h.stdout, h.stdout
 
 
 def test_serve_cuts_drafts_by_load(ggufdspark_cli, small_pair):

@@ -299,7 +299,8 @@ def test_serve_mmproj_answers_image_chat_with_draft_timings(vl, pictures, start_
 def test_hub_form_downloads_mmproj_and_serves_images(ggufdspark_cli, vl, pictures, start_server, monkeypatch,
                                                      tmp_path):
     """Published to a Hub on 127.0.0.1 (tests/fakehub.py), the pair is found by ``-hf`` / ``-hfd``
-    alone: llama-server downloads the mmproj with the target and answers image turns with the draft."""
+    alone: serve downloads the mmproj with the target (as llama-server's -hf would find it), checks
+    the three files, and the engine answers image turns with the draft."""
     from fakehub import FakeHub
 
     token = "hf_vision_test_token"
@@ -312,11 +313,13 @@ def test_hub_form_downloads_mmproj_and_serves_images(ggufdspark_cli, vl, picture
         repo = "org/Tiny-LFM2-VL-GGUF"
         assert any(name.startswith("mmproj") for name in hub.files(repo)), list(hub.files(repo))
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "llama-cache"))
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
         monkeypatch.delenv("MODEL_ENDPOINT", raising=False)
         monkeypatch.delenv("HF_TOKEN", raising=False)
         srv = _start_planned(start_server, None, hf=f"{repo}:F16", hfd=f"{repo}:F16", draft_n_max=6, ctx_size=1024)
-    assert "--mmproj" not in srv.settings.args()  # found by -hf, not given
+    args = srv.settings.args()
+    assert "-hf" not in args and args[args.index("--mmproj") + 1].startswith(str(tmp_path / "hf-home"))
     assert srv.wait_for_log("loaded multimodal model")  # logged by the engine's logger thread: may lag /health
     pic = pictures[0]
     out = srv.client().chat([{"role": "user", "content": [{"type": "image", "path": str(pic.path)},

@@ -3,7 +3,9 @@
 ``ggufdspark serve --open`` on the generated small VL pair with its DSpark draft; headless Debian
 chromium (driven by chromedriver through selenium) loads the page the CLI printed and opened, sends
 a text message and then a picture through the page, and waits for each answer; the server's
-``/metrics`` must have counted drafted and accepted tokens for those two requests.
+``/metrics`` must have counted drafted and accepted tokens for those two requests, and each answer
+must show the tokens drafted, accepted and the accept length of its own response's ``timings``
+(issue 30: ggufdspark/data/ui-patches), read from the stream the page received.
 
 Nothing here is skipped: without chromium, chromedriver, selenium or a built UI the test FAILS and
 says what is missing (``make test`` installs them: ``make browser`` and ``make engine``).
@@ -117,6 +119,51 @@ def _answer_text(answer) -> str:
     return answer.text.split("tiny-lfm2-vl", 1)[0].strip()
 
 
+# Installed before the page's own scripts: every event stream the page fetches is read a second time
+# (a clone of the response) and the last ``timings`` object in it kept, so the test sees exactly the
+# timings each answer was given by the server, without touching the page's code.
+RECORD_STREAM_TIMINGS = """
+(() => {
+  window.__streamTimings = [];
+  const original = window.fetch;
+  window.fetch = async (...args) => {
+    const resp = await original(...args);
+    if ((resp.headers.get('content-type') || '').includes('text/event-stream')) {
+      resp.clone().text().then((body) => {
+        let last = null;
+        for (const line of body.split('\\n')) {
+          if (!line.startsWith('data: ')) continue;
+          try { const j = JSON.parse(line.slice(6)); if (j.timings) last = j.timings; } catch (e) {}
+        }
+        if (last) window.__streamTimings.push(last);
+      }, () => {});
+    }
+    return resp;
+  };
+})();
+"""
+DRAFT_BADGES = (r"(\d[\d,]*) drafted", r"(\d[\d,]*) accepted", r"accept length (\d+\.\d\d)")
+
+
+def _check_draft_badges(driver, wait, n: int, metrics_turn) -> dict:
+    """Answer ``n`` shows drafted / accepted / accept length equal to its response's timings."""
+    def badges(d):
+        answers = d.find_elements("css selector", ASSISTANT)
+        found = [re.search(p, answers[n - 1].text) for p in DRAFT_BADGES] if len(answers) >= n else []
+        return found if found and all(found) else False
+
+    drafted, accepted, length = (m.group(1) for m in wait.until(badges))
+    records = wait.until(lambda d: (r := d.execute_script("return window.__streamTimings")) and len(r) >= n and r)
+    assert len(records) == n, records  # one event stream per answer
+    t = records[-1]
+    a, g = t["draft_n_accepted"], t["predicted_n"]
+    assert (int(drafted.replace(",", "")), int(accepted.replace(",", ""))) == (t["draft_n"], a), (drafted, accepted, t)
+    assert length == f"{1 + a / max(1, g - a - 1):.2f}", (length, t)
+    # and the stream's timings are the server's own counts for that request
+    assert (t["draft_n"], a, g) == (metrics_turn.draft_n, metrics_turn.draft_n_accepted, metrics_turn.predicted_n)
+    return t
+
+
 def _send(driver, wait, text: str) -> None:
     box = wait.until(lambda d: d.find_element("css selector", "textarea"))
     box.send_keys(text)
@@ -163,6 +210,7 @@ def test_chat_page_answers_text_and_image_with_the_draft(browser, chat_ui, vl_pa
                   f"--user-data-dir={tmp_path / 'chromium-profile'}"):
             opts.add_argument(a)
         driver = webdriver.Chrome(options=opts, service=Service(chromedriver))
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_STREAM_TIMINGS})
         wait = WebDriverWait(driver, 120)
         driver.get(url)
         t_page = time.monotonic()
@@ -172,6 +220,7 @@ def test_chat_page_answers_text_and_image_with_the_draft(browser, chat_ui, vl_pa
         assert len(driver.find_elements("css selector", USER)) == 1
         assert _answer_text(first), f"the first answer shows no text: {first.text!r}"
         text_turn = tm.metrics_delta(before, middle := _scrape(url))
+        _check_draft_badges(driver, wait, 1, text_turn)
 
         # attach the picture through the page's file input (hidden behind its + menu), then ask
         upload = driver.find_element("css selector", "input[type=file]")
@@ -189,6 +238,7 @@ def test_chat_page_answers_text_and_image_with_the_draft(browser, chat_ui, vl_pa
             shutil.copy(shot, os.environ[ENV_SHOT])
 
         image_turn = tm.metrics_delta(middle, _scrape(url))
+        _check_draft_badges(driver, wait, 2, image_turn)
         # the picture reached the model: 256 x 256 pixels are 64 image tokens (the LFM2 minimum)
         assert image_turn.prompt_n is not None and image_turn.prompt_n >= 64, image_turn
         for turn in (text_turn, image_turn):
@@ -260,8 +310,9 @@ def _fake_node(bin_dir: Path, *, version: str = "v20.20.2", fail: bool = False) 
 
 
 def _ui_env(tmp_path: Path, tree: Path, bin_dir: Path) -> dict[str, str]:
+    # the stand-in tree has no UI sources to patch: no UI patches here (test_ui_patches_key_the_ui_build)
     return {"GGUFDSPARK_CACHE": str(tmp_path / "cache"), "GGUFDSPARK_LLAMA_SRC": str(tree),
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "GGUFDSPARK_UI_PATCHES": ""}
 
 
 def test_build_engine_builds_the_ui_once_then_finds_it(ggufdspark_cli, tmp_path):
@@ -419,3 +470,53 @@ def test_doctor_reports_the_ui(ggufdspark_cli, isolated, fake_ui):
     assert rep["ui"] is None and "build-engine" in rep["ui_note"], rep
     p = ggufdspark_cli("doctor", env={"GGUFDSPARK_UI": str(fake_ui)})
     assert p.returncode == 0 and f"chat UI:      {fake_ui} ($GGUFDSPARK_UI)" in p.stdout, p.stdout
+
+
+PATCHING_NPM = """#!/bin/sh
+case "$1" in
+  ci) mkdir node_modules; exit 0 ;;
+  run) mkdir -p "$LLAMA_UI_OUT_DIR" && cp hello.txt "$LLAMA_UI_OUT_DIR/" && echo '<!doctype html>' > "$LLAMA_UI_OUT_DIR/index.html" ;;
+esac
+"""
+UI_PATCH = """Subject: a stand-in UI patch
+
+--- a/hello.txt
++++ b/hello.txt
+@@ -1 +1 @@
+-hello
++hello draft
+"""
+
+
+def test_ui_patches_key_the_ui_build_not_the_engine(tmp_path, monkeypatch):
+    """The UI's patches (ggufdspark/data/ui-patches) are applied to the copy that npm builds, key the
+    UI's cache directory, and leave the engine's cache key as it is; one that does not apply is one
+    error naming it."""
+    from ggufdspark.engine.build import BuildSpec
+
+    tree = _ui_tree(tmp_path / "tree")
+    (tree / "tools" / "ui" / "hello.txt").write_text("hello\n")
+    bin_dir = tmp_path / "bin"
+    _fake_node(bin_dir)
+    (bin_dir / "npm").write_text(PATCHING_NPM)
+    patches = tmp_path / "ui-patches"
+    patches.mkdir()
+    for k, v in _ui_env(tmp_path, tree, bin_dir).items():
+        monkeypatch.setenv(k, v)
+    engine_key, plain_root = BuildSpec().key(), webui.ui_root()
+    assert plain_root.name == "0c1e570"
+    (patches / "0001-hello.patch").write_text(UI_PATCH)
+    monkeypatch.setenv(webui.ENV_UI_PATCHES, str(patches))
+    root = webui.ui_root()
+    assert root.name.startswith("0c1e570-") and root != plain_root and BuildSpec().key() == engine_key
+    b = webui.build_ui()
+    assert b.status == "built" and b.path == root / "dist", b
+    assert (b.path / "hello.txt").read_text() == "hello draft\n"
+    assert (tree / "tools" / "ui" / "hello.txt").read_text() == "hello\n", "the source tree itself was patched"
+    assert json.loads((root / "ui.json").read_text())["patches"] == ["0001-hello.patch"]
+    assert webui.build_ui().status == "cached"
+    # the shipped series is what the real build applies (and the pinned UI's sources take it)
+    assert [p.name for p in sorted(webui.UI_PATCHES.glob("*.patch"))] and webui.UI_PATCHES.parent.name == "data"
+    (patches / "0002-bad.patch").write_text(UI_PATCH.replace("-hello\n", "-goodbye\n"))
+    with pytest.raises(webui.UiBuildError, match=r"chat UI: patch .*0002-bad\.patch does not apply"):
+        webui.build_ui()

@@ -115,10 +115,16 @@ def cli(ctx, debug: bool, quiet: bool):
     """ggufdspark: DSpark speculative-decoding drafters for llama.cpp."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    if quiet or not sys.stderr.isatty():
+        # huggingface_hub's download bars redraw in place: a mess in logs and pipes (a user's own setting wins)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(MarkedFormatter())
     logging.basicConfig(level=level, handlers=[handler])
+    if not debug:  # the Hub client's HTTP library logs every request at INFO
+        for name in ("httpx", "httpx2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class MarkedFormatter(logging.Formatter):

@@ -145,17 +145,45 @@ def echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
 
 
-def target_option(*, required: bool = False):
+def target_option(*, required: bool = False, hub_aliases: bool = False):
     """``-m`` / ``--model`` / ``--target``: the target GGUF, named the same way by every verb that
-    takes a pair (its value is the ``model`` parameter)."""
-    return click.option("-m", "--model", "--target", "model", required=required, type=click.Path(dir_okay=False),
-                        help="Target GGUF.")
+    takes a pair (its value is the ``model`` parameter); a Hub reference ``ORG/NAME[:QUANT]`` too
+    (``ggufdspark.hubref``). ``hub_aliases`` adds llama-server's ``-hf`` / ``--hf-repo``."""
+    names = ("-m", "--model", "--target") + (("-hf", "--hf-repo") if hub_aliases else ())
+    return click.option(*names, "model", required=required, type=click.Path(dir_okay=False),
+                        help="Target GGUF, or from the Hub: ORG/NAME[:QUANT].")
 
 
-def draft_option(*, required: bool = False):
-    """``-md`` / ``--draft``: the DSpark draft GGUF of the pair (its value is the ``draft`` parameter)."""
-    return click.option("-md", "--draft", "draft", required=required, type=click.Path(dir_okay=False),
-                        help="DSpark draft GGUF.")
+def draft_option(*, required: bool = False, hub_aliases: bool = False):
+    """``-md`` / ``--draft``: the DSpark draft GGUF of the pair (its value is the ``draft`` parameter),
+    or a Hub reference. ``hub_aliases`` adds llama-server's ``-hfd`` / ``--hf-repo-draft``."""
+    names = ("-md", "--draft") + (("-hfd", "--hf-repo-draft") if hub_aliases else ())
+    return click.option(*names, "draft", required=required, type=click.Path(dir_okay=False),
+                        help="DSpark draft GGUF, or from the Hub: ORG/NAME[:QUANT] (its dspark-*.gguf).")
+
+
+def mmproj_option(help_text: str):
+    """``--mmproj``: a vision projector GGUF, or a Hub reference ``ORG/NAME[:QUANT]`` (its mmproj*.gguf)."""
+    return click.option("--mmproj", type=click.Path(dir_okay=False), help=help_text + " A file or ORG/NAME[:QUANT].")
+
+
+def from_hub(target, draft=None, mmproj=None, *, find_mmproj: bool = False, find_draft: bool = False):
+    """``(target, draft, mmproj)`` with every Hub reference among them resolved to a downloaded file
+    (``hubref.resolve_pair``); files pass through unchanged. Nothing is imported without a reference."""
+    from ggufdspark import hubref
+
+    if not any(hubref.is_ref(v) for v in (target, draft, mmproj)):
+        return target, draft, mmproj
+    p = hubref.resolve_pair(target, draft, mmproj, find_mmproj=find_mmproj, find_draft=find_draft)
+    return p.target, p.draft, p.mmproj
+
+
+def hub_file(value: str) -> str:
+    """``value``, or the downloaded file a Hub reference names: its model file, else its ``dspark-``
+    draft (``hubref.resolve`` with role ``any``)."""
+    from ggufdspark import hubref
+
+    return str(hubref.resolve(value, "any").path) if hubref.is_ref(value) else value
 
 
 def number_list(kind: type):

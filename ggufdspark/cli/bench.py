@@ -11,15 +11,15 @@ from ggufdspark import bench as bench_lib
 from ggufdspark import launch
 from ggufdspark import loadbench
 from ggufdspark import traffic as tr
-from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, number_list, target_option
+from ggufdspark.cli._common import (ProgressLine, draft_option, echo_json, from_hub, mmproj_option, number_list,
+                                    target_option)
 from ggufdspark.errors import InvalidArgumentError
 
 
 @click.command(name="bench")
-@target_option(required=True)
-@draft_option(required=True)
-@click.option("--mmproj", type=click.Path(dir_okay=False),
-              help="Vision projector: image prompts are sent as images.")
+@target_option(required=True, hub_aliases=True)
+@draft_option(required=True, hub_aliases=True)
+@mmproj_option("Vision projector: image prompts are sent as images.")
 @click.option("--prompts", type=click.Path(dir_okay=False),
               help="JSON Lines prompt file (default: the built-in set).")
 @click.option("--categories", callback=number_list(str), help="Only these categories (comma-separated).")
@@ -76,8 +76,11 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
     """Measure decoding with and without the draft on this machine, and check the output is lossless.
 
     With --load: serving under realistic traffic instead (closed-loop clients or Poisson arrivals,
-    prompts of a few dozen to 2000+ tokens, streamed), plain and drafted arms in one run."""
+    prompts of a few dozen to 2000+ tokens, streamed), plain and drafted arms in one run.
+
+    TARGET, DRAFT and --mmproj may be Hub references ORG/NAME[:QUANT] (downloaded first)."""
     ctx = click.get_current_context()
+    model, draft, mmproj = from_hub(model, draft, mmproj)
     json_file = as_json if as_json not in (None, "-") else None
     if load:
         given = [f"--{n.replace('_', '-')}" for n in ("mmproj", "prompts", "categories", "limit", "concurrency",

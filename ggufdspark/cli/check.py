@@ -7,25 +7,28 @@ import sys
 import click
 
 from ggufdspark.check import check_pair
-from ggufdspark.cli._common import draft_option, echo_json, safe_text, target_option
+from ggufdspark.cli._common import draft_option, echo_json, from_hub, mmproj_option, safe_text, target_option
 from ggufdspark.errors import GgufdsparkError
 
 
 @click.command(name="check")
 @click.argument("paths", nargs=-1, metavar="[TARGET] [DRAFT]", type=click.Path(dir_okay=False))
-@target_option()
-@draft_option()
-@click.option("--mmproj", type=click.Path(dir_okay=False), help="Also check a vision projector against the target.")
+@target_option(hub_aliases=True)
+@draft_option(hub_aliases=True)
+@mmproj_option("Also check a vision projector against the target.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(paths, model, draft, mmproj, as_json):
     """Check that DRAFT (and/or --mmproj) belongs with TARGET. Exit 0 only when every check passes.
 
     The files are named as serve, bench and tune name them (-m/--target, -md/--draft), or by
-    position: TARGET then DRAFT, filling whichever of the two the options did not give.
+    position: TARGET then DRAFT, filling whichever of the two the options did not give. Each may be
+    a Hub reference ORG/NAME[:QUANT] (-hf/-hfd as in llama-server): it is downloaded first, and a
+    target's repo also gives the mmproj and the dspark- draft it holds, as serve would take them.
     """
     target, draft = pair_from(paths, model, draft)
     if target is None:
         raise click.UsageError("give a TARGET (or -m/--target)")
+    target, draft, mmproj = from_hub(target, draft, mmproj, find_mmproj=True, find_draft=True)
     if draft is None and mmproj is None:
         raise click.UsageError("give a DRAFT, --mmproj, or both")
     try:

@@ -45,6 +45,7 @@ def render(report: DoctorReport) -> list[str]:
                     if info.patches else "none (the pinned tree as is, or not a ggufdspark build)"),
     ]
     rows.append(("chat UI", report.ui_note if report.ui else f"none: {report.ui_note}"))
+    rows.append(("hub", report.hub))
     rows += _device_rows(report)
     rows.append(("bindings", _bindings_text(report)))
     rows.append(("cache", report.cache_dir))

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import click
 
-from ggufdspark.cli._common import echo_json, safe_text
+from ggufdspark.cli._common import echo_json, hub_file, safe_text
 from ggufdspark.inspect import inspect_gguf
 
 
 @click.command(name="inspect")
-@click.argument("path", type=click.Path(dir_okay=False))
+@click.argument("path", metavar="FILE|ORG/NAME[:QUANT]", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(path, as_json):
-    """Describe a GGUF file (arch, tensors, key metadata) from its header."""
-    s = inspect_gguf(path)
+    """Describe a GGUF file (arch, tensors, key metadata) from its header.
+
+    A Hub reference ORG/NAME[:QUANT] is downloaded first: its model file, else its dspark- draft."""
+    s = inspect_gguf(hub_file(path))
     if as_json:
         echo_json(s.to_dict())  # JSON escapes control characters itself
         return

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import click
 
-from ggufdspark.cli._common import ProgressLine, echo_json
+from ggufdspark.cli._common import ProgressLine, echo_json, hub_file
 from ggufdspark.quantize import quantize
 
 
 @click.command(name="quantize")
-@click.argument("source", type=click.Path(dir_okay=False))
+@click.argument("source", metavar="SOURCE", type=click.Path(dir_okay=False))
 @click.option("--type", "-t", "qtype", required=True, metavar="TYPE",
               help="Q4_K_M, Q5_K_M, Q6_K, Q8_0, ... (a DSpark draft: 4 bits or more, no importance matrix).")
 @click.option("-o", "--output", type=click.Path(), help="Output file or directory (default: NAME-TYPE.gguf, "
-              "dspark-NAME-TYPE.gguf for a draft, beside the input).")
+              "dspark-NAME-TYPE.gguf for a draft, beside the input; here for a Hub reference).")
 @click.option("--imatrix", type=click.Path(dir_okay=False), help="Importance matrix for a target (llama-imatrix).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--server", type=click.Path(dir_okay=False), help="Use the llama-quantize beside this llama-server.")
@@ -22,8 +22,13 @@ def command(source, qtype, output, imatrix, force, server, as_json):
     """Quantize a float GGUF target or DSpark draft with the pinned engine's llama-quantize.
 
     A draft's Markov head stays in its float type; norms and the confidence head are never
-    quantized. The output is renamed into place only once complete and checked.
+    quantized. The output is renamed into place only once complete and checked. SOURCE may be a
+    Hub reference ORG/NAME[:QUANT] (downloaded first; the output then goes to this directory).
     """
+    local = hub_file(source)
+    if local != source and output is None:
+        output = "."  # never into the Hugging Face cache's snapshot
+    source = local
     r = quantize(source, qtype, output=output, imatrix=imatrix, force=force, server=server,
                  progress=ProgressLine("quantize"))
     if as_json:

@@ -18,8 +18,10 @@ from ggufdspark.errors import InvalidArgumentError
 @target_option()
 @draft_option()
 @click.option("--mmproj", type=click.Path(dir_okay=False), help="Vision projector GGUF (image requests).")
-@click.option("--hf", help="Target from the Hub: REPO[:QUANT].")
-@click.option("--hfd", help="Draft from the Hub: REPO[:QUANT].")
+@click.option("-hf", "--hf-repo", "--hf", "hf", metavar="ORG/NAME[:QUANT]",
+              help="Target from the Hub (downloaded first, then checked); -m takes the same form.")
+@click.option("-hfd", "--hf-repo-draft", "--hfd", "hfd", metavar="ORG/NAME[:QUANT]",
+              help="Draft from the Hub (its dspark-*.gguf); -md takes the same form.")
 @click.option("--host", default="127.0.0.1", show_default=True, callback=lambda ctx, param, v: _host(v),
               help="Address to listen on (another than loopback wants --api-key: it warns without one).")
 @click.option("--port", type=click.IntRange(*serve_lib.PORT_RANGE), default=8080, show_default=True,

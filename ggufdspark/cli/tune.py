@@ -6,12 +6,12 @@ import click
 
 from ggufdspark import bench as bench_lib
 from ggufdspark import tune as tune_lib
-from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, number_list, target_option
+from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, from_hub, number_list, target_option
 
 
 @click.command(name="tune")
-@target_option(required=True)
-@draft_option(required=True)
+@target_option(required=True, hub_aliases=True)
+@draft_option(required=True, hub_aliases=True)
 @click.option("--show", is_flag=True, help="Print the stored profile of this pair on this machine and exit.")
 @click.option("--acceptance", default="measure", show_default=True,
               help="Acceptance profile to hold fixed: 'measure' (this pair, built-in prompts) or "
@@ -40,7 +40,11 @@ from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, number
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_mins, concurrency, n_predict,
             requests, trials, server, threads, server_args, log_dir, min_gain, no_save, as_json):
-    """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile."""
+    """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile.
+
+    TARGET and DRAFT may be Hub references ORG/NAME[:QUANT] (downloaded first); the profile is the
+    downloaded files', so serve finds it for the same references."""
+    model, draft, _ = from_hub(model, draft)
     if show:
         prof = tune_lib.show_profile(model, draft, server=server)
         echo_json(prof) if as_json else click.echo(tune_lib.format_tune(prof))
