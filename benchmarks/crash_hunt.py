@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Start a drafted server again and again under the load that killed it, and say how often it died.
 
-Session 6 (issue 13) saw the engine abort on the H200 with "an illegal memory access" in about 3 of
+Engine patches 0001-0019 (issue 13) aborted on the H200 with "an illegal memory access" in about 3 of
 13 runs of the families benchmark's VL-3B arm, never in the parallel load benchmark: one server with
 ``--slots`` slots, three single requests, then rounds of ``--slots`` identical requests at once
 (synthetic acceptance at the published profile, as ``family_speed.py`` measures). This repeats that

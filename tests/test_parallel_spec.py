@@ -216,7 +216,7 @@ def test_strong_conv_layers_one_slot_are_lossless(strong_conv_pair, start_server
 
 
 def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engine, tmp_path):
-    """benchmarks/crash_hunt.py (the H200 abort of session 6): fresh drafted servers under the
+    """benchmarks/crash_hunt.py (the H200 abort fixed by patch 0020): fresh drafted servers under the
     families benchmark's load, one line a run and the count of deaths; a healthy engine, none."""
     import subprocess
     import sys
