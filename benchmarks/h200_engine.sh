@@ -194,7 +194,7 @@ speed)
     ;;
 profile)
     BIN=$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)
-    rm -rf "$W/prof"  # logs of an earlier call would be read as this one's (session 5, call 8)
+    rm -rf "$W/prof"  # logs of an earlier call would be read as this one's (it happened once)
     if ! LLAMA_SPEC_PROFILE=1 $py benchmarks/dspark_speed.py --gpu --target "$T" --draft "$D" --server "$BIN" \
         --n-predict 1024 --trials 1 --lengths 5 --concurrency "" \
         --json "$OUT/profile.json" --log-dir "$W/prof" > "$OUT/profile-run.txt" 2>&1; then
@@ -230,7 +230,7 @@ cap)
     $py benchmarks/dspark_speed.py "${sp[@]}" --json "$OUT/nocap.json" --log-dir "$W/nocap" 2>&1 | tail -n 6
     ;;
 crash)
-    # issue 13, session 6: the intermittent "illegal memory access" in the drafter's CUDA graph with 8
+    # issue 13, engine 0001-0019: the intermittent "illegal memory access" in the drafter's CUDA graph with 8
     # slots (benchmarks/crash_hunt.py): RUNS (12) fresh servers under the families benchmark's load at
     # draft length LENGTHS (5); if any died, as many again with CUDA graphs off and blocking launches,
     # so that the failing kernel's own launch reports it

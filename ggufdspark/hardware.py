@@ -31,12 +31,15 @@ class BackendDefaults:
 # The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
 DEFAULTS: dict[str, BackendDefaults] = {
     # Measured on one H200 with the patched engine (docs/engine-patches.md, docs/benchmarks.md),
-    # full-size LFM2.5-VL-3B-shaped pair, published acceptance profile with seeded draws. Session 8
-    # (patches 0001-0024, four runs, each side by side with its own plain arm): length 7 at one
-    # request 2.09x, 2.09x, 2.01x, 2.04x (5: 1.80-1.90x); at 8 requests 7 beat 5 in every run (1.35x,
-    # 1.23x, 1.32x, 1.32x against 1.27x, 1.22x, 1.22x, 1.29x), at 32 5 beat 7 in every run (1.01x,
-    # 1.15x, 1.08x, 1.03x against 0.96x, 1.09x, 0.98x, 0.90x). Hence 7, cut to 5 while more than 8
-    # slots generate (two runs of that cut: 1.00x and 1.03x at 32 requests). The families
+    # full-size LFM2.5-VL-3B-shaped pair, published acceptance profile with seeded draws, 2026-12-01:
+    # engine patches 0001-0024, four runs (the first three before 0024; each side by side with its
+    # own plain arm; the load levels are one lock-step wave of identical 30-token prompts): length 7
+    # at one request 2.09x, 2.09x, 2.01x, 2.04x (5: 1.80-1.90x); at 8 at once 7 beat 5 in every run
+    # (1.35x, 1.23x, 1.32x, 1.32x against 1.27x, 1.22x, 1.22x, 1.29x), at 32 5 beat 7 in every run
+    # (1.01x, 1.15x, 1.08x, 1.03x against 0.96x, 1.09x, 0.98x, 0.90x). Hence 7, cut to 5 while more
+    # than 8 slots generate (two runs of that cut: 1.00x and 1.03x at 32 at once). Under closed-loop clients
+    # with real prompt lengths the same engine loses from 4 clients on (issue 27, docs/benchmarks.md,
+    # "0001-0024 under real traffic"): the cut is not yet a serving gain. The families
     # (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5: tune there.
     # No slot limit: pausing new drafts above 8 generating slots (patch 0011, --spec-draft-max-slots)
     # measured 0.90x of plain at 16 requests and 0.88x at 32, against 1.23x and 0.97x drafting at
