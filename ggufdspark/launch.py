@@ -127,7 +127,22 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
     if d.draft_enabled and not cut_off:
         d.draft_cut = _load_cut(d, engine, given_cut, draft_cut, list(base.draft_cut or ()) if table_length else None,
                                 parallel or 1)
+    if d.backend == "cuda" and (parallel or 1) > hardware.CUDA_GRAPHS_MAX_SLOTS:
+        _cuda_graphs_note(d, engine, parallel or 1)
     return d
+
+
+def _cuda_graphs_note(d: hardware.Decision, engine: EngineInfo | None, parallel: int) -> None:
+    """Above ``hardware.CUDA_GRAPHS_MAX_SLOTS`` slots on CUDA: a build with patch 0025 turns the
+    graphs off itself (said in the reasons); any other may die replaying them (a warning)."""
+    limit = hardware.CUDA_GRAPHS_MAX_SLOTS
+    if hardware.has_patch(engine, hardware.CUDA_GRAPHS_OFF):
+        d.reasons.append(f"engine patch 0025: CUDA graphs off at {parallel} slots (above {limit}; replaying them "
+                         "killed the engine at 32 and 64 slots on an H200; at 8 slots they are worth about 1.1x)")
+    else:
+        where = engine.path if engine else "this llama-server"
+        d.warnings.append(f"-np {parallel} on CUDA: {where} lacks engine patch 0025, and such engines died at 32 "
+                          "and 64 slots replaying CUDA graphs; run it with GGML_CUDA_DISABLE_GRAPHS=1")
 
 
 def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple[int, int]] | None,

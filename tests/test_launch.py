@@ -102,7 +102,7 @@ def test_decision_is_final_and_engine_aware():
     prof = {"path": "p.json", "recommendation": {"draft_enabled": True, "draft_n_max": 4,
                                                  "max_concurrency_for_draft": 8}}
     d = launch.decide(H200, patched, profile=prof, parallel=32)
-    assert not d.draft_enabled and "stops paying above 8" in d.reasons[-1]
+    assert not d.draft_enabled and any("stops paying above 8" in r for r in d.reasons)
     d = launch.decide(H200, patched, profile=prof, parallel=8)
     assert d.draft_enabled and d.draft_n_max == 4 and d.draft_cut is None
     # bench and tune measure the draft where a profile turned it off, and say so
@@ -114,6 +114,25 @@ def test_decision_is_final_and_engine_aware():
     assert [r for r in d.reasons if "measured with the draft all the same" in r] == [d.reasons[1]]
     with pytest.raises(InvalidArgumentError, match="'8:x' is not N:L"):
         launch.decide(H200, patched, draft_cut="8:x")
+
+
+def test_cuda_graphs_above_16_slots_are_said():
+    """Above 16 slots on CUDA: an engine with patch 0025 turns CUDA graphs off itself (a reason),
+    any other gets a warning naming the variable that does it; 16 slots, or the CPU, neither."""
+    from ggufdspark.devices import DeviceReport
+    from ggufdspark.engine import EngineInfo
+
+    patched = EngineInfo(path="llama-server", source="explicit", dspark=True,
+                         patches=["0025-server-CUDA-graphs-off-above-16-slots-where-replaying-them-died.patch"])
+    bare = EngineInfo(path="/opt/llama-server", source="explicit", dspark=True)
+    d = launch.decide(H200, patched, parallel=32)
+    assert [r for r in d.reasons if "CUDA graphs off at 32 slots (above 16" in r] and not d.warnings, d
+    d = launch.decide(H200, bare, parallel=17, no_draft=True)
+    assert [w for w in d.warnings if "/opt/llama-server lacks engine patch 0025" in w
+            and "GGML_CUDA_DISABLE_GRAPHS=1" in w], d.warnings
+    for dev, engine, n in ((H200, bare, 16), (DeviceReport(backend="cpu", source="none"), bare, 64)):
+        d = launch.decide(dev, engine, parallel=n)
+        assert not [x for x in d.reasons + d.warnings if "CUDA graphs" in x], (n, d)
 
 
 def test_each_slot_gets_a_usable_context(ggufdspark_cli, small_pair, isolated):
