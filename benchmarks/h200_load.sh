@@ -35,21 +35,8 @@ export GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
 
 for stage in ${STAGES:-setup load}; do
 case $stage in
-setup)
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-    if [ ! -f "$D" ]; then
-        (
-            set -e
-            $py -m ggufdspark generate "$W/full" --size full --force
-            $py -m ggufdspark convert-target "$W/full/target" -o "$T" --force
-            $py -m ggufdspark convert "$W/full/drafter" --target "$T" -o "$D" --force
-        ) > "$W/gen.log" 2>&1 &
-        gen=$!
-    fi
-    t0=$SECONDS
-    $py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --no-ui > "$OUT/build.log" 2>&1
-    echo "build rc=$? in $((SECONDS - t0)) s"; tail -n 2 "$OUT/build.log"
-    if [ -n "${gen:-}" ]; then wait "$gen"; echo "generate+convert rc=$? at $((SECONDS - t0)) s"; tail -n 3 "$W/gen.log"; fi
+setup)  # the carried tree, the patched CUDA build and the full-size pair, as h200_engine.sh makes them
+    WORK=$W OUT=$OUT STAGES=setup bash benchmarks/h200_engine.sh
     ;;
 load)
     if [ ! -f "$D" ]; then echo "stage load: no pair at $D: run the setup stage first"; continue; fi

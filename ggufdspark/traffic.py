@@ -288,13 +288,7 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
             if failed.is_set():
                 return
             i = j * clients + c
-            try:
-                r = send(client, prompts[order[i]], shape.answer_tokens, index=i, who=c, t0=t0)
-            except BaseException:
-                failed.set()
-                raise
-            with lock:
-                records.append(r)
+            _send_recorded(client, prompts[order[i]], shape.answer_tokens, i, c, t0, records, lock, failed)
             if tick:
                 tick(f"{clients} clients")
 
@@ -305,6 +299,19 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
     for f in futures:
         f.result()
     return summarize_level(clients, records, wall)
+
+
+def _send_recorded(client: Client, prompt: Prompt, answer_tokens: int, index: int, who: int, t0: float,
+                   records: list[RequestRecord], lock: threading.Lock, failed: threading.Event) -> None:
+    """One request of a schedule: its record appended under ``lock``; a failure sets ``failed`` (no
+    later request is sent) and is raised."""
+    try:
+        r = send(client, prompt, answer_tokens, index=index, who=who, t0=t0)
+    except BaseException:
+        failed.set()
+        raise
+    with lock:
+        records.append(r)
 
 
 def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape, *, tick: Tick | None = None
@@ -325,13 +332,7 @@ def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape
     def one(i: int) -> None:
         if failed.is_set():
             return
-        try:
-            r = send(client, prompts[order[i]], shape.answer_tokens, index=i, who=i, t0=t0)
-        except BaseException:
-            failed.set()
-            raise
-        with lock:
-            records.append(r)
+        _send_recorded(client, prompts[order[i]], shape.answer_tokens, i, i, t0, records, lock, failed)
         if tick:
             tick(f"{rate:g} requests/s")
 
