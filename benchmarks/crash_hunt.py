@@ -272,7 +272,8 @@ def families_main(a: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_arguments(ap)
-    ap.add_argument("--traffic", choices=("mixed", "families"), default="mixed")
+    ap.add_argument("--traffic", choices=("mixed", "families"), default="mixed",
+                    help="mixed: fresh servers under closed-loop mixed-length prompts; families: the old rounds")
     ap.add_argument("--runs", type=int, default=3, help="fresh servers per cell, one after another")
     ap.add_argument("--slots", default="32", help="slots (-np) and clients, comma-separated (mixed: each a cell)")
     ap.add_argument("--arms", default="plain,draft", help="mixed: plain and/or draft")
