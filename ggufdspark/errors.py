@@ -10,6 +10,12 @@ and outputs refused before any work); 3 the lossless gate failed; 4 an input fil
 unreadable; 5 a bench whose two plain runs disagreed too much to give a speedup (the machine's
 speed moved during the run: ``PlainDriftError``); 130 interrupted; 141 the reader of the output
 went away (a broken pipe).
+
+Usage errors (exit 2) are decided here and nowhere else: an option value the library refuses is an
+``InvalidArgumentError`` (or a subclass that also names the verb's own error, such as
+``BenchOptionError``, so ``except BenchError`` still catches it); an output refused is
+``OutputExistsError`` or ``UnsafeOutputError``. The CLI returns ``exit_code`` as it is
+(``ggufdspark.cli.LazyGroup.invoke``); click's own option errors exit 2 as well.
 """
 
 from __future__ import annotations
@@ -96,6 +102,10 @@ class PlainDriftError(BenchError):
     exit_code = 5
 
 
+class BenchOptionError(InvalidArgumentError, BenchError):
+    """A bench or tune option value refused before any work (a usage error: exit 2)."""
+
+
 class LosslessGateError(GgufdsparkError, AssertionError):
     """Greedy output with the draft differed from output without it (a defect, not a near-tie)."""
 
@@ -104,3 +114,7 @@ class LosslessGateError(GgufdsparkError, AssertionError):
 
 class PublishError(GgufdsparkError, RuntimeError):
     """Publishing to the Hub failed or was refused."""
+
+
+class PublishOptionError(InvalidArgumentError, PublishError):
+    """A publish option refused before anything is read from or sent to the Hub (a usage error: exit 2)."""

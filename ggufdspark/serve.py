@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import re
 import shlex
 import signal
@@ -22,12 +23,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, profiles, webui
+from ggufdspark import hardware, logfiles, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.quants import is_quantized_file, is_quantized_tag
 from ggufdspark.runners.client import Client
-from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
+from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings, exit_cause
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,40 @@ def _applied_draft_cut(given: list[tuple[int, int]] | None, text: str | None, of
     return given
 
 
+# llama-server flags that serve sets itself, by the serve option that owns them (spellings from the
+# pinned tree's common/arg.cpp). Given again after --, the engine's last-one-wins parsing would run
+# something else than what serve checked, planned and polls (another port: a healthy engine killed
+# after the whole start timeout). --api-key is not here: keys given after -- join serve's own in
+# the private key file (ServerSettings.api_keys). --path is not either: it replaces the chat UI.
+OWNED_ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
+    "--host": ("--host",),
+    "--port": ("--port",),
+    "-m": ("-m", "--model", "-mu", "--model-url"),
+    "-md": ("-md", "--model-draft", "--spec-draft-model"),
+    "--mmproj": ("-mm", "--mmproj"),
+    "--hf": ("-hf", "-hfr", "--hf-repo"),
+    "--hfd": ("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"),
+    "-c": ("-c", "--ctx-size"),
+    "-np": ("-np", "--parallel"),
+    "--draft-n-max": ("--spec-draft-n-max",),
+    "--draft-max-slots": ("--spec-draft-max-slots",),
+    "--draft-n-max-by-slots": ("--spec-draft-n-max-by-slots",),
+}
+
+
+def check_extra_args(extra_args: list[str]) -> None:
+    """Refuse engine arguments (given after ``--``) that serve sets itself (``OWNED_ENGINE_FLAGS``).
+
+    Raises:
+        InvalidArgumentError: the first such flag, with the serve option to use instead.
+    """
+    for a in extra_args:
+        flag = a.split("=", 1)[0]
+        owner = next((o for o, flags in OWNED_ENGINE_FLAGS.items() if flag in flags), None)
+        if owner:
+            raise InvalidArgumentError(f"{a!r} after --: serve sets {flag} itself; use serve's own {owner} option")
+
+
 def check_host(host: str) -> str:
     """``host`` if it is an IP address or a host name that resolves.
 
@@ -164,6 +199,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if not model and not hf:
         raise InputNotFoundError("no target: give -m TARGET.gguf or --hf REPO:QUANT")
     check_host(host)
+    check_extra_args(list(extra_args or []))
     _check_range("port", port, *PORT_RANGE)
     _check_range("draft_n_max", draft_n_max, *DRAFT_N_MAX_RANGE)
     _check_range("ctx_size", ctx_size, 0, None)
@@ -277,11 +313,22 @@ class _Stop(Exception):
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+# The health watchdog: /health is answered by llama-server's HTTP threads, not its decode loop, so
+# a busy engine still answers; one that answers nothing for this long is hung and is restarted.
+HEALTH_TIMEOUT_S = 60.0
+
+
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
-              backoff: tuple[float, ...] = (1, 2, 4, 8, 16),
+              backoff: tuple[float, ...] = (1, 2, 4, 8, 16), health_timeout: float | None = HEALTH_TIMEOUT_S,
               on_event: Callable[[str], None] = lambda msg: None,
               on_ready: Callable[[str], None] = lambda url: None) -> int:
-    """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes.
+    """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes
+    or hangs.
+
+    A hang: ``/health`` answered nothing for ``health_timeout`` seconds (None or 0: never checked).
+    An answer of any status counts (503 while a model loads is an answer), so only an engine that
+    stopped responding at all is restarted. The cause of every restart (the exit code or signal,
+    or the hang) goes to ``on_event`` and into the engine's log.
 
     ``on_event`` gets each supervision event as a line; ``on_ready`` gets the server's base URL
     once, when the first start is healthy (not again after a restart).
@@ -293,7 +340,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
 
     Raises:
         ServerStartError / PortInUseError: the first start failed.
-        EngineError: it crashed more than ``max_restarts`` times.
+        EngineError: it crashed or hung more than ``max_restarts`` times.
     """
     srv = ServerProcess(p.settings, log_path=log_path, start_timeout=start_timeout)
     stopping = False
@@ -314,19 +361,23 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
         srv.start()
         on_event(f"ready: {srv.url} (log: {log_path})")
         on_ready(srv.url)
+        watch = _HealthWatch(srv, health_timeout)
         while True:
             time.sleep(0.5)
-            if srv.alive():
+            cause = watch.hung() if srv.alive() else f"exited unexpectedly ({exit_cause(srv.proc.returncode)})"
+            if cause is None:
                 continue
+            srv.stop(timeout=5)  # a hung engine may ignore SIGTERM: killed after 5 s
             crashes += 1
-            code = srv.proc.returncode if srv.proc else None
+            _note_in_log(log_path, f"llama-server {cause}")
             if crashes > max_restarts:
-                raise EngineError(f"llama-server crashed {crashes} times (last exit code {code}); giving up; "
+                raise EngineError(f"llama-server failed {crashes} times (last: it {cause}); giving up; "
                                   f"log: {log_path}")
             wait = backoff[min(crashes - 1, len(backoff) - 1)]
-            on_event(f"llama-server exited unexpectedly (code {code}); restart {crashes}/{max_restarts} in {wait:g}s")
+            on_event(f"llama-server {cause}; restart {crashes}/{max_restarts} in {wait:g}s")
             time.sleep(wait)
             srv.start()
+            watch = _HealthWatch(srv, health_timeout)
             on_event(f"ready again: {srv.url}")
     except _Stop:
         on_event("stopping")
@@ -340,3 +391,41 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
                 signal.signal(s, h)
         if killed:
             on_event(f"{signal.Signals(killed[0]).name} while stopping: llama-server killed")
+
+
+class _HealthWatch:
+    """Polls ``/health`` every few seconds; ``hung()`` names the hang once nothing answered for
+    ``timeout`` seconds."""
+
+    def __init__(self, srv: ServerProcess, timeout: float | None):
+        self.srv, self.timeout = srv, timeout or 0
+        self.every = min(5.0, self.timeout / 4) if self.timeout else 0
+        self.last_answer = self.next_poll = time.monotonic()
+
+    def hung(self) -> str | None:
+        now = time.monotonic()
+        if not self.timeout or now < self.next_poll:
+            return None
+        answered = self.srv.health(timeout=max(1.0, self.every)) is not None
+        now = time.monotonic()
+        self.next_poll = now + self.every
+        if answered:
+            self.last_answer = now
+            return None
+        silent = now - self.last_answer
+        if silent < self.timeout:
+            return None
+        return f"stopped answering /health for {silent:.0f}s (hung: the health timeout is {self.timeout:g}s)"
+
+
+def _note_in_log(log_path: str | Path, line: str) -> None:
+    """Append ``ggufdspark: LINE`` to the engine's log, so the log says why a restart happened."""
+    try:
+        fd = logfiles.open_log(log_path)
+    except OSError as e:
+        log.debug("could not note the restart in %s: %s", log_path, e)
+        return
+    try:
+        os.write(fd, f"ggufdspark: {time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n".encode())
+    finally:
+        os.close(fd)

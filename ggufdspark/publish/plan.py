@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ggufdspark.check import PairReport, check_pair
-from ggufdspark.errors import PublishError
+from ggufdspark.errors import PublishError, PublishOptionError
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.profiles import file_sha256
 from ggufdspark.publish.cards import Pair, license_from_gguf, llama_server_command, render_card, serve_command
@@ -50,9 +50,9 @@ def default_pairing(target_quants: Sequence[str], draft_quants: Sequence[str],
     pairs = {k.upper(): v.upper() for k, v in (pairs or {}).items()}
     for tq, dq in pairs.items():
         if tq not in target_quants:
-            raise PublishError(f"--pair {tq}={dq}: no {tq} target among {', '.join(target_quants)}")
+            raise PublishOptionError(f"--pair {tq}={dq}: no {tq} target among {', '.join(target_quants)}")
         if dq not in draft_quants:
-            raise PublishError(f"--pair {tq}={dq}: no {dq} draft among {', '.join(draft_quants)}")
+            raise PublishOptionError(f"--pair {tq}={dq}: no {dq} draft among {', '.join(draft_quants)}")
     bits = lambda q: QUANT_TYPES[q].bits if q in QUANT_TYPES else tag_bits(q)  # noqa: E731
     best = max(draft_quants, key=bits)
 
@@ -124,11 +124,11 @@ def plan_publish(target: Paths, draft: Paths, *,
     for what, value in (("base model", base_model), ("draft base model", draft_base_model)):
         # it lands in the card's YAML front matter and in markdown links: a repo id and nothing else
         if value is not None and not valid_repo_id(value):
-            raise PublishError(f"{what} {value!r} is not a valid repo id (ORG/NAME of letters, digits and _, "
+            raise PublishOptionError(f"{what} {value!r} is not a valid repo id (ORG/NAME of letters, digits and _, "
                                f"joined by single '.' or '-')")
     targets, drafts = _as_list(target), _as_list(draft)
     if not targets or not drafts:
-        raise PublishError("give at least one --target and one --draft")
+        raise PublishOptionError("give at least one --target and one --draft")
     by_role, ggufs = _planned_files(name, (("target", targets), ("mmproj", _as_list(mmproj)), ("draft", drafts)))
     tq = [f.quant for f in by_role["target"]]
     pairing = default_pairing(tq, [f.quant for f in by_role["draft"]], pairs)
