@@ -159,6 +159,28 @@ def check_extra_args(extra_args: list[str]) -> None:
             raise InvalidArgumentError(f"{a!r} after --: serve sets {flag} itself; use serve's own {owner} option")
 
 
+def profile_p_min(prof: dict | None, decision: hardware.Decision, draft_n_max: int | None,
+                  warnings: list[str]) -> float | None:
+    """The confidence threshold (``--spec-draft-p-min``) a tune profile recommends, when serve runs
+    the configuration it was measured in (the profile's draft length, the draft on); else None,
+    with a warning naming the threshold dropped and why (tune measured length and p_min together)."""
+    rec = (prof or {}).get("recommendation") or {}
+    p_min = rec.get("p_min")
+    if not isinstance(p_min, (int, float)) or isinstance(p_min, bool) or not 0 < p_min <= 1:
+        return None  # 0 is the engine's default; a damaged value is not applied
+    where = prof.get("path", "")
+    if not decision.draft_enabled:
+        return None
+    if draft_n_max is not None and draft_n_max != rec.get("draft_n_max"):
+        warnings.append(f"tune profile {where}: its p_min {p_min:g} was measured with draft length "
+                        f"{rec.get('draft_n_max')}, not with --draft-n-max {draft_n_max}; serving with the "
+                        f"engine's p_min 0")
+        return None
+    decision.reasons.append(f"tune profile {where}: p_min {p_min:g} measured with draft length "
+                            f"{decision.draft_n_max}")
+    return float(p_min)
+
+
 def check_host(host: str) -> str:
     """``host`` if it is an IP address or a host name that resolves.
 
@@ -248,6 +270,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         spec_type="draft-dspark" if decision.draft_enabled else None,
         draft_n_max=decision.draft_n_max if decision.draft_enabled else None,
         draft_n_min=0 if decision.draft_enabled else None,
+        draft_p_min=profile_p_min(prof, decision, draft_n_max, warnings),
         draft_max_slots=decision.draft_max_slots if decision.draft_enabled else None,
         draft_n_max_by_slots=decision.draft_cut,
         n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None,
