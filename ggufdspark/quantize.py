@@ -221,9 +221,31 @@ def _run(args: list[str], src: Path, name: str, progress: Progress | None) -> No
     finally:
         line.release()
     if rc != 0:
-        reason = next((t.strip() for t in reversed(tail) if re.search(r"error|failed|invalid|cannot", t, re.I)),
-                      tail[-1].strip() if tail else "no output")
-        raise EngineError(f"{src}: llama-quantize to {name} failed (exit {rc}): {reason[:300]}")
+        raise EngineError(f"{src}: llama-quantize to {name} failed (exit {rc}): {failure_reason(tail)[:400]}")
+
+
+# What llama-quantize prints about why it failed (ggml/src/ggml-quants.c ggml_validate_row_data,
+# src/llama-quant.cpp "failed to quantize: ..."), often on the line of the tensor being converted;
+# its last line, "main: failed to quantize model from 'X'", says only that it failed.
+_CAUSE = re.compile(r"\b\w+: (?:found |invalid |failed to quantize: |error)[^\n]*|\berror: [^\n]*", re.I)
+_SUMMARY = re.compile(r"failed to quantize model from", re.I)
+
+
+def failure_reason(tail: list[str]) -> str:
+    """The cause of a failed llama-quantize run from its last output lines: the tensor it was on and
+    each distinct cause line (``found nan value at block 3``), else its last error-looking line."""
+    causes: list[str] = []
+    tensor = None
+    for text in tail:
+        if m := _TENSOR_LINE.match(text):
+            tensor = m.group(3)
+        for c in _CAUSE.findall(text):
+            if not _SUMMARY.search(c) and c.strip() not in causes:
+                causes.append(c.strip())
+    if causes:
+        return (f"at tensor {tensor}: " if tensor else "") + "; ".join(causes)
+    return next((t.strip() for t in reversed(tail) if re.search(r"error|failed|invalid|cannot", t, re.I)),
+                tail[-1].strip() if tail else "no output")
 
 
 def _verify(tmp: Path, out: Path, src: Path, kind: str, name: str, src_type: str,

@@ -94,6 +94,19 @@ def parse_draft_cut(text: str) -> list[tuple[int, int]]:
     return steps
 
 
+def check_draft_cut(cut: list[tuple[int, int]] | None, n_max: int | None, text: str | None) -> None:
+    """Refuse a --draft-n-max-by-slots step longer than the draft length it would cut (``0:60`` with
+    n_max 6 cuts nothing: a mistake, not a setting).
+
+    Raises:
+        InvalidArgumentError: the first such step, and the draft length serve runs with.
+    """
+    for n, length in cut or []:
+        if n_max is not None and length > n_max:
+            raise InvalidArgumentError(f"--draft-n-max-by-slots {text}: {n}:{length} cuts drafts to {length} tokens, "
+                                       f"longer than the draft length {n_max} serve runs with (it would cut nothing)")
+
+
 def _cut_text(cut: list[tuple[int, int]]) -> str:
     return ", ".join(f"to {k} above {n} generating slots" for n, k in cut)
 
@@ -261,6 +274,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
                         f"(engine patch 0011); drafting stays on at every load")
     decision.draft_cut = _applied_draft_cut(draft_cut, draft_n_max_by_slots, cut_off, decision, info, parallel,
                                             warnings)
+    check_draft_cut(decision.draft_cut if draft_cut else None, decision.draft_n_max, draft_n_max_by_slots)
     if (hf or hfd) and not (model and draft):
         warnings.append("Hub form: the pair is checked by llama-server at load, not by 'check' beforehand "
                         "(download it and run 'ggufdspark check' to see every reason a pair fails)")

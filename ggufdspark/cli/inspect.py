@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ggufdspark.cli._common import echo_json, safe_text
+from ggufdspark.errors import GgufdsparkError
 from ggufdspark.inspect import inspect_gguf
 
 
@@ -13,7 +14,12 @@ from ggufdspark.inspect import inspect_gguf
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(path, as_json):
     """Describe a GGUF file (arch, tensors, key metadata) from its header."""
-    s = inspect_gguf(path)
+    try:
+        s = inspect_gguf(path)
+    except GgufdsparkError as e:
+        if as_json:  # as 'check --json' does: a script reading stdout still gets JSON; the line goes to stderr
+            echo_json({"path": path, "ok": False, "error": str(e)})
+        raise
     if as_json:
         echo_json(s.to_dict())  # JSON escapes control characters itself
         return
