@@ -20,6 +20,10 @@ Usage errors (exit 2) are decided here and nowhere else: an option value the lib
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+
 
 class GgufdsparkError(Exception):
     """Base class of every error a user can cause. ``exit_code`` is what the CLI returns."""
@@ -118,3 +122,27 @@ class PublishError(GgufdsparkError, RuntimeError):
 
 class PublishOptionError(InvalidArgumentError, PublishError):
     """A publish option refused before anything is read from or sent to the Hub (a usage error: exit 2)."""
+
+
+class DiskFullError(GgufdsparkError, OSError):
+    """Writing an output failed for want of space: the disk or a quota is full, or a file-size limit
+    (``ulimit -f``) was reached. The message names the file and the space left; nothing partial is
+    left behind by the writer that raises it."""
+
+
+# errno values that mean "no room for this output" (EFBIG: the file-size limit, ulimit -f)
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+def no_space_error(e: OSError, path: str | os.PathLike) -> OSError:
+    """``e`` as a ``DiskFullError`` naming ``path`` and the free space of its file system when it
+    means "no room" (``NO_SPACE_ERRNOS``); any other error comes back unchanged."""
+    if e.errno not in NO_SPACE_ERRNOS:
+        return e
+    where = os.path.dirname(os.path.abspath(path))
+    try:
+        free = f"{shutil.disk_usage(where).free / 1e9:.2f} GB free on {where}"
+    except OSError:
+        free = f"the free space on {where} is unknown"
+    limit = "; the file-size limit (ulimit -f) may be what stopped it" if e.errno == errno.EFBIG else ""
+    return DiskFullError(f"{path}: {e.strerror or 'no space'} ({free}{limit}); nothing was kept")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import re
 import shlex
 import signal
@@ -23,12 +22,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, logfiles, profiles, webui
+from ggufdspark import hardware, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.quants import is_quantized_file, is_quantized_tag
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings, exit_cause
+from ggufdspark.runners.watchdog import HealthWatch, note_in_log
+from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +95,6 @@ def parse_draft_cut(text: str) -> list[tuple[int, int]]:
     return steps
 
 
-def check_draft_cut(cut: list[tuple[int, int]] | None, n_max: int | None, text: str | None) -> None:
-    """Refuse a --draft-n-max-by-slots step longer than the draft length it would cut (``0:60`` with
-    n_max 6 cuts nothing: a mistake, not a setting).
-
-    Raises:
-        InvalidArgumentError: the first such step, and the draft length serve runs with.
-    """
-    for n, length in cut or []:
-        if n_max is not None and length > n_max:
-            raise InvalidArgumentError(f"--draft-n-max-by-slots {text}: {n}:{length} cuts drafts to {length} tokens, "
-                                       f"longer than the draft length {n_max} serve runs with (it would cut nothing)")
-
-
 def _cut_text(cut: list[tuple[int, int]]) -> str:
     return ", ".join(f"to {k} above {n} generating slots" for n, k in cut)
 
@@ -136,62 +124,6 @@ def _applied_draft_cut(given: list[tuple[int, int]] | None, text: str | None, of
         return None
     decision.reasons.append(f"drafts cut by load (--draft-n-max-by-slots): {_cut_text(given)}")
     return given
-
-
-# llama-server flags that serve sets itself, by the serve option that owns them (spellings from the
-# pinned tree's common/arg.cpp). Given again after --, the engine's last-one-wins parsing would run
-# something else than what serve checked, planned and polls (another port: a healthy engine killed
-# after the whole start timeout). --api-key is not here: keys given after -- join serve's own in
-# the private key file (ServerSettings.api_keys). --path is not either: it replaces the chat UI.
-OWNED_ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
-    "--host": ("--host",),
-    "--port": ("--port",),
-    "-m": ("-m", "--model", "-mu", "--model-url"),
-    "-md": ("-md", "--model-draft", "--spec-draft-model"),
-    "--mmproj": ("-mm", "--mmproj"),
-    "--hf": ("-hf", "-hfr", "--hf-repo"),
-    "--hfd": ("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"),
-    "-c": ("-c", "--ctx-size"),
-    "-np": ("-np", "--parallel"),
-    "--draft-n-max": ("--spec-draft-n-max",),
-    "--draft-max-slots": ("--spec-draft-max-slots",),
-    "--draft-n-max-by-slots": ("--spec-draft-n-max-by-slots",),
-}
-
-
-def check_extra_args(extra_args: list[str]) -> None:
-    """Refuse engine arguments (given after ``--``) that serve sets itself (``OWNED_ENGINE_FLAGS``).
-
-    Raises:
-        InvalidArgumentError: the first such flag, with the serve option to use instead.
-    """
-    for a in extra_args:
-        flag = a.split("=", 1)[0]
-        owner = next((o for o, flags in OWNED_ENGINE_FLAGS.items() if flag in flags), None)
-        if owner:
-            raise InvalidArgumentError(f"{a!r} after --: serve sets {flag} itself; use serve's own {owner} option")
-
-
-def profile_p_min(prof: dict | None, decision: hardware.Decision, draft_n_max: int | None,
-                  warnings: list[str]) -> float | None:
-    """The confidence threshold (``--spec-draft-p-min``) a tune profile recommends, when serve runs
-    the configuration it was measured in (the profile's draft length, the draft on); else None,
-    with a warning naming the threshold dropped and why (tune measured length and p_min together)."""
-    rec = (prof or {}).get("recommendation") or {}
-    p_min = rec.get("p_min")
-    if not isinstance(p_min, (int, float)) or isinstance(p_min, bool) or not 0 < p_min <= 1:
-        return None  # 0 is the engine's default; a damaged value is not applied
-    where = prof.get("path", "")
-    if not decision.draft_enabled:
-        return None
-    if draft_n_max is not None and draft_n_max != rec.get("draft_n_max"):
-        warnings.append(f"tune profile {where}: its p_min {p_min:g} was measured with draft length "
-                        f"{rec.get('draft_n_max')}, not with --draft-n-max {draft_n_max}; serving with the "
-                        f"engine's p_min 0")
-        return None
-    decision.reasons.append(f"tune profile {where}: p_min {p_min:g} measured with draft length "
-                            f"{decision.draft_n_max}")
-    return float(p_min)
 
 
 def check_host(host: str) -> str:
@@ -398,7 +330,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
         srv.start()
         on_event(f"ready: {srv.url} (log: {log_path})")
         on_ready(srv.url)
-        watch = _HealthWatch(srv, health_timeout)
+        watch = HealthWatch(srv, health_timeout)
         while True:
             time.sleep(0.5)
             cause = watch.hung() if srv.alive() else f"exited unexpectedly ({exit_cause(srv.proc.returncode)})"
@@ -406,7 +338,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
                 continue
             srv.stop(timeout=5)  # a hung engine may ignore SIGTERM: killed after 5 s
             crashes += 1
-            _note_in_log(log_path, f"llama-server {cause}")
+            note_in_log(log_path, f"llama-server {cause}")
             if crashes > max_restarts:
                 raise EngineError(f"llama-server failed {crashes} times (last: it {cause}); giving up; "
                                   f"log: {log_path}")
@@ -414,7 +346,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
             on_event(f"llama-server {cause}; restart {crashes}/{max_restarts} in {wait:g}s")
             time.sleep(wait)
             srv.start()
-            watch = _HealthWatch(srv, health_timeout)
+            watch = HealthWatch(srv, health_timeout)
             on_event(f"ready again: {srv.url}")
     except _Stop:
         on_event("stopping")
@@ -428,41 +360,3 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
                 signal.signal(s, h)
         if killed:
             on_event(f"{signal.Signals(killed[0]).name} while stopping: llama-server killed")
-
-
-class _HealthWatch:
-    """Polls ``/health`` every few seconds; ``hung()`` names the hang once nothing answered for
-    ``timeout`` seconds."""
-
-    def __init__(self, srv: ServerProcess, timeout: float | None):
-        self.srv, self.timeout = srv, timeout or 0
-        self.every = min(5.0, self.timeout / 4) if self.timeout else 0
-        self.last_answer = self.next_poll = time.monotonic()
-
-    def hung(self) -> str | None:
-        now = time.monotonic()
-        if not self.timeout or now < self.next_poll:
-            return None
-        answered = self.srv.health(timeout=max(1.0, self.every)) is not None
-        now = time.monotonic()
-        self.next_poll = now + self.every
-        if answered:
-            self.last_answer = now
-            return None
-        silent = now - self.last_answer
-        if silent < self.timeout:
-            return None
-        return f"stopped answering /health for {silent:.0f}s (hung: the health timeout is {self.timeout:g}s)"
-
-
-def _note_in_log(log_path: str | Path, line: str) -> None:
-    """Append ``ggufdspark: LINE`` to the engine's log, so the log says why a restart happened."""
-    try:
-        fd = logfiles.open_log(log_path)
-    except OSError as e:
-        log.debug("could not note the restart in %s: %s", log_path, e)
-        return
-    try:
-        os.write(fd, f"ggufdspark: {time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n".encode())
-    finally:
-        os.close(fd)
