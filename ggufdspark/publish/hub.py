@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping
 
 from ggufdspark.errors import GgufdsparkError, InvalidArgumentError, PublishError
 from ggufdspark.publish.masking import masked_in_logs
-from ggufdspark.publish.plan import Paths, plan_publish, resolution_warnings
+from ggufdspark.publish.plan import Paths, add_earlier_files, plan_publish, resolution_warnings
 from ggufdspark.publish.records import PublishPlan, PublishResult, RepoPlan
 
 log = logging.getLogger(__name__)
@@ -140,8 +140,8 @@ def _publish(api, plan: PublishPlan, result: PublishResult, local: dict[str, lis
             remote[rp.repo_id] = _remote_state(api, rp)
     except Exception as e:  # the Hub client's errors (HTTP, connection), as one line
         raise PublishError(f"{current}: reading the Hub failed: {_describe_error(e, token)}") from None
-    # what llama.cpp will list after the upload: the repo's files, then ours where new
-    resolution_warnings(plan, {r: remote[r] + [p for p in local[r] if p not in remote[r]] for r in local})
+    # what llama.cpp will list after the upload: the repo's files and ours, in path order as the Hub lists them
+    resolution_warnings(plan, {r: sorted(set(remote[r]) | set(local[r])) for r in local})
     for w in (w for rp in plan.repos for w in rp.warnings):
         log.warning("%s", w)
     if on_plan:
@@ -220,6 +220,7 @@ def _remote_state(api, rp: RepoPlan) -> list[str]:
         rp.warnings.append(f"{rp.repo_id} exists and is public: --private does not change that")
     remote = {e.path: e for e in api.list_repo_tree(rp.repo_id, recursive=True, revision=info.sha)
               if isinstance(e, RepoFile)}
+    add_earlier_files(rp, {p: (e.size, e.lfs.sha256 if e.lfs else None) for p, e in remote.items()})
     for f in rp.files:
         e = remote.get(f.path_in_repo)
         if e is None or e.size != f.size:

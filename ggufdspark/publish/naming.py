@@ -94,6 +94,11 @@ def _split_tag(path: str) -> tuple[str, int, int]:
     return (m.group(1).upper() if m else ""), index, count
 
 
+def file_tag(path: str) -> str:
+    """The quant tag llama.cpp reads from a GGUF file name (``dspark-tiny-Q8_0.gguf`` -> ``Q8_0``)."""
+    return _split_tag(path)[0]
+
+
 def tag_bits(tag: str) -> int:
     """The quant bits llama.cpp reads from a tag: its first number (``Q4_K_M`` -> 4, ``F16`` -> 16)."""
     m = re.search(r"\d+", tag)
