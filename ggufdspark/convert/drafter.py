@@ -229,7 +229,7 @@ def plan_tensors(directory: Path, c: DrafterConfig, outtype: TensorType) -> list
         transform = (lambda x, hd=c.head_dim: _to_neox(x, hd)) if permute else None
         gname = _gguf_name(name)
         otype = output_type(name, t.shape, outtype)
-        if otype == TensorType.Q8_0 and draft_keeps_float(gname):
+        if outtype == TensorType.Q8_0 and draft_keeps_float(gname):
             otype = TensorType[t.dtype]  # the Markov head stays in the checkpoint's float type, as quantize keeps it
         plans.append(TensorPlan(gname, t, t.shape, otype, transform))
     return plans
