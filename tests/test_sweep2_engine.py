@@ -45,7 +45,7 @@ def test_loopback_engine_is_reached_without_the_proxy(small_pair, dspark_engine,
             monkeypatch.setenv(k, no_proxy)
     settings = ServerSettings(server=dspark_engine.path, model=small_pair.target, draft=small_pair.draft,
                               draft_n_max=3, ctx_size=512)
-    with ServerProcess(settings, log_path=tmp_path / "proxy.log", start_timeout=30) as srv:
+    with ServerProcess(settings, log_path=tmp_path / "proxy.log", start_timeout=60) as srv:
         out = srv.client().complete("The model", n_predict=4)
         assert out.timings.predicted_n == 4
 
@@ -53,7 +53,7 @@ def test_loopback_engine_is_reached_without_the_proxy(small_pair, dspark_engine,
 def test_serve_with_a_proxy_set_comes_up(small_pair, dspark_engine, tmp_path):
     """The whole verb, as the user runs it, with http_proxy pointing nowhere."""
     proxy = f"http://127.0.0.1:{_dead_port()}"
-    s = Serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", "0", "--start-timeout", "30",
+    s = Serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", "0", "--start-timeout", "60",
               env=_env(http_proxy=proxy, HTTP_PROXY=proxy, no_proxy="localhost",
                        XDG_STATE_HOME=str(tmp_path / "state"), GGUFDSPARK_SERVER=str(dspark_engine.path)))
     try:
