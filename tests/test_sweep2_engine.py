@@ -83,6 +83,15 @@ def test_serve_refuses_engine_flags_it_owns(ggufdspark_cli, small_pair, isolated
     assert "ready" not in p.stderr and time.monotonic() - t0 < 30  # refused before anything started
 
 
+def test_engine_flags_serve_merges_or_yields_to_stay_allowed(ggufdspark_cli, small_pair, isolated):
+    """Intended, not owned: keys after -- join serve's key file; --path replaces the chat UI."""
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run", "--",
+                       "--api-key", "sk-after-dashes", "--path", "/srv/ui", "--seed", "7", env=isolated)
+    assert p.returncode == 0, p.stderr
+    assert "--api-key-file '<api-key-file>'" in p.stdout and "sk-after-dashes" not in p.stdout + p.stderr
+    assert p.stdout.strip().endswith("--path /srv/ui --seed 7")
+
+
 # ----------------------------------------------------------------------------- row 11: log pruning
 
 

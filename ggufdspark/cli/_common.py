@@ -159,6 +159,17 @@ def finite_json(obj: Any) -> Any:
     return obj
 
 
+class NumberRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses NaN: NaN compares false with every bound, so click's
+    own range lets ``--p-min nan`` through (a usage error, exit 2, like any value out of range)."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if math.isnan(v):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return v
+
+
 def target_option(*, required: bool = False):
     """``-m`` / ``--model`` / ``--target``: the target GGUF, named the same way by every verb that
     takes a pair (its value is the ``model`` parameter)."""

@@ -10,7 +10,7 @@ import click
 
 from ggufdspark import logfiles
 from ggufdspark import serve as serve_lib
-from ggufdspark.cli._common import draft_option, echo_json, echo_warning, target_option
+from ggufdspark.cli._common import NumberRange, draft_option, echo_json, echo_warning, target_option
 from ggufdspark.errors import InvalidArgumentError
 
 
@@ -41,11 +41,11 @@ from ggufdspark.errors import InvalidArgumentError
               help="Requests served at once (llama-server's slots, -np).")
 @click.option("--log", "log_file", type=click.Path(dir_okay=False),
               help="llama-server log file, appended to (default: a new file in ~/.local/state/ggufdspark/logs).")
-@click.option("--start-timeout", type=click.FloatRange(0, min_open=True), default=300, show_default=True,
+@click.option("--start-timeout", type=NumberRange(0, min_open=True), default=300, show_default=True,
               help="Seconds llama-server has to become healthy before serve gives up.")
 @click.option("--max-restarts", type=click.IntRange(0), default=5, show_default=True,
               help="Restarts after crashes (with a growing pause) before serve gives up.")
-@click.option("--health-timeout", type=click.FloatRange(0), default=serve_lib.HEALTH_TIMEOUT_S, show_default=True,
+@click.option("--health-timeout", type=NumberRange(0), default=serve_lib.HEALTH_TIMEOUT_S, show_default=True,
               help="Restart llama-server when /health answers nothing for this many seconds (hung; 0: never).")
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
