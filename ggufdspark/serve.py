@@ -333,14 +333,14 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
         watch = HealthWatch(srv, health_timeout)
         while True:
             time.sleep(0.5)
-            cause = watch.hung() if srv.alive() else f"exited unexpectedly ({exit_cause(srv.proc.returncode)})"
+            cause = watch.hung() if srv.alive() else exit_cause(srv.proc.returncode)
             if cause is None:
                 continue
             srv.stop(timeout=5)  # a hung engine may ignore SIGTERM: killed after 5 s
             crashes += 1
             note_in_log(log_path, f"llama-server {cause}")
             if crashes > max_restarts:
-                raise EngineError(f"llama-server failed {crashes} times (last: it {cause}); giving up; "
+                raise EngineError(f"llama-server failed {crashes} time(s) (last: it {cause}); giving up; "
                                   f"log: {log_path}")
             wait = backoff[min(crashes - 1, len(backoff) - 1)]
             on_event(f"llama-server {cause}; restart {crashes}/{max_restarts} in {wait:g}s")

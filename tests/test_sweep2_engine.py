@@ -152,8 +152,8 @@ def test_supervision_restarts_a_hung_engine_and_names_every_cause(small_pair, ds
         second = _engine_of(s.proc.pid)
         assert second != hung and _alive(second)
         os.kill(second, signal.SIGSEGV)
-        line = s.wait_for("llama-server exited unexpectedly", timeout=30)
-        assert "was killed by SIGSEGV (signal 11)" in line and "restart 2/5" in line, line
+        line = s.wait_for("llama-server was killed by SIGSEGV (signal 11)", timeout=30)
+        assert "restart 2/5" in line, line
         s.wait_for("ready again", timeout=120)
         text = log.read_text(errors="replace")
         assert "ggufdspark: " in text and "stopped answering /health" in text and "SIGSEGV" in text
@@ -163,6 +163,19 @@ def test_supervision_restarts_a_hung_engine_and_names_every_cause(small_pair, ds
     finally:
         if hung and _alive(hung):
             os.kill(hung, signal.SIGKILL)
+        s.cleanup()
+
+
+def test_supervision_gives_up_naming_the_last_cause(small_pair, dspark_engine, tmp_path):
+    s = Serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", "0", "--max-restarts", "0",
+              env=_env(XDG_STATE_HOME=str(tmp_path / "state"), GGUFDSPARK_SERVER=str(dspark_engine.path)))
+    try:
+        s.ready()
+        os.kill(s.engine, signal.SIGKILL)
+        rc, err = s.finish(timeout=60)
+        assert rc == 1 and "Traceback" not in err, err
+        assert "llama-server failed 1 time(s) (last: it was killed by SIGKILL (signal 9)); giving up" in err
+    finally:
         s.cleanup()
 
 
