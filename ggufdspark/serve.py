@@ -282,8 +282,10 @@ class _Stop(Exception):
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-# The health watchdog: /health is answered by llama-server's HTTP threads, not its decode loop, so
-# a busy engine still answers; one that answers nothing for this long is hung and is restarted.
+# The health watchdog: /health is answered by llama-server's HTTP threads, not its decode loop
+# (tools/server/server-context.cpp get_health), and the pool has n_parallel + 4 threads plus up to
+# 1024 more on demand (server-http.cpp), so a busy engine still answers; one that answers nothing
+# for this long is hung and is restarted.
 HEALTH_TIMEOUT_S = 60.0
 
 
