@@ -13,7 +13,7 @@ from typing import Any
 
 from ggufdspark import measure as ms
 from ggufdspark import timings as tm
-from ggufdspark.errors import BenchError, InputNotFoundError
+from ggufdspark.errors import BenchError, BenchOptionError, InputNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def geometric_rates(mean_length: float, n: int) -> list[float]:
     This is how llama.cpp resolves ``--spec-synth-len`` (``common_speculative_synth_rates_resolve``).
     """
     if not 1.0 <= mean_length <= n + 1:
-        raise BenchError(f"mean accept length {mean_length} is outside [1, {n + 1}] for {n} positions")
+        raise BenchOptionError(f"mean accept length {mean_length} is outside [1, {n + 1}] for {n} positions")
     lo, hi = 0.0, 1.0
     for _ in range(60):
         p = (lo + hi) / 2

@@ -31,12 +31,13 @@ from ggufdspark import engine as eng
 from ggufdspark import launch
 from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
-from ggufdspark.errors import BenchError, InvalidArgumentError
+from ggufdspark.errors import BenchOptionError, InvalidArgumentError
 from ggufdspark.gate import (NEAR_TIE_GAP, GateResult, check_reference, first_difference, reference_run,
                              run_gate)
 from ggufdspark.hardware import Decision
 from ggufdspark.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoint, Outcome, Progress, Synthetic,
-                                Turn, arm_settings, base_settings, check_rates, concurrency_levels, log_directory,
+                                Turn, arm_settings, base_settings, check_p_min, check_rates, check_threads,
+                                concurrency_levels, log_directory,
                                 measure_load, prepare, render, request, run_first_arm, running, warm)
 from ggufdspark.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStats, accept_histogram, bracket_drift,
                                check_plot_path, decode_tps, format_report, group_stats, plain_drift, plot_report,
@@ -78,16 +79,16 @@ def _synthetic(synthetic_len: float | None, synthetic_rates: list[float] | None,
     if synthetic_len is None and not synthetic_rates:
         return None
     if synthetic_len is not None and synthetic_rates:
-        raise BenchError("--synthetic-accept and --synthetic-rates are mutually exclusive")
+        raise BenchOptionError("--synthetic-accept and --synthetic-rates are mutually exclusive")
     syn = Synthetic(synthetic_len, list(synthetic_rates) if synthetic_rates else None)
     if gate:
-        raise BenchError(f"the lossless gate is refused with {syn.describe()}: the engine accepts draft tokens "
+        raise BenchOptionError(f"the lossless gate is refused with {syn.describe()}: the engine accepts draft tokens "
                          "at random in that mode, so the output is not valid; drop --gate, or drop the "
                          "synthetic flags to check the output")
     if syn.rates:
         syn.rates = check_rates(syn.rates, n_max)
     if syn.length is not None and not 1.0 <= syn.length <= n_max + 1:
-        raise BenchError(f"--synthetic-accept {syn.length}: expected a mean length in [1, {n_max + 1}] "
+        raise BenchOptionError(f"--synthetic-accept {syn.length}: expected a mean length in [1, {n_max + 1}] "
                          f"for draft length {n_max}")
     return syn
 
@@ -249,7 +250,9 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
             pair or engine unusable.
     """
     if n_predict < 1:
-        raise BenchError(f"--n-predict {n_predict}: expected at least 1")
+        raise BenchOptionError(f"--n-predict {n_predict}: expected at least 1")
+    check_threads(threads)
+    check_p_min(p_min)
     if not max_plain_drift >= 0:  # NaN too
         raise InvalidArgumentError(f"--max-plain-drift {max_plain_drift}: expected a fraction >= 0 (0.25: 25%)")
     if plot:
@@ -262,10 +265,10 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
                                               draft_n_max=draft_n_max)
     n_max = decision.draft_n_max or limits.max_n
     if n_max > limits.max_n:
-        raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
+        raise BenchOptionError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
                          f"block size {limits.block_size})")
     if p_min and not limits.confidence_head:
-        raise BenchError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
+        raise BenchOptionError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
     synthetic = _synthetic(synthetic_len, synthetic_rates, gate, n_max)
     levels = concurrency_levels(concurrency, decision.backend)
     # a temporary log directory is gone again if the run fails before writing to it

@@ -13,7 +13,7 @@ from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.inspect import DSPARK_TENSORS, classify, tokenizer_value, vocab_size
-from ggufdspark.quants import RECOMMENDED_DRAFT, precision
+from ggufdspark.quants import DRAFT_KEEP_FLOAT, RECOMMENDED_DRAFT, precision
 
 MAX_BLOCK_SIZE = 64
 # target archs whose graph (pinned llama.cpp) has no tappable hidden state after the last layer
@@ -36,6 +36,8 @@ class PairReport:
     checks: list[CheckResult] = field(default_factory=list)
     # role -> quant label ("target": "Q4_K_M", "draft": "Q8_0"): any mix is accepted
     precisions: dict[str, str] = field(default_factory=dict)
+    # the draft's Markov head type(s) ("F16"; "F16/Q8_0" when its two matrices differ), None without one
+    markov_head: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -52,8 +54,11 @@ class PairReport:
             raise PairMismatchError(f"{self.draft or self.mmproj} does not belong with {self.target}: {reasons}")
 
     def pair_label(self) -> str:
-        """``target Q4_K_M, draft Q8_0`` (and the mmproj's), the precisions this report saw."""
-        return ", ".join(f"{role} {label}" for role, label in self.precisions.items())
+        """``target Q4_K_M, draft Q8_0 (Markov head F16)`` (and the mmproj's), the precisions this
+        report saw: two drafts of one label can differ in their Markov head (``quants.DRAFT_KEEP_FLOAT``)."""
+        return ", ".join(f"{role} {label}" + (f" (Markov head {self.markov_head})" if role == "draft"
+                                               and self.markov_head else "")
+                         for role, label in self.precisions.items())
 
     def recommended_draft(self) -> str | None:
         """The draft precision measured best with this target's precision (``RECOMMENDED_DRAFT``, the
@@ -73,8 +78,15 @@ class PairReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "draft": self.draft, "mmproj": self.mmproj, "ok": self.ok,
-                "precisions": self.precisions, "recommended_draft": self.recommended_draft(),
+                "precisions": self.precisions, "markov_head": self.markov_head, "recommended_draft": self.recommended_draft(),
                 "checks": [asdict(c) for c in self.checks]}
+
+
+def markov_head_type(g: GGUFFile) -> str | None:
+    """The type of a draft's Markov head (``F16``; ``F16/Q8_0`` when its matrices differ), None
+    when the file has none (``quants.DRAFT_KEEP_FLOAT`` names its tensors)."""
+    types = [g.tensors[t].type_name for t in DRAFT_KEEP_FLOAT if t in g.tensors]
+    return "/".join(dict.fromkeys(types)) or None
 
 
 def _tokenizer_difference(t: GGUFFile, d: GGUFFile) -> str | None:
@@ -204,6 +216,7 @@ def check_pair(target: str | Path, draft: str | Path | None = None, mmproj: str 
     if draft is not None:
         d = read_gguf(draft)
         report.precisions["draft"] = precision(d)
+        report.markov_head = markov_head_type(d)
         report.checks += check_gguf_pair(t, d)
     if mmproj is not None:
         m = read_gguf(mmproj)

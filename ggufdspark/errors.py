@@ -10,9 +10,19 @@ and outputs refused before any work); 3 the lossless gate failed; 4 an input fil
 unreadable, or a Hub reference naming nothing there (``HubNotFoundError``); 5 a bench whose two
 plain runs disagreed too much to give a speedup (the machine's speed moved during the run:
 ``PlainDriftError``); 130 interrupted; 141 the reader of the output went away (a broken pipe).
+
+Usage errors (exit 2) are decided here and nowhere else: an option value the library refuses is an
+``InvalidArgumentError`` (or a subclass that also names the verb's own error, such as
+``BenchOptionError``, so ``except BenchError`` still catches it); an output refused is
+``OutputExistsError`` or ``UnsafeOutputError``. The CLI returns ``exit_code`` as it is
+(``ggufdspark.cli.LazyGroup.invoke``); click's own option errors exit 2 as well.
 """
 
 from __future__ import annotations
+
+import errno
+import os
+import shutil
 
 
 class GgufdsparkError(Exception):
@@ -107,6 +117,10 @@ class PlainDriftError(BenchError):
     exit_code = 5
 
 
+class BenchOptionError(InvalidArgumentError, BenchError):
+    """A bench or tune option value refused before any work (a usage error: exit 2)."""
+
+
 class LosslessGateError(GgufdsparkError, AssertionError):
     """Greedy output with the draft differed from output without it (a defect, not a near-tie)."""
 
@@ -133,3 +147,31 @@ class HubAccessError(HubError, PermissionError):
 
 class HubConnectionError(HubError, ConnectionError):
     """The Hub could not be reached (and the cache could not stand in), or a download broke off."""
+
+
+class PublishOptionError(InvalidArgumentError, PublishError):
+    """A publish option refused before anything is read from or sent to the Hub (a usage error: exit 2)."""
+
+
+class DiskFullError(GgufdsparkError, OSError):
+    """Writing an output failed for want of space: the disk or a quota is full, or a file-size limit
+    (``ulimit -f``) was reached. The message names the file and the space left; nothing partial is
+    left behind by the writer that raises it."""
+
+
+# errno values that mean "no room for this output" (EFBIG: the file-size limit, ulimit -f)
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+def no_space_error(e: OSError, path: str | os.PathLike) -> OSError:
+    """``e`` as a ``DiskFullError`` naming ``path`` and the free space of its file system when it
+    means "no room" (``NO_SPACE_ERRNOS``); any other error comes back unchanged."""
+    if e.errno not in NO_SPACE_ERRNOS:
+        return e
+    where = os.path.dirname(os.path.abspath(path))
+    try:
+        free = f"{shutil.disk_usage(where).free / 1e9:.2f} GB free on {where}"
+    except OSError:
+        free = f"the free space on {where} is unknown"
+    limit = "; the file-size limit (ulimit -f) may be what stopped it" if e.errno == errno.EFBIG else ""
+    return DiskFullError(f"{path}: {e.strerror or 'no space'} ({free}{limit}); nothing was kept")

@@ -6,6 +6,7 @@ The shapes are the family's (``ggufdspark.families``); the writing is ``ggufdspa
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -75,6 +76,27 @@ def generate(out: str | Path, *, family: str = DEFAULT_FAMILY, size: str = "smal
     if out.exists() and any(out.iterdir()) and not force:
         raise OutputExistsError(f"{out}: directory is not empty (use --force)")
     tspec, dspec = fam.targets[size], fam.drafters[size]
+    existed = out.exists()
+    ours = not existed or not any(out.iterdir())  # a failed run may remove what it wrote
+    try:
+        return _generate(out, fam, tspec, dspec, family=family, size=size, only=only, dtype=dtype, vl=vl,
+                         on_step=on_step)
+    except BaseException:
+        if ours:  # nothing of the user's was there: leave nothing half-written to block a re-run
+            _remove_contents(out)
+            if not existed:
+                shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _remove_contents(d: Path) -> None:
+    if d.is_dir():
+        for p in d.iterdir():
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+
+
+def _generate(out: Path, fam, tspec, dspec, *, family: str, size: str, only: str, dtype: str, vl: bool,
+              on_step: Callable[[str], None]) -> GenerateResult:
     before = _snapshot(out)  # with --force, what was there: not reported as written unless rewritten
     result = GenerateResult(out=str(out), family=family, model=fam.model, size=size, dtype=dtype, vl=vl, moe=fam.moe)
     what = f"{fam.title}-shaped{' LFM2-VL' if vl else ''}{' LFM2-MoE' if fam.moe else ''}"

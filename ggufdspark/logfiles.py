@@ -4,7 +4,10 @@ Logs the toolkit names itself live in the user's state directory,
 ``$XDG_STATE_HOME/ggufdspark/logs`` (default ``~/.local/state/ggufdspark/logs``), created mode
 0700. Each log gets an unpredictable name, created exclusively with mode 0600 (``mkstemp``: no
 symlink followed, no name shared by two runs). Logs older than ``MAX_AGE_DAYS`` and all but the
-newest ``KEEP`` are pruned whenever a new one is made.
+newest ``KEEP`` are pruned whenever a new one is made, except the log of an engine that is still
+running: ``open_log`` takes a shared ``flock`` on the descriptor the engine writes through, which
+lasts as long as the engine (it inherits the descriptor), and pruning skips every log it cannot lock
+exclusively. So the log path a long-running, idle ``serve`` printed keeps existing.
 
 A log path given by the user is opened for appending, created 0600 if missing, and refused when
 it is a symbolic link (one planted in a shared directory could point anywhere).
@@ -83,6 +86,10 @@ def open_log(path: str | Path) -> int:
         raise UnsafeOutputError(f"{path}: cannot write the log: {e.strerror}") from None
     # O_NONBLOCK only kept a FIFO without a reader from blocking the open
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    try:  # "in use": held by whoever shares this descriptor (the engine), see ``prune``
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        pass  # a file system without locks, or a pruner holding it this instant: logging goes on
     if stat.S_ISDIR(os.fstat(fd).st_mode):  # pragma: no cover - O_WRONLY on a directory fails first
         os.close(fd)
         raise UnsafeOutputError(f"{path}: is a directory, not a log file")
@@ -104,7 +111,26 @@ def prune(d: Path, *, keep: int = KEEP, max_age_days: float = MAX_AGE_DAYS) -> N
     cutoff = time.time() - max_age_days * 86400
     for i, (mtime, p) in enumerate(logs):
         if i >= keep or mtime < cutoff:
-            try:
-                p.unlink()
-            except OSError as e:
-                log.debug("could not prune %s: %s", p, e)
+            _unlink_unless_in_use(p)
+
+
+def _unlink_unless_in_use(p: Path) -> None:
+    """Delete the log ``p`` unless a running engine writes to it (it holds the lock ``open_log`` took)."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        log.debug("could not prune %s: %s", p, e)
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.debug("not pruning %s: a running engine writes to it", p)
+            return
+        except OSError:
+            pass  # no locks on this file system: pruned by age and count alone
+        p.unlink()
+    except OSError as e:
+        log.debug("could not prune %s: %s", p, e)
+    finally:
+        os.close(fd)

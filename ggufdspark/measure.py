@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import subprocess
 import tempfile
 import threading
@@ -23,11 +24,11 @@ from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
 from ggufdspark.check import check_pair
 from ggufdspark.images import image_b64
-from ggufdspark.errors import BenchError, EngineError, InputNotFoundError
+from ggufdspark.errors import BenchError, BenchOptionError, EngineError, InputNotFoundError
 from ggufdspark.gguffile.constants import Key
 from ggufdspark.gguffile.reader import read_gguf
 from ggufdspark.runners.client import Client
-from ggufdspark.runners.server import ServerProcess, ServerSettings
+from ggufdspark.runners.server import ServerProcess, ServerSettings, exit_cause
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +95,12 @@ def check_rates(rates: list[float], n_max: int, *, what: str = "--synthetic-rate
     """
     for i, r in enumerate(rates):
         if not (0.0 <= r <= 1.0) or math.isnan(r):
-            raise BenchError(f"{what}: value {i} is {r}, expected a probability in [0, 1]")
+            raise BenchOptionError(f"{what}: value {i} is {r}, expected a probability in [0, 1]")
         if i and r > rates[i - 1]:
-            raise BenchError(f"{what}: value {i} ({r}) is larger than value {i - 1} ({rates[i - 1]}); "
+            raise BenchOptionError(f"{what}: value {i} ({r}) is larger than value {i - 1} ({rates[i - 1]}); "
                              "rates are P(at least i+1 accepted) and cannot increase")
     if len(rates) < n_max:
-        raise BenchError(f"{what}: {len(rates)} values for draft length {n_max}; give at least {n_max}")
+        raise BenchOptionError(f"{what}: {len(rates)} values for draft length {n_max}; give at least {n_max}")
     return list(rates[:n_max])
 
 
@@ -191,9 +192,9 @@ def running(settings: ServerSettings, log_path: Path, start_timeout: float = 600
             rc = await_exit(srv, exit_wait)
             if rc is None:
                 raise BenchError(f"a request failed and llama-server kept running (log: {log_path}): {e}") from None
-            how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+            how = exit_cause(rc)
             hint = f"; {SEGV_HINT}" if rc == -11 and settings.n_gpu_layers is None else ""
-            raise BenchError(f"llama-server died during the measurement ({how}; log: {log_path}): {e}{hint}") from None
+            raise BenchError(f"llama-server died during the measurement (it {how}; log: {log_path}): {e}{hint}") from None
 
 
 def await_exit(srv: ServerProcess, timeout: float) -> int | None:
@@ -368,6 +369,45 @@ def run_first_arm(client: Client, items: list[pr.PromptItem], n_predict: int, me
 # --------------------------------------------------------------------------- levels, warm-up, inputs
 
 
+# -t / --threads for llama-server: at least 1, at most 4 threads per logical CPU and never more than
+# ggml's GGML_MAX_N_THREADS (512, ggml/include/ggml.h of the pinned tree). Above the CPU count the
+# threads only take turns (os.cpu_count() already counts SMT siblings), yet a few per CPU are
+# harmless and some users oversubscribe on purpose; 99999 threads made the pinned engine die of
+# SIGSEGV at start, and 0 or a negative value is no thread count at all.
+THREADS_PER_CPU = 4
+GGML_MAX_N_THREADS = 512
+
+
+def thread_limit() -> int:
+    """The largest ``threads`` accepted on this machine (see ``check_threads``)."""
+    return min(GGML_MAX_N_THREADS, THREADS_PER_CPU * (os.cpu_count() or 1))
+
+
+def check_threads(threads: int | None) -> None:
+    """Refuse a llama-server thread count outside ``1..thread_limit()`` (None: the engine's default).
+
+    Raises:
+        BenchOptionError: the value, and the range this machine allows.
+    """
+    if threads is None:
+        return
+    hi = thread_limit()
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= hi:
+        raise BenchOptionError(f"--threads {threads!r}: expected 1..{hi} ({THREADS_PER_CPU} per CPU on this "
+                               f"machine's {os.cpu_count() or 1}, at most ggml's {GGML_MAX_N_THREADS})")
+
+
+def check_p_min(values: list[float] | float | None, what: str = "--p-min") -> None:
+    """Refuse a confidence threshold outside [0, 1] (NaN included), as ``bench --p-min`` does.
+
+    Raises:
+        BenchOptionError: the first bad value.
+    """
+    for v in values if isinstance(values, list) else ([] if values is None else [values]):
+        if not 0.0 <= v <= 1.0:  # false for NaN too
+            raise BenchOptionError(f"{what} {v}: expected a confidence threshold in [0, 1]")
+
+
 def concurrency_levels(concurrency: list[int] | None, backend: str) -> list[int]:
     """The parallel-request levels to measure: the given ones, or the backend's defaults; sorted.
 
@@ -376,7 +416,7 @@ def concurrency_levels(concurrency: list[int] | None, backend: str) -> list[int]
     """
     lv = sorted(set(concurrency or CONCURRENCY_DEFAULTS.get(backend, OTHER_CONCURRENCY)))
     if lv and lv[0] < 1:
-        raise BenchError(f"--concurrency: {lv[0]} is not a number of parallel requests (>= 1)")
+        raise BenchOptionError(f"--concurrency: {lv[0]} is not a number of parallel requests (>= 1)")
     return lv
 
 

@@ -13,9 +13,11 @@ into place; on any failure nothing is left behind.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -26,13 +28,14 @@ from typing import Callable
 from ggufdspark import engine
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import (EngineError, GgufdsparkError, InputNotFoundError, InvalidArgumentError,
-                               OutputExistsError, UnsafeOutputError, UnsupportedModelError)
+                               OutputExistsError, UnsafeOutputError, UnsupportedModelError, no_space_error)
 from ggufdspark.gguffile.constants import TensorType
 from ggufdspark.gguffile.reader import read_gguf
 from ggufdspark.inspect import classify
 from ggufdspark.quants import (DRAFT_KEEP_FLOAT, DRAFT_TYPES, FLOAT_TYPES, FTYPE_LABELS, QUANT_TYPES,
                                float_type, precision)
 from ggufdspark.runners import lifeline
+from ggufdspark.runners.server import exit_cause
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +187,7 @@ def quantize(source: str | Path, qtype: str, *, output: str | Path | None = None
     t0 = time.monotonic()
     try:
         args += [str(src), str(tmp), name, str(threads or os.cpu_count() or 1)]
-        _run(args, src, name, progress)
+        _run(args, src, name, progress, out)
         result = _verify(tmp, out, src, kind, name, src_type, keep)
         if force:
             os.replace(tmp, out)
@@ -200,7 +203,7 @@ def quantize(source: str | Path, qtype: str, *, output: str | Path | None = None
     return result
 
 
-def _run(args: list[str], src: Path, name: str, progress: Progress | None) -> None:
+def _run(args: list[str], src: Path, name: str, progress: Progress | None, out: Path) -> None:
     log.debug("%s", " ".join(args))
     proc, line = lifeline.spawn(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace")
@@ -220,10 +223,38 @@ def _run(args: list[str], src: Path, name: str, progress: Progress | None) -> No
         raise
     finally:
         line.release()
+    if rc == -signal.SIGXFSZ or (rc != 0 and any(_NO_ROOM.search(t) for t in tail)):
+        # the file-size limit kills the tool (SIGXFSZ); a full disk makes its write fail
+        code = errno.EFBIG if rc == -signal.SIGXFSZ else errno.ENOSPC
+        raise no_space_error(OSError(code, os.strerror(code)), out)
     if rc != 0:
-        reason = next((t.strip() for t in reversed(tail) if re.search(r"error|failed|invalid|cannot", t, re.I)),
-                      tail[-1].strip() if tail else "no output")
-        raise EngineError(f"{src}: llama-quantize to {name} failed (exit {rc}): {reason[:300]}")
+        how = f"exit {rc}" if rc > 0 else exit_cause(rc)
+        raise EngineError(f"{src}: llama-quantize to {name} failed ({how}): {failure_reason(tail)[:400]}")
+
+
+# What llama-quantize prints about why it failed (ggml/src/ggml-quants.c ggml_validate_row_data,
+# src/llama-quant.cpp "failed to quantize: ..."), often on the line of the tensor being converted;
+# its last line, "main: failed to quantize model from 'X'", says only that it failed.
+_CAUSE = re.compile(r"\b\w+: (?:found |invalid |failed to quantize: |error)[^\n]*|\berror: [^\n]*", re.I)
+_NO_ROOM = re.compile(r"no space left|file too large|disk quota", re.I)
+_SUMMARY = re.compile(r"failed to quantize model from", re.I)
+
+
+def failure_reason(tail: list[str]) -> str:
+    """The cause of a failed llama-quantize run from its last output lines: the tensor it was on and
+    each distinct cause line (``found nan value at block 3``), else its last error-looking line."""
+    causes: list[str] = []
+    tensor = None
+    for text in tail:
+        if m := _TENSOR_LINE.match(text):
+            tensor = m.group(3)
+        for c in _CAUSE.findall(text):
+            if not _SUMMARY.search(c) and c.strip() not in causes:
+                causes.append(c.strip())
+    if causes:
+        return (f"at tensor {tensor}: " if tensor else "") + "; ".join(causes)
+    return next((t.strip() for t in reversed(tail) if re.search(r"error|failed|invalid|cannot", t, re.I)),
+                tail[-1].strip() if tail else "no output")
 
 
 def _verify(tmp: Path, out: Path, src: Path, kind: str, name: str, src_type: str,

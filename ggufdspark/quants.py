@@ -63,7 +63,14 @@ DRAFT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1",
 # file). A target quant not listed gets the draft of its own quant, else the one with the most bits.
 RECOMMENDED_DRAFT: dict[str, str] = {"F16": "Q8_0", "Q8_0": "F16", "Q4_K_M": "Q8_0"}
 # Draft tensors that keep the input's float type whatever --type says (regexes for --tensor-type).
+# One policy for every quantized draft: 'quantize --type Q8_0' and 'convert --outtype q8_0' both
+# apply it (``draft_keeps_float``), so two drafts of one label are the same kind of file.
 DRAFT_KEEP_FLOAT = ("markov_w1.weight", "markov_w2.weight")
+
+
+def draft_keeps_float(tensor_name: str) -> bool:
+    """Whether a quantized DSpark draft keeps this tensor (its GGUF name) in the float type it came in."""
+    return tensor_name in DRAFT_KEEP_FLOAT
 
 
 def ftype_label(ft: object) -> str | None:

@@ -27,7 +27,9 @@ from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.runners.client import Client
-from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
+from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings, exit_cause
+from ggufdspark.runners.watchdog import HealthWatch, note_in_log
+from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if not (model or hf):
         raise InputNotFoundError("no target: give -m TARGET.gguf or -hf ORG/NAME[:QUANT]")
     check_host(host)
+    check_extra_args(list(extra_args or []))
     _check_range("port", port, *PORT_RANGE)
     _check_range("draft_n_max", draft_n_max, *DRAFT_N_MAX_RANGE)
     _check_range("ctx_size", ctx_size, 0, None)
@@ -166,11 +169,14 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
                              no_draft=no_draft or not use_draft, parallel=parallel,
                              draft_cut=draft_n_max_by_slots, precision_note=precision_note)
     warnings += decision.warnings
+    if decision.draft_enabled and draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
+        check_draft_cut(parse_draft_cut(draft_n_max_by_slots), decision.draft_n_max, draft_n_max_by_slots)
     ctx = launch.context(parallel, model=model, ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
     warnings += ctx.warnings
     settings = launch.server_settings(decision, info, model=model, draft=draft, mmproj=mmproj, hf=hf, hfd=hfd,
                                       host=host, port=port, api_key=api_key, ctx=ctx, parallel=parallel,
                                       extra_args=extra_args)
+    settings.draft_p_min = profile_p_min(prof, decision, draft_n_max, warnings)
     ui_dir, ui_note = _chat_ui(info, ui, list(extra_args or []))
     settings.public_path = ui_dir
     if host not in LOOPBACK and not settings.api_keys():
@@ -239,11 +245,24 @@ class _Stop(Exception):
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+# The health watchdog: /health is answered by llama-server's HTTP threads, not its decode loop
+# (tools/server/server-context.cpp get_health), and the pool has n_parallel + 4 threads plus up to
+# 1024 more on demand (server-http.cpp), so a busy engine still answers; one that answers nothing
+# for this long is hung and is restarted.
+HEALTH_TIMEOUT_S = 60.0
+
+
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
-              backoff: tuple[float, ...] = (1, 2, 4, 8, 16),
+              backoff: tuple[float, ...] = (1, 2, 4, 8, 16), health_timeout: float | None = HEALTH_TIMEOUT_S,
               on_event: Callable[[str], None] = lambda msg: None,
               on_ready: Callable[[str], None] = lambda url: None) -> int:
-    """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes.
+    """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes
+    or hangs.
+
+    A hang: ``/health`` answered nothing for ``health_timeout`` seconds (None or 0: never checked).
+    An answer of any status counts (503 while a model loads is an answer), so only an engine that
+    stopped responding at all is restarted. The cause of every restart (the exit code or signal,
+    or the hang) goes to ``on_event`` and into the engine's log.
 
     ``on_event`` gets each supervision event as a line; ``on_ready`` gets the server's base URL
     once, when the first start is healthy (not again after a restart).
@@ -255,7 +274,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
 
     Raises:
         ServerStartError / PortInUseError: the first start failed.
-        EngineError: it crashed more than ``max_restarts`` times.
+        EngineError: it crashed or hung more than ``max_restarts`` times.
     """
     srv = ServerProcess(p.settings, log_path=log_path, start_timeout=start_timeout)
     stopping = False
@@ -276,19 +295,23 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
         srv.start()
         on_event(f"ready: {srv.url} (log: {log_path})")
         on_ready(srv.url)
+        watch = HealthWatch(srv, health_timeout)
         while True:
             time.sleep(0.5)
-            if srv.alive():
+            cause = watch.hung() if srv.alive() else exit_cause(srv.proc.returncode)
+            if cause is None:
                 continue
+            srv.stop(timeout=5)  # a hung engine may ignore SIGTERM: killed after 5 s
             crashes += 1
-            code = srv.proc.returncode if srv.proc else None
+            note_in_log(log_path, f"llama-server {cause}")
             if crashes > max_restarts:
-                raise EngineError(f"llama-server crashed {crashes} times (last exit code {code}); giving up; "
+                raise EngineError(f"llama-server failed {crashes} time(s) (last: it {cause}); giving up; "
                                   f"log: {log_path}")
             wait = backoff[min(crashes - 1, len(backoff) - 1)]
-            on_event(f"llama-server exited unexpectedly (code {code}); restart {crashes}/{max_restarts} in {wait:g}s")
+            on_event(f"llama-server {cause}; restart {crashes}/{max_restarts} in {wait:g}s")
             time.sleep(wait)
             srv.start()
+            watch = HealthWatch(srv, health_timeout)
             on_event(f"ready again: {srv.url}")
     except _Stop:
         on_event("stopping")

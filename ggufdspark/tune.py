@@ -31,7 +31,7 @@ from ggufdspark.acceptance import (  # noqa: F401  (public here too: tune's own 
     profile_from_bench,
     profile_from_rates,
 )
-from ggufdspark.errors import BenchError, InputNotFoundError
+from ggufdspark.errors import BenchError, BenchOptionError, InputNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _parse_lengths(values: list[int] | None, max_n: int, why: str = "what this d
     ns = sorted(set(values or range(1, max_n + 1)))
     bad = [n for n in ns if not 1 <= n <= max_n]
     if bad:
-        raise BenchError(f"draft length {bad[0]} is outside 1..{max_n} ({why})")
+        raise BenchOptionError(f"draft length {bad[0]} is outside 1..{max_n} ({why})")
     return ns
 
 
@@ -214,9 +214,11 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     Raises:
         BenchError, InputNotFoundError, PairMismatchError, EngineError.
     """
+    ms.check_threads(threads)
+    ms.check_p_min(p_mins)
     info, devices, decision, limits = ms.prepare(target, draft, server=server, concurrency=concurrency)
     if p_mins and any(p > 0 for p in p_mins) and not limits.confidence_head:
-        raise BenchError(f"{draft}: has no confidence head, so p_min must be 0 (got {max(p_mins)})")
+        raise BenchOptionError(f"{draft}: has no confidence head, so p_min must be 0 (got {max(p_mins)})")
     levels = ms.concurrency_levels(concurrency, decision.backend)
     if 1 not in levels:
         levels = [1] + levels
@@ -228,7 +230,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
         profile = profile_from_bench(from_bench)
     elif acceptance != "measure":
         if acceptance not in PROFILES:
-            raise BenchError(f"unknown acceptance profile {acceptance!r} (expected measure or "
+            raise BenchOptionError(f"unknown acceptance profile {acceptance!r} (expected measure or "
                              f"{', '.join(PROFILES)})")
         profile = PROFILES[acceptance]
     lengths = _parse_lengths(draft_lengths, *_length_limit(limits, profile))

@@ -123,6 +123,11 @@ class FakeHub:
         self.cut_downloads: dict[str, int] = {}
         self.refuse_downloads: set[str] = set()
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
+        # 'hang' mode: requests whose "METHOD /path" matches this regex are read and never answered
+        # (the connection stays open until stop()), a Hub that accepts and then says nothing
+        self.hang: str | None = None
+        self.hung: list[str] = []  # "METHOD /path" of each request left hanging
+        self.released = threading.Event()
         self.lock = threading.RLock()
         self._n_commits = 0
         self._server = ThreadingHTTPServer((host, 0), _handler_for(self))
@@ -141,6 +146,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.released.set()  # hanging requests end (unanswered) so their threads finish
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join(10)
@@ -293,6 +299,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, routes) -> None:
         split = urlsplit(self.path)
         path, query = unquote(split.path), parse_qs(split.query)
+        if self.hub.hang and re.search(self.hub.hang, f"{self.command} {path}"):
+            self._body()  # the request is read in full, then nothing comes back
+            with self.hub.lock:
+                self.hub.hung.append(f"{self.command} {path}")
+            self.hub.released.wait()
+            self.close_connection = True
+            return
         try:
             for method, pattern, fn in routes:
                 if method != self.command:

@@ -73,10 +73,10 @@ def test_synthetic_acceptance_is_labelled_and_refused_by_the_gate(small_pair, gg
     assert "--spec-synth-len" in rep["settings"]["spec_command"]
     # asking for the gate explicitly is refused before anything runs
     p = ggufdspark_cli(*args, "--synthetic-accept", "3.0", "--gate", env=isolated)
-    assert p.returncode == 1
+    assert p.returncode == 2  # a usage error (errors.py), refused before any work
     assert "lossless gate is refused" in p.stderr and "Traceback" not in p.stderr
     p = ggufdspark_cli(*args, "--synthetic-rates", "0.5,0.9,0.1", env=isolated)
-    assert p.returncode == 1 and "cannot increase" in p.stderr
+    assert p.returncode == 2 and "cannot increase" in p.stderr
 
 
 # --------------------------------------------------------------------------- the gate's judgement

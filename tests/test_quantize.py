@@ -189,20 +189,21 @@ def test_without_llama_quantize_beside_the_engine(ggufdspark_cli, work, tmp_path
 
 
 def test_check_accepts_mixed_precisions_and_names_them(ggufdspark_cli, quant_pair, small_pair):
-    for target, draft, label in ((quant_pair["target-Q4_K_M"], quant_pair["draft-Q8_0"], "target Q4_K_M, draft Q8_0"),
-                                 (quant_pair["target-Q8_0"], small_pair.draft, "target Q8_0, draft F16"),
-                                 (small_pair.target, quant_pair["draft-Q8_0"], "target F16, draft Q8_0")):
+    for target, draft, label in ((quant_pair["target-Q4_K_M"], quant_pair["draft-Q8_0"], "target Q4_K_M, draft Q8_0 (Markov head F16)"),
+                                 (quant_pair["target-Q8_0"], small_pair.draft, "target Q8_0, draft F16 (Markov head F16)"),
+                                 (small_pair.target, quant_pair["draft-Q8_0"], "target F16, draft Q8_0 (Markov head F16)")):
         p = ggufdspark_cli("check", str(target), str(draft))
         assert p.returncode == 0, p.stdout + p.stderr
         assert p.stdout.strip().splitlines()[-1] == f"pair OK ({label})"
     p = ggufdspark_cli("check", str(quant_pair["target-Q4_K_M"]), str(quant_pair["draft-Q8_0"]), "--json")
     assert json.loads(p.stdout)["precisions"] == {"target": "Q4_K_M", "draft": "Q8_0"}
     assert json.loads(p.stdout)["recommended_draft"] is None
+    assert json.loads(p.stdout)["markov_head"] == "F16"
     # a draft other than the one the H200 table recommends for the target's precision: still OK, and said
     p = ggufdspark_cli("check", str(quant_pair["target-Q4_K_M"]), str(small_pair.draft))
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip().splitlines()[-2:] == [
-        "pair OK (target Q4_K_M, draft F16)",
+        "pair OK (target Q4_K_M, draft F16 (Markov head F16))",
         "note: with a Q4_K_M target a Q8_0 draft measured faster than F16 on an H200 (docs/quantize.md)"]
     p = ggufdspark_cli("check", str(quant_pair["target-Q4_K_M"]), str(small_pair.draft), "--json")
     assert json.loads(p.stdout)["recommended_draft"] == "Q8_0"

@@ -159,7 +159,7 @@ def test_engine_dying_under_load_counts_as_not_paying(small_pair, isolated, dspa
     assert len(kills) == 1 and kills[0] != decoy.proc.pid
     failures = res.settings["engine_failures"]
     assert len(failures) == 1 and failures[0]["draft_n_max"] == 2 and failures[0]["parallel"] == 2
-    assert "llama-server died during the measurement (signal 9" in failures[0]["error"]
+    assert "llama-server died during the measurement (it was killed by SIGKILL (signal 9)" in failures[0]["error"]
     assert any(p.n_max == 2 and p.level == 1 for p in res.points)
     assert not any(p.n_max == 2 and p.level == 2 for p in res.points)
     assert res.recommendation["max_concurrency_for_draft"] == 1
@@ -175,7 +175,7 @@ def test_a_server_that_dies_slowly_is_seen_dead(small_pair, dspark_engine, tmp_p
     settings = ServerSettings(server=dspark_engine.path, model=small_pair.target, spec_type=None, ctx_size=512)
     before = _children()
     killer = None
-    with pytest.raises(BenchError, match=r"llama-server died during the measurement \(signal 9; log: .*slow\.log\)"):
+    with pytest.raises(BenchError, match=r"llama-server died during the measurement \(it was killed by SIGKILL \(signal 9\); log: .*slow\.log\)"):
         with bn.running(settings, tmp_path / "slow.log") as c:
             pid = _new_engine(before, dspark_engine.path)
             os.kill(pid, signal.SIGSTOP)  # alive, answering nothing

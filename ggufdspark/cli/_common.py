@@ -4,6 +4,7 @@ pair the same way in every verb, and option parsers (``number_list``)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -142,7 +143,31 @@ def echo_warning(text: str, *, err: bool = True) -> None:
 
 
 def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, default=str))
+    """Print ``obj`` as JSON that every parser reads: NaN and infinities (which ``json.dumps`` would
+    write as the non-JSON words ``NaN`` / ``Infinity``) become null."""
+    click.echo(json.dumps(finite_json(obj), indent=2, default=str, allow_nan=False))
+
+
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every float that is not finite replaced by None (in dicts, lists and tuples)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+class NumberRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses NaN: NaN compares false with every bound, so click's
+    own range lets ``--p-min nan`` through (a usage error, exit 2, like any value out of range)."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if math.isnan(v):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return v
 
 
 def target_option(*, required: bool = False, hub_aliases: bool = False):

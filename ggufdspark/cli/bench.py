@@ -11,7 +11,7 @@ from ggufdspark import bench as bench_lib
 from ggufdspark import launch
 from ggufdspark import loadbench
 from ggufdspark import traffic as tr
-from ggufdspark.cli._common import (ProgressLine, draft_option, echo_json, from_hub, mmproj_option, number_list,
+from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, mmproj_option, number_list,
                                     target_option)
 from ggufdspark.errors import InvalidArgumentError
 
@@ -28,7 +28,7 @@ from ggufdspark.errors import InvalidArgumentError
               help="Tokens generated per request.")
 @click.option("--draft-n-max", type=click.IntRange(*launch.DRAFT_N_MAX_RANGE),
               help="Draft length (default: tune profile, else the hardware table).")
-@click.option("--p-min", type=click.FloatRange(0, 1),
+@click.option("--p-min", type=NumberRange(0, 1),
               help="Confidence threshold for truncating drafts (engine default 0).")
 @click.option("--concurrency", callback=number_list(int),
               help="Parallel-request levels, e.g. 1,8,32 (default per backend).")
@@ -37,7 +37,7 @@ from ggufdspark.errors import InvalidArgumentError
               help="Synthetic per-position rates P0,P1,... (speed only).")
 @click.option("--gate/--no-gate", default=None,
               help="Run the lossless gate (default: on unless acceptance is synthetic).")
-@click.option("--near-tie-gap", type=click.FloatRange(0, 1), default=bench_lib.NEAR_TIE_GAP, show_default=True,
+@click.option("--near-tie-gap", type=NumberRange(0, 1), default=bench_lib.NEAR_TIE_GAP, show_default=True,
               help="Top-2 probability gap below which a divergence is a near-tie.")
 @click.option("--reference-hf", "--informational-reference", "reference_hf", type=click.Path(file_okay=False),
               help="Target's HF checkpoint: also run it with transformers on CPU (report only).")

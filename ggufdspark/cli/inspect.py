@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ggufdspark.cli._common import echo_json, hub_file, safe_text
+from ggufdspark.errors import GgufdsparkError
 from ggufdspark.inspect import inspect_gguf
 
 
@@ -15,7 +16,12 @@ def command(path, as_json):
     """Describe a GGUF file (arch, tensors, key metadata) from its header.
 
     A Hub reference ORG/NAME[:QUANT] is downloaded first: its model file, else its dspark- draft."""
-    s = inspect_gguf(hub_file(path))
+    try:
+        s = inspect_gguf(hub_file(path))
+    except GgufdsparkError as e:
+        if as_json:  # as 'check --json' does: a script reading stdout still gets JSON; the line goes to stderr
+            echo_json({"path": path, "ok": False, "error": str(e)})
+        raise
     if as_json:
         echo_json(s.to_dict())  # JSON escapes control characters itself
         return

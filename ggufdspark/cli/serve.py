@@ -10,7 +10,7 @@ import click
 
 from ggufdspark import launch, logfiles
 from ggufdspark import serve as serve_lib
-from ggufdspark.cli._common import draft_option, echo_json, echo_warning, target_option
+from ggufdspark.cli._common import NumberRange, draft_option, echo_json, echo_warning, target_option
 from ggufdspark.errors import InvalidArgumentError
 
 
@@ -45,10 +45,12 @@ from ggufdspark.errors import InvalidArgumentError
               help="Requests served at once (llama-server's slots, -np).")
 @click.option("--log", "log_file", type=click.Path(dir_okay=False),
               help="llama-server log file, appended to (default: a new file in ~/.local/state/ggufdspark/logs).")
-@click.option("--start-timeout", type=float, default=300, show_default=True,
+@click.option("--start-timeout", type=NumberRange(0, min_open=True), default=300, show_default=True,
               help="Seconds llama-server has to become healthy before serve gives up.")
-@click.option("--max-restarts", type=int, default=5, show_default=True,
+@click.option("--max-restarts", type=click.IntRange(0), default=5, show_default=True,
               help="Restarts after crashes (with a growing pause) before serve gives up.")
+@click.option("--health-timeout", type=NumberRange(0), default=serve_lib.HEALTH_TIMEOUT_S, show_default=True,
+              help="Restart llama-server when /health answers nothing for this many seconds (hung; 0: never).")
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.option("--json", "as_json", is_flag=True,
@@ -58,7 +60,8 @@ from ggufdspark.errors import InvalidArgumentError
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_n_max_by_slots,
             no_draft, force, server,
-            ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, no_profile, dry_run, as_json, no_ui, open_page,
+            ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, health_timeout, no_profile, dry_run,
+            as_json, no_ui, open_page,
             extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
 
@@ -107,7 +110,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
             threading.Thread(target=_open, args=(page,), daemon=True, name="open-browser").start()
 
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
-                        on_event=_say, on_ready=ready)
+                        health_timeout=health_timeout, on_event=_say, on_ready=ready)
 
 
 # Printed with the chat URL when the server requires a key (the key itself never is). The pinned

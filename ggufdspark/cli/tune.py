@@ -6,7 +6,7 @@ import click
 
 from ggufdspark import bench as bench_lib
 from ggufdspark import tune as tune_lib
-from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, from_hub, number_list, target_option
+from ggufdspark.cli._common import NumberRange, ProgressLine, draft_option, echo_json, from_hub, number_list, target_option
 
 
 @click.command(name="tune")
@@ -34,7 +34,7 @@ from ggufdspark.cli._common import ProgressLine, draft_option, echo_json, from_h
 @click.option("--server-arg", "server_args", multiple=True,
               help="Extra llama-server argument for every arm (repeat; e.g. --server-arg=--no-repack).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep server logs here.")
-@click.option("--min-gain", type=click.FloatRange(0), default=tune_lib.MIN_GAIN, show_default=True,
+@click.option("--min-gain", type=NumberRange(0), default=tune_lib.MIN_GAIN, show_default=True,
               help="Drafting is turned on only if at least this many times faster than the target alone.")
 @click.option("--no-save", is_flag=True, help="Measure and print, but do not write the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -28,6 +28,7 @@ from ggufdspark.errors import PairMismatchError, UnsupportedModelError
 from ggufdspark.gguffile.constants import (ARCH_DFLASH, FILE_TYPE, QUANTIZATION_VERSION, Key, TensorType,
                                            ValueType)
 from ggufdspark.gguffile.writer import GGUFWriter
+from ggufdspark.quants import draft_keeps_float
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,11 @@ def plan_tensors(directory: Path, c: DrafterConfig, outtype: TensorType) -> list
             raise UnsupportedModelError(f"{t.file}: tensor {t.name} is {t.dtype}; expected BF16, F16 or F32")
         permute = (not c.neox) and name.endswith(ROPE_PERMUTED)
         transform = (lambda x, hd=c.head_dim: _to_neox(x, hd)) if permute else None
-        plans.append(TensorPlan(_gguf_name(name), t, t.shape, output_type(name, t.shape, outtype), transform))
+        gname = _gguf_name(name)
+        otype = output_type(name, t.shape, outtype)
+        if outtype == TensorType.Q8_0 and draft_keeps_float(gname):
+            otype = TensorType[t.dtype]  # the Markov head stays in the checkpoint's float type, as quantize keeps it
+        plans.append(TensorPlan(gname, t, t.shape, otype, transform))
     return plans
 
 

@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ggufdspark.errors import CorruptFileError, InputNotFoundError
+from ggufdspark.errors import CorruptFileError, InputNotFoundError, no_space_error
 
 # safetensors dtype -> (itemsize, numpy dtype used to view the raw bytes)
 DTYPES: dict[str, tuple[int, np.dtype]] = {
@@ -213,6 +213,18 @@ def write_safetensors(path: Path, tensors: Iterable[tuple[str, str, tuple[int, .
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     tmp = path.with_name(path.name + ".part")
+    try:
+        _write_parts(tmp, raw, items, header, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise no_space_error(e, path) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def _write_parts(tmp: Path, raw: bytes, items: list, header: dict, path: Path) -> None:
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
@@ -224,4 +236,3 @@ def write_safetensors(path: Path, tensors: Iterable[tuple[str, str, tuple[int, .
                 got += len(memoryview(chunk).cast("B"))
             if got != want:
                 raise ValueError(f"{path}: tensor {name} produced {got} bytes, expected {want}")
-    os.replace(tmp, path)

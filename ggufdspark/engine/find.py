@@ -30,6 +30,15 @@ def _cached_candidates(cache: Path) -> list[Path]:
     return found
 
 
+def _on_path(name: str | os.PathLike) -> Path:
+    """``name`` as a path; a bare command name (no directory part, not a file here) looked up on
+    ``PATH`` the way a shell would (``GGUFDSPARK_SERVER=llama-server``)."""
+    text = os.fspath(name)
+    if os.sep not in text and not os.path.exists(text) and (found := shutil.which(text)):
+        return Path(found)
+    return Path(text)
+
+
 def find_engine(server: str | os.PathLike | None = None, *, cache: Path | None = None) -> EngineInfo:
     """Locate and probe an engine. See the module docstring for the lookup order.
 
@@ -38,9 +47,9 @@ def find_engine(server: str | os.PathLike | None = None, *, cache: Path | None =
     """
     cache = cache or cache_dir()
     if server:
-        return probe_engine(Path(server), "explicit")
+        return probe_engine(_on_path(server), "explicit")
     if env := os.environ.get(ENV_SERVER):
-        return probe_engine(Path(env), "env")
+        return probe_engine(_on_path(env), "env")
     cands = _cached_candidates(cache)
     if cands:
         return probe_engine(cands[0], "cache")

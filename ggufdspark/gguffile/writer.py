@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from ggufdspark.errors import OutputExistsError
+from ggufdspark.errors import GgufdsparkError, OutputExistsError, no_space_error
 from ggufdspark.gguffile.constants import (DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, SCALAR_FORMAT,
                                            TYPE_SIZES, TensorType, ValueType)
 
@@ -176,11 +176,13 @@ class GGUFWriter:
                     if pad:
                         put(b"\0" * pad)
             os.replace(tmp, self.path)
-        except BaseException:
+        except BaseException as e:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
+            if isinstance(e, OSError) and not isinstance(e, GgufdsparkError):
+                raise no_space_error(e, self.path) from None
             raise
         return put.hexdigest()
 

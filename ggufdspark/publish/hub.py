@@ -5,17 +5,75 @@ saved login)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from ggufdspark.errors import GgufdsparkError, PublishError
+from ggufdspark.errors import GgufdsparkError, InvalidArgumentError, PublishError
 from ggufdspark.publish.masking import masked_in_logs
-from ggufdspark.publish.plan import Paths, plan_publish, resolution_warnings
+from ggufdspark.publish.plan import Paths, add_earlier_files, plan_publish, resolution_warnings
 from ggufdspark.publish.records import PublishPlan, PublishResult, RepoPlan
 
 log = logging.getLogger(__name__)
+
+# huggingface_hub's shared HTTP client has no timeout, and its API calls pass timeout=None: a Hub
+# that accepts the connection and never answers hangs publish for ever. Every request publish makes
+# gets at most this many seconds to connect and between two reads or writes (not for a whole
+# upload: a large file streams as long as it keeps moving); huggingface_hub still retries where it
+# retries (uploads: http_backoff on timeouts). $GGUFDSPARK_HUB_TIMEOUT sets another value.
+HUB_TIMEOUT_S = 60.0
+ENV_HUB_TIMEOUT = "GGUFDSPARK_HUB_TIMEOUT"
+
+
+def hub_timeout() -> float:
+    """``$GGUFDSPARK_HUB_TIMEOUT`` (seconds, > 0) or ``HUB_TIMEOUT_S``.
+
+    Raises:
+        InvalidArgumentError: the variable is set to something else than a positive number.
+    """
+    text = os.environ.get(ENV_HUB_TIMEOUT, "").strip()
+    if not text:
+        return HUB_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise InvalidArgumentError(f"${ENV_HUB_TIMEOUT} {text!r}: expected a number of seconds > 0")
+    return value
+
+
+@contextlib.contextmanager
+def bounded_timeouts(seconds: float):
+    """Within the block, every request of huggingface_hub's shared client has ``seconds`` to connect
+    and per read or write, whatever timeout (None) the call passed; huggingface_hub's own default
+    client comes back afterwards."""
+    import httpx2
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils._http import default_client_factory
+
+    class Bounded(httpx2.HTTPTransport):
+        def handle_request(self, request):
+            given = request.extensions.get("timeout") or {}
+            request.extensions = {**request.extensions, "timeout": {
+                k: seconds if given.get(k) is None else min(given[k], seconds)
+                for k in ("connect", "read", "write", "pool")}}
+            return super().handle_request(request)
+
+    def factory():
+        base = default_client_factory()  # its event hooks (headers, offline mode) are kept
+        hooks = base.event_hooks
+        base.close()
+        return httpx2.Client(event_hooks=hooks, follow_redirects=True, timeout=seconds, transport=Bounded())
+
+    set_client_factory(factory)
+    try:
+        yield
+    finally:
+        set_client_factory(default_client_factory)
 
 
 def publish(target: Paths, draft: Paths, *, repo: str,
@@ -66,7 +124,8 @@ def publish(target: Paths, draft: Paths, *, repo: str,
     token = token or get_token()
     if not token:
         raise PublishError("no Hugging Face token: run 'hf auth login' or set HF_TOKEN")
-    with masked_in_logs(token):  # a misbehaving endpoint may reflect it into a URL or header
+    # the token masked: a misbehaving endpoint may reflect it into a URL or header
+    with masked_in_logs(token), bounded_timeouts(hub_timeout()):
         _publish(HfApi(endpoint=plan.endpoint, token=token), plan, result, local, message, token, on_plan)
     return result
 
@@ -81,8 +140,8 @@ def _publish(api, plan: PublishPlan, result: PublishResult, local: dict[str, lis
             remote[rp.repo_id] = _remote_state(api, rp)
     except Exception as e:  # the Hub client's errors (HTTP, connection), as one line
         raise PublishError(f"{current}: reading the Hub failed: {_describe_error(e, token)}") from None
-    # what llama.cpp will list after the upload: the repo's files, then ours where new
-    resolution_warnings(plan, {r: remote[r] + [p for p in local[r] if p not in remote[r]] for r in local})
+    # what llama.cpp will list after the upload: the repo's files and ours, in path order as the Hub lists them
+    resolution_warnings(plan, {r: sorted(set(remote[r]) | set(local[r])) for r in local})
     for w in (w for rp in plan.repos for w in rp.warnings):
         log.warning("%s", w)
     if on_plan:
@@ -95,6 +154,9 @@ def _publish(api, plan: PublishPlan, result: PublishResult, local: dict[str, lis
 def _describe_error(e: BaseException, token: str | None) -> str:
     """One line from a Hub client exception and its causes (at most two), the token masked."""
     seen, parts = set(), []
+    if (slow := _timed_out(e)) is not None:
+        text = slow
+        return (text.replace(token, "***") if token else text)[:400]
     while e is not None and len(parts) < 2:
         status = getattr(getattr(e, "response", None), "status_code", None)
         server = getattr(e, "server_message", None)
@@ -113,6 +175,23 @@ def _describe_error(e: BaseException, token: str | None) -> str:
     if token:
         text = text.replace(token, "***")
     return text[:400]
+
+
+def _timed_out(e: BaseException | None) -> str | None:
+    """``no answer from URL within Ns (read timeout)`` when ``e`` or one of its causes is a timeout."""
+    import httpx2
+
+    while e is not None:
+        if isinstance(e, (httpx2.TimeoutException, TimeoutError)):
+            try:
+                url = str(e.request.url) if isinstance(e, httpx2.TimeoutException) else None
+            except RuntimeError:  # no request attached
+                url = None
+            kind = type(e).__name__
+            return (f"no answer from {url or 'the Hub endpoint'} within {hub_timeout():g}s ({kind}; "
+                    f"${ENV_HUB_TIMEOUT} sets the limit)")
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _git_blob_id(path: str | Path) -> str:
@@ -141,6 +220,7 @@ def _remote_state(api, rp: RepoPlan) -> list[str]:
         rp.warnings.append(f"{rp.repo_id} exists and is public: --private does not change that")
     remote = {e.path: e for e in api.list_repo_tree(rp.repo_id, recursive=True, revision=info.sha)
               if isinstance(e, RepoFile)}
+    add_earlier_files(rp, {p: (e.size, e.lfs.sha256 if e.lfs else None) for p, e in remote.items()})
     for f in rp.files:
         e = remote.get(f.path_in_repo)
         if e is None or e.size != f.size:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 
-from ggufdspark.errors import PublishError
+from ggufdspark.errors import PublishError, PublishOptionError
 from ggufdspark.gguffile.constants import Key
 from ggufdspark.gguffile.reader import GGUFFile, shown
 from ggufdspark.quants import FTYPE_LABELS, TENSOR_LABELS, ftype_label, matrix_label
@@ -66,7 +66,7 @@ def repo_names(repo: str, draft_repo: str | None = None, single_repo: bool = Fal
             llama.cpp would take for a sidecar.
     """
     if single_repo and draft_repo:
-        raise PublishError("--single-repo and --draft-repo exclude each other")
+        raise PublishOptionError("--single-repo and --draft-repo exclude each other")
     org, _, name = repo.partition("/")
     if name.upper().endswith(TARGET_SUFFIX):
         name = name[:-len(TARGET_SUFFIX)]
@@ -74,11 +74,11 @@ def repo_names(repo: str, draft_repo: str | None = None, single_repo: bool = Fal
     draft_repo = target_repo if single_repo else (draft_repo or f"{org}/{name}{DRAFT_SUFFIX}")
     for r in (repo, target_repo, draft_repo):
         if not valid_repo_id(r):
-            raise PublishError(f"{r!r} is not a valid repo id (ORG/NAME of letters, digits and _, joined "
+            raise PublishOptionError(f"{r!r} is not a valid repo id (ORG/NAME of letters, digits and _, joined "
                                f"by single '.' or '-', name at most {MAX_REPO_NAME} characters)")
     bad = [k for k in SIDECAR_KEYWORDS if k in name]
     if bad:
-        raise PublishError(f"model name {name!r} contains {bad[0]!r}: llama.cpp would take "
+        raise PublishOptionError(f"model name {name!r} contains {bad[0]!r}: llama.cpp would take "
                            f"{name}-QUANT.gguf for a sidecar, never for the model; choose another --repo")
     return name, target_repo, draft_repo
 
@@ -92,6 +92,11 @@ def _split_tag(path: str) -> tuple[str, int, int]:
         stem, index, count = m.group(1), int(m.group(2)), int(m.group(3))
     m = re.search(r"[-.]([A-Za-z0-9_]+)$", stem)
     return (m.group(1).upper() if m else ""), index, count
+
+
+def file_tag(path: str) -> str:
+    """The quant tag llama.cpp reads from a GGUF file name (``dspark-tiny-Q8_0.gguf`` -> ``Q8_0``)."""
+    return _split_tag(path)[0]
 
 
 def tag_bits(tag: str) -> int:

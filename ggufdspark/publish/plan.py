@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ggufdspark.check import PairReport, check_pair
-from ggufdspark.errors import PublishError
+from ggufdspark.errors import PublishError, PublishOptionError
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.profiles import file_sha256
-from ggufdspark.publish.cards import Pair, license_from_gguf, llama_server_command, render_card, serve_command
-from ggufdspark.publish.naming import FILE_NAME, llama_cpp_pick, quant_label, repo_names, tag_bits, valid_repo_id
+from ggufdspark.publish.cards import (Pair, human_size, license_from_gguf, llama_server_command, render_card,
+                                      serve_command)
+from ggufdspark.publish.naming import (FILE_NAME, SIDECAR_KEYWORDS, file_tag, llama_cpp_pick, quant_label, repo_names,
+                                       tag_bits, valid_repo_id)
 from ggufdspark.publish.records import PlannedFile, PublishPlan, RepoPlan
 from ggufdspark.publish.results import render_results
 from ggufdspark.quants import QUANT_TYPES, RECOMMENDED_DRAFT
@@ -50,9 +52,9 @@ def default_pairing(target_quants: Sequence[str], draft_quants: Sequence[str],
     pairs = {k.upper(): v.upper() for k, v in (pairs or {}).items()}
     for tq, dq in pairs.items():
         if tq not in target_quants:
-            raise PublishError(f"--pair {tq}={dq}: no {tq} target among {', '.join(target_quants)}")
+            raise PublishOptionError(f"--pair {tq}={dq}: no {tq} target among {', '.join(target_quants)}")
         if dq not in draft_quants:
-            raise PublishError(f"--pair {tq}={dq}: no {dq} draft among {', '.join(draft_quants)}")
+            raise PublishOptionError(f"--pair {tq}={dq}: no {dq} draft among {', '.join(draft_quants)}")
     bits = lambda q: QUANT_TYPES[q].bits if q in QUANT_TYPES else tag_bits(q)  # noqa: E731
     best = max(draft_quants, key=bits)
 
@@ -124,11 +126,11 @@ def plan_publish(target: Paths, draft: Paths, *,
     for what, value in (("base model", base_model), ("draft base model", draft_base_model)):
         # it lands in the card's YAML front matter and in markdown links: a repo id and nothing else
         if value is not None and not valid_repo_id(value):
-            raise PublishError(f"{what} {value!r} is not a valid repo id (ORG/NAME of letters, digits and _, "
+            raise PublishOptionError(f"{what} {value!r} is not a valid repo id (ORG/NAME of letters, digits and _, "
                                f"joined by single '.' or '-')")
     targets, drafts = _as_list(target), _as_list(draft)
     if not targets or not drafts:
-        raise PublishError("give at least one --target and one --draft")
+        raise PublishOptionError("give at least one --target and one --draft")
     by_role, ggufs = _planned_files(name, (("target", targets), ("mmproj", _as_list(mmproj)), ("draft", drafts)))
     tq = [f.quant for f in by_role["target"]]
     pairing = default_pairing(tq, [f.quant for f in by_role["draft"]], pairs)
@@ -179,3 +181,43 @@ def resolution_warnings(plan: PublishPlan, listing: dict[str, list[str]]) -> Non
              "(another file in the repo matches first)")
         if got != f.path_in_repo and w not in rp.warnings:
             rp.warnings.append(w)
+    for rp in plan.repos:  # files published earlier: a new one may take their tag (F16 matches "BF16.")
+        for path, got, flag in _earlier_picks(rp, listing.get(rp.repo_id, [])):
+            w = (f"{path} (published earlier) would no longer be what llama.cpp's {flag} loads: it would take "
+                 f"{got or 'nothing'} (the new file matches that tag first); rename or remove one of them")
+            if w not in rp.warnings:
+                rp.warnings.append(w)
+
+
+def _earlier_picks(rp: RepoPlan, files: list[str]) -> list[tuple[str, str | None, str]]:
+    """(file already in the repo, what its tag resolves to now, the flag) for each earlier GGUF."""
+    ours = {f.path_in_repo for f in rp.files}
+    out = []
+    for path in files:
+        name = path.rsplit("/", 1)[-1]
+        if not path.endswith(".gguf") or path in ours or not (tag := file_tag(path)):
+            continue
+        if name.startswith("dspark-"):
+            out.append((path, llama_cpp_pick(files, tag, "dspark-"), f"-hfd {rp.repo_id}:{tag}"))
+        elif not any(k in name for k in SIDECAR_KEYWORDS):
+            out.append((path, llama_cpp_pick(files, tag), f"-hf {rp.repo_id}:{tag}"))
+    return [(p, got, flag) for p, got, flag in out if got != p]
+
+
+def add_earlier_files(rp: RepoPlan, remote: Mapping[str, tuple[int, str | None]]) -> None:
+    """Make ``rp``'s card also list the GGUF files the repo already holds and this publish keeps
+    (``remote``: path -> size, LFS sha256), so a second quant published later does not drop the
+    first one from the card; the card's planned file follows the new text."""
+    ours = {f.path_in_repo for f in rp.files}
+    earlier = sorted(p for p in remote if p.endswith(".gguf") and p not in ours)
+    if not earlier:
+        return
+    rows = ["", "Published earlier and still in this repo:", "", "| File | Type | Size | sha256 |", "|---|---|---:|---|"]
+    for p in earlier:
+        size, sha = remote[p]
+        rows.append(f"| `{p}` | {file_tag(p) or '?'} | {human_size(size)} | `{sha or 'n/a'}` |")
+    head, sep, rest = rp.card.partition("\n## Files\n")
+    at = rest.find("\n## ")
+    body = rest + "\n".join(rows) + "\n" if at < 0 else rest[:at] + "\n".join(rows) + "\n" + rest[at:]
+    rp.card = head + sep + body if sep else rp.card + "\n".join(rows) + "\n"
+    rp.files = [f for f in rp.files if f.role != "card"] + [_card_file(rp.card)]

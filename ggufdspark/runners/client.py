@@ -18,6 +18,17 @@ from typing import Any, Iterator
 from ggufdspark import timings as tm
 from ggufdspark.errors import ContextSizeError, EngineError
 
+# Our own engine listens on loopback: requests to it never go through a proxy. urllib's default
+# opener reads http_proxy / HTTP_PROXY from the environment (and honours no_proxy only for some
+# spellings), so a proxy set for the user's other traffic would carry our health polls to a
+# machine that cannot reach this one's 127.0.0.1. An empty ProxyHandler turns that off.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def urlopen_direct(req: "urllib.request.Request | str", *, timeout: float):
+    """``urllib.request.urlopen`` without any proxy from the environment (for our own engine)."""
+    return _DIRECT.open(req, timeout=timeout)
+
 
 @dataclass
 class Completion:
@@ -55,7 +66,7 @@ class Client:
         req = urllib.request.Request(self.url + path, data=data, headers=headers,
                                      method="POST" if body is not None else "GET")
         try:
-            resp = urllib.request.urlopen(req, timeout=self.timeout)
+            resp = urlopen_direct(req, timeout=self.timeout)
         except urllib.error.HTTPError as e:
             body = e.read().decode(errors="replace")
             raise _http_error(f"{self.url}{path}", e.code, body) from None

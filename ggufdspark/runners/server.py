@@ -19,14 +19,13 @@ import subprocess
 import tempfile
 import time
 import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ggufdspark import logfiles
 from ggufdspark.errors import EngineError, InvalidArgumentError, LogWaitTimeoutError, PortInUseError, ServerStartError
 from ggufdspark.runners import lifeline
-from ggufdspark.runners.client import Client
+from ggufdspark.runners.client import Client, urlopen_direct
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +209,20 @@ _FAILURE_PATTERNS = [
 ]
 
 
+def exit_cause(code: int | None) -> str:
+    """How a process ended, for a message: ``exited with code 1``, or ``was killed by SIGSEGV
+    (signal 11)`` for a negative ``Popen.returncode`` (the engine crashed, or something killed it)."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"was killed by {name} (signal {-code})"
+    return f"exited with code {code}"
+
+
 def explain_failure(log_text: str) -> str:
     for pat, why in _FAILURE_PATTERNS:
         m = re.search(pat, log_text, re.IGNORECASE)
@@ -299,14 +312,10 @@ class ServerProcess:
                 text = self._run_log_text()
                 tail = "\n".join(text.splitlines()[-15:])
                 raise ServerStartError(
-                    f"llama-server exited with code {rc} during start ({explain_failure(text)}); "
+                    f"llama-server {exit_cause(rc)} during start ({explain_failure(text)}); "
                     f"log: {self.log_path}\n--- last log lines ---\n{tail}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+            if self.health() == 200:
+                return
             time.sleep(0.1)
         raise ServerStartError(f"llama-server was not healthy after {self.start_timeout:.0f}s; log: {self.log_path}")
 
@@ -350,6 +359,18 @@ class ServerProcess:
                 raise LogWaitTimeoutError(f"{self.log_path}: {len(lines)} line(s) matching {pattern!r}, "
                                           f"expected at least {count}; {why}")
             time.sleep(0.05)
+
+    def health(self, timeout: float = 2.0) -> int | None:
+        """The HTTP status ``/health`` answers with (200 ready, 503 while the model loads), or None
+        when nothing answers within ``timeout`` seconds (not listening, hung, or gone)."""
+        try:
+            with urlopen_direct(self.url + "/health", timeout=timeout) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            e.close()
+            return e.code
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

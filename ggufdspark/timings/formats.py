@@ -206,9 +206,22 @@ def parse_sse(text: str, name: str, engine: str, lenient: bool, skipped: list[Sk
 # ---------------------------------------------------------------------------------------------
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|inf|nan)"
-# tools/server/server-context.cpp print_timings(): SLT_INF lines "slot print_timing: id %2d |
-# task %d | ...". The draft line has two spellings: this engine's "mean len = L" and other
-# builds' "mean acceptance length = L, acceptance rate per position = (r0, r1, ...)".
+# llama-server's per-request timing block (print_timings), in every layout it has printed since
+# DSpark support; tests/fixtures/timings/layouts/ holds a sample of each:
+#
+# | layout (sample) | lines |
+# |---|---|
+# | per-line, the pinned tree (per-line-pinned.log) | every line prefixed "slot print_timing: id N | task T | "
+#   (tools/server/server-context.cpp: one SLT_INF per line); "draft acceptance = R (A accepted /
+#   G generated), mean len = L" |
+# | per-line, builds with per-position rates (per-line-positions.log) | "..., mean acceptance length = L,
+#   acceptance rate per position = (r0, r1, ...)" |
+# | released builds (released.log) | the three timing lines in one SLT_INF that starts with "\n": a bare
+#   prefix line, then the lines without prefix; "draft acceptance rate = R (A accepted / G generated)",
+#   no mean length |
+# | older builds (prefix-line-first.log) | the draft line too after a bare prefix line of its own |
+#
+# A bare timing line belongs to the slot and task of the prefix line just before it.
 LOG_SLOT = re.compile(r"\bid\s+(?P<slot>\d+)\s*\|\s*task\s+(?P<task>-?\d+)\s*\|\s*(?P<msg>.*)$")
 _LOG_LINES = {
     "prompt": re.compile(rf"^prompt eval time\s*=\s*(?P<ms>{_NUM})\s*ms\s*/\s*(?P<n>\d+)\s*tokens\s*"
@@ -216,9 +229,9 @@ _LOG_LINES = {
     "eval": re.compile(rf"^eval time\s*=\s*(?P<ms>{_NUM})\s*ms\s*/\s*(?P<n>\d+)\s*(?:tokens|runs)\s*"
                        rf"\(\s*{_NUM}\s*ms per token,\s*(?P<tps>{_NUM})\s*tokens per second\)"),
     "total": re.compile(rf"^total time\s*=\s*(?P<ms>{_NUM})\s*ms\s*/\s*(?P<n>\d+)\s*tokens"),
-    "draft": re.compile(rf"^draft acceptance\s*=\s*(?P<rate>{_NUM})\s*\(\s*(?P<acc>\d+)\s*accepted\s*/\s*"
-                        rf"(?P<gen>\d+)\s*generated\s*\)\s*,\s*(?:mean len|mean acceptance length)\s*=\s*"
-                        rf"(?P<len>{_NUM})(?:\s*,\s*acceptance rate per position\s*=\s*\((?P<pos>[^)]*)\))?"),
+    "draft": re.compile(rf"^draft acceptance(?: rate)?\s*=\s*(?P<rate>{_NUM})\s*\(\s*(?P<acc>\d+)\s*accepted\s*/\s*"
+                        rf"(?P<gen>\d+)\s*generated\s*\)(?:\s*,\s*(?:mean len|mean acceptance length)\s*=\s*"
+                        rf"(?P<len>{_NUM})(?:\s*,\s*acceptance rate per position\s*=\s*\((?P<pos>[^)]*)\))?)?\s*$"),
     "per_pos": re.compile(r"^acc per pos\s*=\s*\((?P<pos>[^)]*)\)"),
 }
 # A line that says one of these but matches none of the patterns above is malformed.
@@ -271,15 +284,21 @@ def parse_log(text: str, name: str, lenient: bool, skipped: list[Skipped], *,
     open_: dict[tuple[int, int], RequestTimings] = {}
     bad: set[int] = set()
     n_spec = 0
+    block: tuple[int, int] | None = None  # the slot and task a bare timing line belongs to
     for ln in numbered_lines(text):
         m = LOG_SLOT.search(ln.text)
-        if not m:
-            continue
-        msg = m.group("msg").strip()
+        msg = (m.group("msg") if m else ln.text).strip()
         what = next((k for kw, k in _LOG_KEYWORDS.items() if msg.startswith(kw)), None)
+        if m:
+            key = (int(m.group("slot")), int(m.group("task")))
+            block = key if (what or not msg) else None
+        elif what and block is not None:
+            key = block  # the one-call and prefix-first layouts: no prefix on this line
+        else:
+            block = None if msg else block
+            continue
         if what is None:
             continue
-        key = (int(m.group("slot")), int(m.group("task")))
         where = f"{name}:{ln.no}"
         mm = _LOG_LINES[what].match(msg)
         rec = open_.get(key)
@@ -308,10 +327,15 @@ def parse_log(text: str, name: str, lenient: bool, skipped: list[Skipped], *,
         elif what == "draft":
             n_spec += 1
             rec.draft_n, rec.draft_n_accepted = int(g["gen"]), int(g["acc"])
-            rec.reported_acceptance_rate, rec.reported_accept_length = float(g["rate"]), float(g["len"])
+            rec.reported_acceptance_rate = float(g["rate"])
             if g.get("pos"):
                 rec.accept_rate_per_pos = _floats(g["pos"], where)
-            passes_from_log(rec, rec.reported_accept_length)
+            if g.get("len") is not None:
+                rec.reported_accept_length = float(g["len"])
+                passes_from_log(rec, rec.reported_accept_length)
+            else:  # the released builds print no mean length: verify passes estimated from the counts
+                est = estimate_passes(rec.predicted_n, rec.draft_n_accepted)
+                rec.passes, rec.passes_source = est, ("estimated" if est is not None else None)
         elif what == "per_pos" and g["pos"].strip():
             rec.accept_rate_per_pos = _floats(g["pos"], where)
     if not recs:

@@ -1,0 +1,77 @@
+"""Checks ``serve`` makes of what it is given before planning: engine arguments after ``--`` that
+serve sets itself, a load cut longer than the draft, and which part of a tune profile applies.
+Part of ``ggufdspark.serve`` (which re-exports them)."""
+
+from __future__ import annotations
+
+from ggufdspark import hardware
+from ggufdspark.errors import InvalidArgumentError
+
+
+# llama-server flags that serve sets itself, by the serve option that owns them (spellings from the
+# pinned tree's common/arg.cpp). Given again after --, the engine's last-one-wins parsing would run
+# something else than what serve checked, planned and polls (another port: a healthy engine killed
+# after the whole start timeout). --api-key is not here: keys given after -- join serve's own in
+# the private key file (ServerSettings.api_keys). --path is not either: it replaces the chat UI.
+OWNED_ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
+    "--host": ("--host",),
+    "--port": ("--port",),
+    "-m": ("-m", "--model", "-mu", "--model-url"),
+    "-md": ("-md", "--model-draft", "--spec-draft-model"),
+    "--mmproj": ("-mm", "--mmproj"),
+    "--hf": ("-hf", "-hfr", "--hf-repo"),
+    "--hfd": ("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"),
+    "-c": ("-c", "--ctx-size"),
+    "-np": ("-np", "--parallel"),
+    "--draft-n-max": ("--spec-draft-n-max",),
+    "--draft-max-slots": ("--spec-draft-max-slots",),
+    "--draft-n-max-by-slots": ("--spec-draft-n-max-by-slots",),
+}
+
+
+def check_extra_args(extra_args: list[str]) -> None:
+    """Refuse engine arguments (given after ``--``) that serve sets itself (``OWNED_ENGINE_FLAGS``).
+
+    Raises:
+        InvalidArgumentError: the first such flag, with the serve option to use instead.
+    """
+    for a in extra_args:
+        flag = a.split("=", 1)[0]
+        owner = next((o for o, flags in OWNED_ENGINE_FLAGS.items() if flag in flags), None)
+        if owner:
+            raise InvalidArgumentError(f"{a!r} after --: serve sets {flag} itself; use serve's own {owner} option")
+
+
+def profile_p_min(prof: dict | None, decision: hardware.Decision, draft_n_max: int | None,
+                  warnings: list[str]) -> float | None:
+    """The confidence threshold (``--spec-draft-p-min``) a tune profile recommends, when serve runs
+    the configuration it was measured in (the profile's draft length, the draft on); else None,
+    with a warning naming the threshold dropped and why (tune measured length and p_min together)."""
+    rec = (prof or {}).get("recommendation") or {}
+    p_min = rec.get("p_min")
+    if not isinstance(p_min, (int, float)) or isinstance(p_min, bool) or not 0 < p_min <= 1:
+        return None  # 0 is the engine's default; a damaged value is not applied
+    where = prof.get("path", "")
+    if not decision.draft_enabled:
+        return None
+    if draft_n_max is not None and draft_n_max != rec.get("draft_n_max"):
+        warnings.append(f"tune profile {where}: its p_min {p_min:g} was measured with draft length "
+                        f"{rec.get('draft_n_max')}, not with --draft-n-max {draft_n_max}; serving with the "
+                        f"engine's p_min 0")
+        return None
+    decision.reasons.append(f"tune profile {where}: p_min {p_min:g} measured with draft length "
+                            f"{decision.draft_n_max}")
+    return float(p_min)
+
+
+def check_draft_cut(cut: list[tuple[int, int]] | None, n_max: int | None, text: str | None) -> None:
+    """Refuse a --draft-n-max-by-slots step longer than the draft length it would cut (``0:60`` with
+    n_max 6 cuts nothing: a mistake, not a setting).
+
+    Raises:
+        InvalidArgumentError: the first such step, and the draft length serve runs with.
+    """
+    for n, length in cut or []:
+        if n_max is not None and length > n_max:
+            raise InvalidArgumentError(f"--draft-n-max-by-slots {text}: {n}:{length} cuts drafts to {length} tokens, "
+                                       f"longer than the draft length {n_max} serve runs with (it would cut nothing)")
