@@ -23,7 +23,6 @@ from ggufdspark import hardware, launch, profiles
 from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
 from ggufdspark.check import check_pair
-from ggufdspark.images import image_b64
 from ggufdspark.errors import BenchError, BenchOptionError, EngineError, InputNotFoundError
 from ggufdspark.gguffile.constants import Key
 from ggufdspark.gguffile.reader import read_gguf
@@ -300,36 +299,6 @@ def measure_load(client: Client, prompts: list[Any], level: int, n_predict: int,
                      s.decode_tps.token_weighted)
 
 
-# --------------------------------------------------------------------------- rendering
-
-
-def render(client: Client, messages: list[dict], media_marker: str | None) -> tuple[Any, int | None]:
-    """Prompt for ``/completion`` and its token count: token ids for text-only conversations
-    (chat template, then ``/tokenize`` with BOS, as the chat endpoint does), or a multimodal prompt
-    object (``prompt_string`` with media markers + base64 images) that every arm receives alike."""
-    images: list[str] = []
-    flat = []
-    for m in messages:
-        c = m["content"]
-        if isinstance(c, list):
-            text = ""
-            for p in c:
-                if p["type"] == "image":
-                    if not media_marker:
-                        raise BenchError("an image prompt needs a server started with --mmproj")
-                    images.append(image_b64(p["path"]))
-                    text += media_marker + "\n"
-                else:
-                    text += p["text"]
-            c = text
-        flat.append({"role": m["role"], "content": c})
-    rendered = client.apply_template(flat)
-    if images:
-        return {"prompt_string": rendered, "multimodal_data": images}, None
-    toks = client.tokenize(rendered, add_special=True)
-    return toks, len(toks)
-
-
 @dataclass
 class Turn:
     """One request of the run: an item's user turn, rendered once, sent to every arm."""
@@ -354,7 +323,7 @@ def run_first_arm(client: Client, items: list[pr.PromptItem], n_predict: int, me
             history.append(m)
             if m["role"] != "user":
                 continue
-            prompt, n_prompt = render(client, history, media_marker)
+            prompt, n_prompt = pr.render(client, history, media_marker)
             o = request(client, prompt, n_predict)
             turns.append(Turn(it.id, it.category, k, prompt, n_prompt))
             outs.append(o)

@@ -24,10 +24,13 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ggufdspark import images
 from ggufdspark.errors import BenchError, InputNotFoundError
+
+if TYPE_CHECKING:
+    from ggufdspark.runners.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -296,3 +299,30 @@ def prompt_set(path: str | Path | None = None, *, mmproj: str | Path | None = No
     if mmproj:
         return PromptSet(items, "builtin, pictures drawn and sent as images", True)
     return PromptSet(items, "builtin, text-only (no --mmproj: pictures described in text)", False)
+
+
+def render(client: Client, messages: list[dict], media_marker: str | None) -> tuple[Any, int | None]:
+    """Prompt for ``/completion`` and its token count: token ids for text-only conversations
+    (chat template, then ``/tokenize`` with BOS, as the chat endpoint does), or a multimodal prompt
+    object (``prompt_string`` with media markers + base64 images) that every arm receives alike."""
+    pictures: list[str] = []
+    flat = []
+    for m in messages:
+        c = m["content"]
+        if isinstance(c, list):
+            text = ""
+            for p in c:
+                if p["type"] == "image":
+                    if not media_marker:
+                        raise BenchError("an image prompt needs a server started with --mmproj")
+                    pictures.append(images.image_b64(p["path"]))
+                    text += media_marker + "\n"
+                else:
+                    text += p["text"]
+            c = text
+        flat.append({"role": m["role"], "content": c})
+    rendered = client.apply_template(flat)
+    if pictures:
+        return {"prompt_string": rendered, "multimodal_data": pictures}, None
+    toks = client.tokenize(rendered, add_special=True)
+    return toks, len(toks)

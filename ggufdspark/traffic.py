@@ -36,7 +36,7 @@ from typing import Any, Callable
 from ggufdspark import prompts as pr
 from ggufdspark import trafficdocs
 from ggufdspark.errors import BenchError, EngineError
-from ggufdspark.measure import render
+from ggufdspark.prompts import render
 from ggufdspark.runners.client import Client
 
 log = logging.getLogger(__name__)

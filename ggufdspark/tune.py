@@ -146,7 +146,7 @@ def sweep_prompts(client: Any) -> list[list[int]]:
     out = []
     for it in items:
         first_user = next(i for i, m in enumerate(it.messages) if m["role"] == "user")
-        out.append(ms.render(client, it.messages[: first_user + 1], None)[0])
+        out.append(pr.render(client, it.messages[: first_user + 1], None)[0])
     return out
 
 
