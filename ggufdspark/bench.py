@@ -35,10 +35,11 @@ from ggufdspark.errors import BenchOptionError, InvalidArgumentError
 from ggufdspark.gate import (NEAR_TIE_GAP, GateResult, check_reference, first_difference, reference_run,
                              run_gate)
 from ggufdspark.hardware import Decision
+from ggufdspark.prompts import render
 from ggufdspark.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoint, Outcome, Progress, Synthetic,
                                 Turn, arm_settings, base_settings, check_p_min, check_rates, check_threads,
                                 concurrency_levels, log_directory,
-                                measure_load, prepare, render, request, run_first_arm, running, warm)
+                                measure_load, prepare, request, run_first_arm, running, warm)
 from ggufdspark.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStats, accept_histogram, bracket_drift,
                                check_plot_path, decode_tps, format_report, group_stats, plain_drift, plot_report,
                                ratio)
