@@ -27,7 +27,7 @@ from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.runners.client import Client
-from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings, exit_cause
+from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings, engine_error_line, exit_cause
 from ggufdspark.runners.watchdog import HealthWatch, note_in_log
 from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
 
@@ -255,7 +255,8 @@ HEALTH_TIMEOUT_S = 60.0
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
               backoff: tuple[float, ...] = (1, 2, 4, 8, 16), health_timeout: float | None = HEALTH_TIMEOUT_S,
               on_event: Callable[[str], None] = lambda msg: None,
-              on_ready: Callable[[str], None] = lambda url: None) -> int:
+              on_ready: Callable[[str], None] = lambda url: None,
+              on_record: Callable[[dict], None] = lambda rec: None) -> int:
     """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes
     or hangs.
 
@@ -264,8 +265,11 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     stopped responding at all is restarted. The cause of every restart (the exit code or signal,
     or the hang) goes to ``on_event`` and into the engine's log.
 
-    ``on_event`` gets each supervision event as a line; ``on_ready`` gets the server's base URL
-    once, when the first start is healthy (not again after a restart).
+    ``on_event`` gets each supervision event as a line; ``on_record`` the same event as a dict
+    (``event``: ``ready`` / ``restart`` / ``stopping`` / ``gave_up``, ``restarts`` so far, ``url``,
+    ``cause`` and ``engine_error``: the engine's own last error line, such as a CUDA error or a
+    failed GGML_ASSERT, where its log has one); ``on_ready`` gets the server's base URL once, when
+    the first start is healthy (not again after a restart).
 
     A second such signal while stopping kills the engine at once instead of waiting for it.
 
@@ -294,6 +298,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     try:
         srv.start()
         on_event(f"ready: {srv.url} (log: {log_path})")
+        on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": 0})
         on_ready(srv.url)
         watch = HealthWatch(srv, health_timeout)
         while True:
@@ -303,18 +308,25 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
                 continue
             srv.stop(timeout=5)  # a hung engine may ignore SIGTERM: killed after 5 s
             crashes += 1
-            note_in_log(log_path, f"llama-server {cause}")
+            said = engine_error_line(srv.run_log_text())  # the CUDA error, the failed assert
+            why = f"{cause}: {said}" if said else cause
+            note_in_log(log_path, f"llama-server {why}")
+            rec = {"restarts": crashes - 1, "cause": f"llama-server {cause}", "engine_error": said, "log": str(log_path)}
             if crashes > max_restarts:
-                raise EngineError(f"llama-server failed {crashes} time(s) (last: it {cause}); giving up; "
+                on_record({"event": "gave_up", **rec})
+                raise EngineError(f"llama-server failed {crashes} time(s) (last: it {why}); giving up; "
                                   f"log: {log_path}")
             wait = backoff[min(crashes - 1, len(backoff) - 1)]
-            on_event(f"llama-server {cause}; restart {crashes}/{max_restarts} in {wait:g}s")
+            on_event(f"llama-server {why}; restart {crashes}/{max_restarts} in {wait:g}s")
+            on_record({"event": "restart", **rec, "restarts": crashes, "in_s": wait})
             time.sleep(wait)
             srv.start()
             watch = HealthWatch(srv, health_timeout)
-            on_event(f"ready again: {srv.url}")
+            on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts})")
+            on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes})
     except _Stop:
         on_event("stopping")
+        on_record({"event": "stopping", "restarts": crashes})
         return 0
     finally:
         stopping = True

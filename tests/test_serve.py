@@ -219,8 +219,6 @@ def test_serve_dry_run_json_is_the_plan_with_keys_redacted(ggufdspark_cli, small
     assert d["backend"] == "cpu" and d["draft_enabled"] and d["draft_n_max"] == 3 == s["draft_n_max"]
     assert d["reasons"] and all(isinstance(r, str) for r in d["reasons"])
     assert plan_["engine"]["dspark"] is True and plan_["check"]["ok"] is True and plan_["warnings"] == []
-    refused = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--json")
-    assert refused.returncode == 2 and "add --dry-run" in refused.stderr and refused.stdout == ""
 
 
 def test_a_pair_is_named_the_same_way_in_every_verb(ggufdspark_cli, small_pair):
@@ -330,6 +328,58 @@ def test_serve_restarts_after_kill_and_stops_cleanly(small_pair, dspark_engine, 
     assert rc == 0
     time.sleep(0.2)
     assert not any(_alive(k) for k in new_kids + kids), "llama-server left behind"
+
+
+def test_serve_json_events_name_each_restart_its_cause_and_count(small_pair, dspark_engine, tmp_path):
+    """serve --json while serving: every supervision event is one JSON line on stdout with the
+    restart count; a killed engine gives a restart record naming the signal, written into the
+    engine's log too, then ready again with restarts 1; SIGTERM ends with a stopping record."""
+    port = _free_port()
+    log = tmp_path / "s.log"
+    proc, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", str(port),
+                               "--log", str(log), "--json")
+    records = []
+    try:
+        assert proc.stdout is not None
+        records.append(json.loads(proc.stdout.readline()))
+        assert records[0]["event"] == "ready" and records[0]["restarts"] == 0, records
+        kids = _children(proc.pid)
+        os.kill(kids[0], signal.SIGKILL)
+        while len(records) < 3:  # restart, then ready again
+            line = proc.stdout.readline()
+            assert line, f"serve ended early: {records}"
+            records.append(json.loads(line))
+        assert _complete(port)["timings"]["predicted_n"] == 16
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    records += [json.loads(x) for x in out.splitlines() if x.strip()]
+    restart, again, stop = records[1], records[2], records[-1]
+    assert restart["event"] == "restart" and restart["restarts"] == 1, records
+    assert restart["cause"] == "llama-server was killed by SIGKILL (signal 9)" and restart["engine_error"] is None
+    assert again["event"] == "ready" and again["restarts"] == 1 and again["url"] == records[0]["url"]
+    assert stop == {"event": "stopping", "restarts": 1}, records
+    assert "llama-server was killed by SIGKILL (signal 9)" in log.read_text()
+    assert any("ready again" in ln and "(restart 1 of at most 5)" in ln for ln in err.splitlines()), err
+
+
+def test_the_engine_error_line_names_a_cuda_death():
+    """engine_error_line: the engine's own last error line, as the H200 engine wrote it when it died
+    at 32 slots (issue 28), not the benign 'failed to' lines of its start."""
+    from ggufdspark.runners.server import engine_error_line
+
+    log = "\n".join([
+        "0.00.479.488 E llama_init_from_model: failed to initialize the context: dflash requires ctx_other to be "
+        "set (this warning is normal during memory fitting)",
+        "0.02.500.000 I slot update_slots: id 3 | task 40 | prompt processing progress, n_tokens = 512",
+        "/work/src/ggml/src/ggml-cuda/ggml-cuda.cu:111: CUDA error",
+        "0.02.506.774 E CUDA error: an illegal instruction was encountered",
+        "0.02.506.784 E   current device: 0, in function ggml_backend_cuda_synchronize at ggml-cuda.cu:2568",
+        "0.02.506.786 E   cudaStreamSynchronize(cuda_ctx->stream())",
+    ])
+    assert engine_error_line(log) == "CUDA error: an illegal instruction was encountered"
+    assert engine_error_line("src/llama.cpp:88: GGML_ASSERT(n_tokens > 0) failed") == "GGML_ASSERT(n_tokens > 0) failed"
+    assert engine_error_line(log.splitlines()[0] + "\nall is well") is None
 
 
 def test_serve_port_in_use(ggufdspark_cli, small_pair):

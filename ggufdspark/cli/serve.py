@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import sys
 import threading
 import webbrowser
 
@@ -10,7 +12,7 @@ import click
 
 from ggufdspark import launch, logfiles
 from ggufdspark import serve as serve_lib
-from ggufdspark.cli._common import NumberRange, draft_option, echo_json, echo_warning, target_option
+from ggufdspark.cli._common import NumberRange, draft_option, echo_json, echo_warning, finite_json, target_option
 from ggufdspark.errors import InvalidArgumentError
 
 
@@ -54,7 +56,8 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.option("--json", "as_json", is_flag=True,
-              help="With --dry-run: print the plan (command line, settings and why) as JSON.")
+              help="With --dry-run: print the plan (command line, settings and why) as JSON; when serving: "
+                   "each supervision event (ready, restart with its cause, stopping) as a JSON line on stdout.")
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
 @click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
@@ -68,8 +71,6 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     The chat page (built by 'ggufdspark build-engine' when node and npm are there) is at
     http://HOST:PORT/; its URL is printed once the server is up.
     """
-    if as_json and not dry_run:
-        raise click.UsageError("--json prints the plan of --dry-run: add --dry-run")
     if ctx_size is not None and ctx_per_slot is not None:
         raise click.UsageError("-c/--ctx-size and --ctx-per-slot: give one "
                                "(-c is the whole context, divided among the slots)")
@@ -110,7 +111,8 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
             threading.Thread(target=_open, args=(page,), daemon=True, name="open-browser").start()
 
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
-                        health_timeout=health_timeout, on_event=_say, on_ready=ready)
+                        health_timeout=health_timeout, on_event=_say, on_ready=ready,
+                        on_record=_json_line if as_json else (lambda rec: None))
 
 
 # Printed with the chat URL when the server requires a key (the key itself never is). The pinned
@@ -135,6 +137,15 @@ def _host(value: str) -> str:
         return serve_lib.check_host(value)
     except InvalidArgumentError as e:
         raise click.BadParameter(str(e)) from None
+
+
+def _json_line(rec: dict) -> None:
+    """A supervision event as one JSON line on stdout (``serve --json``), flushed for a reader."""
+    try:
+        click.echo(json.dumps(finite_json(rec), default=str))
+        sys.stdout.flush()
+    except OSError:
+        pass
 
 
 def _say(msg: str) -> None:

@@ -223,6 +223,24 @@ def exit_cause(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+# The engine's own words for why it died, last match wins: ggml's CUDA_CHECK, GGML_ASSERT and
+# GGML_ABORT lines, a C++ exception's terminate, what a shell prints for a fatal signal. Nothing
+# broader: a start logs benign "failed to ..." lines that would name the wrong cause.
+_DEATH_LINE = re.compile(r"CUDA error: .+|GGML_ASSERT\(.+|GGML_ABORT.*|terminate called .+|"
+                         r"Segmentation fault.*|Aborted.*|Illegal instruction.*")
+
+
+def engine_error_line(log_text: str) -> str | None:
+    """The last line of ``log_text`` (one run's log) that says why the engine died, without its
+    timestamp (``CUDA error: an illegal instruction was encountered``), or None."""
+    found = None
+    for ln in log_text.splitlines():
+        m = _DEATH_LINE.search(ln)
+        if m:
+            found = m.group(0).strip()[:200]
+    return found
+
+
 def explain_failure(log_text: str) -> str:
     for pat, why in _FAILURE_PATTERNS:
         m = re.search(pat, log_text, re.IGNORECASE)
@@ -309,7 +327,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             rc = self.proc.poll()
             if rc is not None:
-                text = self._run_log_text()
+                text = self.run_log_text()
                 tail = "\n".join(text.splitlines()[-15:])
                 raise ServerStartError(
                     f"llama-server {exit_cause(rc)} during start ({explain_failure(text)}); "
@@ -319,7 +337,7 @@ class ServerProcess:
             time.sleep(0.1)
         raise ServerStartError(f"llama-server was not healthy after {self.start_timeout:.0f}s; log: {self.log_path}")
 
-    def _run_log_text(self) -> str:
+    def run_log_text(self) -> str:
         """The log from where this start began (a log given by the user may hold earlier runs)."""
         try:
             with open(self.log_path, "rb") as f:
