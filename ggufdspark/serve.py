@@ -27,7 +27,8 @@ from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.runners.client import Client
-from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings, engine_error_line, exit_cause
+from ggufdspark.runners.deaths import engine_error_line, exit_cause
+from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
 from ggufdspark.runners.watchdog import HealthWatch, note_in_log
 from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
 

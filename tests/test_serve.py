@@ -366,7 +366,7 @@ def test_serve_json_events_name_each_restart_its_cause_and_count(small_pair, dsp
 def test_the_engine_error_line_names_a_cuda_death():
     """engine_error_line: the engine's own last error line, as the H200 engine wrote it when it died
     at 32 slots (issue 28), not the benign 'failed to' lines of its start."""
-    from ggufdspark.runners.server import engine_error_line
+    from ggufdspark.runners.deaths import engine_error_line
 
     log = "\n".join([
         "0.00.479.488 E llama_init_from_model: failed to initialize the context: dflash requires ctx_other to be "
