@@ -98,12 +98,7 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
             p_min=p_min, synthetic_len=synthetic_len, synthetic_rates=synthetic_rates, server=server, threads=threads,
             ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
             command=shlex.join(["ggufdspark", *sys.argv[1:]]), progress=ProgressLine("bench --load"))
-        if json_file:
-            click.echo(f"json: {loadbench.write_json(json_file, report.to_dict())}", err=True)
-        if as_json == "-":
-            echo_json(report.to_dict())
-        else:
-            click.echo(report.text())
+        _emit(report, json_file, as_json)
         return
     given = [f"--{n.replace('_', '-')}" for n in ("clients", "rate", "answer_tokens", "requests_per_client", "requests",
                                                     "seed") if ctx.get_parameter_source(n).name == "COMMANDLINE"]
@@ -117,13 +112,19 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
         synthetic_rates=synthetic_rates, gate=gate, near_tie_gap=near_tie_gap, reference_hf=reference_hf,
         server=server, threads=threads, ctx_per_slot=ctx_per_slot, server_args=list(server_args),
         log_dir=log_dir, plot=plot, max_plain_drift=max_plain_drift, progress=ProgressLine("bench"))
+    _emit(report, json_file, as_json)
+    if plot:
+        click.echo(f"plot: {bench_lib.plot_report(report, plot)}", err=True)
+    report.raise_for_gate()  # a defect (exit 3) outranks a noisy machine (exit 5)
+    report.raise_for_drift()
+
+
+def _emit(report, json_file: str | None, as_json: str | None) -> None:
+    """A report written to ``--json FILE`` (its path said on stderr), then as JSON on stdout
+    (``--json`` alone) or as text."""
     if json_file:
         click.echo(f"json: {loadbench.write_json(json_file, report.to_dict())}", err=True)
     if as_json == "-":
         echo_json(report.to_dict())
     else:
         click.echo(report.text())
-    if plot:
-        click.echo(f"plot: {bench_lib.plot_report(report, plot)}", err=True)
-    report.raise_for_gate()  # a defect (exit 3) outranks a noisy machine (exit 5)
-    report.raise_for_drift()
