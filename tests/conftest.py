@@ -153,6 +153,25 @@ def start_server(dspark_engine, tmp_path):
     for srv in started:
         srv.stop()
 
+@pytest.fixture(scope="session")
+def mmproj(small_pair, pairs_root) -> Path:
+    """A header-valid vision projector for the small target (projects to its hidden size, 64)."""
+    path = pairs_root / "mmproj-tiny-lfm2-F16.gguf"
+    from ggufdspark.gguffile.constants import TensorType
+    from ggufdspark.gguffile.writer import GGUFWriter
+
+    if not path.exists():
+        w = GGUFWriter(path)
+        w.add_string("general.architecture", "clip")
+        w.add_uint32("general.file_type", 1)
+        w.add_bool("clip.has_vision_encoder", True)
+        w.add_string("clip.projector_type", "lfm2")
+        w.add_uint32("clip.vision.projection_dim", 64)
+        w.add_tensor("mm.2.weight", (64, 96), TensorType.F16)
+        w.write(lambda name: [bytes(64 * 96 * 2)])
+    return path
+
+
 # ------------------------------------------------------------------ end pairs / servers block
 
 

@@ -324,21 +324,10 @@ def test_every_verb_takes_references(ggufdspark_cli, published, hub, hub_env, tm
     assert "the target given twice" in line and not hub.requests, line
 
 
-def test_one_repo_pair_and_its_mmproj(ggufdspark_cli, quant_pair, hub, hub_env, tmp_path):
+def test_one_repo_pair_and_its_mmproj(ggufdspark_cli, quant_pair, mmproj, hub, hub_env, tmp_path):
     """A target repo that also holds the draft (--single-repo) and an mmproj: -hf alone brings both,
     picked as llama-server picks them, and check reads all three."""
-    from ggufdspark.gguffile.constants import TensorType
-    from ggufdspark.gguffile.writer import GGUFWriter
-
-    mm = tmp_path / "mmproj-tiny-lfm2-F16.gguf"
-    w = GGUFWriter(mm)
-    w.add_string("general.architecture", "clip")
-    w.add_uint32("general.file_type", 1)
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_string("clip.projector_type", "lfm2")
-    w.add_uint32("clip.vision.projection_dim", 64)
-    w.add_tensor("mm.2.weight", (64, 96), TensorType.F16)
-    w.write(lambda name: [bytes(64 * 96 * 2)])
+    mm = mmproj
     p = ggufdspark_cli("publish", "--repo", "org/Tiny-LFM2", "--single-repo", "--target",
                        str(quant_pair["target-Q8_0"]), "--draft", str(quant_pair["draft-Q8_0"]), "--mmproj", str(mm),
                        env=hub_env)

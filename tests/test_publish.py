@@ -17,9 +17,7 @@ import yaml
 from fakehub import FakeHub
 from ggufdspark.errors import PairMismatchError, PublishError, ServerStartError
 from ggufdspark.hardware import DEFAULTS
-from ggufdspark.gguffile.constants import TensorType
 from ggufdspark.gguffile.reader import GGUFFile
-from ggufdspark.gguffile.writer import GGUFWriter
 from ggufdspark.publish import (human_size, license_from_gguf, llama_cpp_pick, plan_publish, publish,
                                 quant_label, repo_names)
 
@@ -53,20 +51,6 @@ def hub_env(hub, tmp_path) -> dict[str, str]:
             "HF_HUB_DISABLE_TELEMETRY": "1", "HUGGING_FACE_HUB_TOKEN": ""}
 
 
-@pytest.fixture(scope="session")
-def mmproj(small_pair, pairs_root) -> Path:
-    """A header-valid vision projector for the small target (projects to its hidden size, 64)."""
-    path = pairs_root / "mmproj-tiny-lfm2-F16.gguf"
-    if not path.exists():
-        w = GGUFWriter(path)
-        w.add_string("general.architecture", "clip")
-        w.add_uint32("general.file_type", 1)
-        w.add_bool("clip.has_vision_encoder", True)
-        w.add_string("clip.projector_type", "lfm2")
-        w.add_uint32("clip.vision.projection_dim", 64)
-        w.add_tensor("mm.2.weight", (64, 96), TensorType.F16)
-        w.write(lambda name: [bytes(64 * 96 * 2)])
-    return path
 
 
 def run_publish(cli, pair, env, *extra, mmproj=None, repo="org/Tiny-LFM2"):
