@@ -92,6 +92,7 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
     """
     cut_off = (draft_cut or "").strip().lower() == "off"
     given_cut = parse_draft_cut(draft_cut) if draft_cut and not cut_off else None
+    cut_source = "--draft-n-max-by-slots"
     backend = devices.backend or "cpu"
     base = hardware.DEFAULTS.get(backend, hardware.OTHER_GPU)
     d = hardware.Decision(backend, True, base.draft_n_max, base.offload, base.flash_attn,
@@ -109,6 +110,8 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         elif best.get("draft_n_max"):
             d.draft_n_max, table_length = int(best["draft_n_max"]), False
             d.reasons.append(f"tune profile {profile.get('path', '')}: draft length {d.draft_n_max} measured fastest")
+            if best.get("load_cut") and not given_cut and draft_n_max is None:  # tune --load's, with its length
+                given_cut, draft_cut, cut_source = [tuple(x) for x in best["load_cut"]], "tune profile", "tune --load"
     cap = best.get("max_concurrency_for_draft") if best.get("draft_enabled") is not False else None
     if d.draft_enabled and cap is not None and parallel is not None and parallel > int(cap):
         # what tune measured is drafting at every load against none
@@ -126,7 +129,7 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         d.reasons.append(f"draft precision: {precision_note}")
     if d.draft_enabled and not cut_off:
         d.draft_cut = _load_cut(d, engine, given_cut, draft_cut, list(base.draft_cut or ()) if table_length else None,
-                                parallel or 1)
+                                parallel or 1, source=cut_source)
     if d.backend == "cuda" and (parallel or 1) > hardware.CUDA_GRAPHS_MAX_SLOTS:
         _cuda_graphs_note(d, engine, parallel or 1)
     return d
@@ -146,7 +149,8 @@ def _cuda_graphs_note(d: hardware.Decision, engine: EngineInfo | None, parallel:
 
 
 def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple[int, int]] | None,
-              text: str | None, table: list[tuple[int, int]] | None, parallel: int) -> list[tuple[int, int]] | None:
+              text: str | None, table: list[tuple[int, int]] | None, parallel: int, *,
+              source: str = "--draft-n-max-by-slots") -> list[tuple[int, int]] | None:
     """The --spec-draft-n-max-by-slots steps to run with: the ones given, else the table's when
     they can engage; reasons and warnings go to ``d``."""
     has_patch = hardware.has_patch(engine, hardware.DRAFT_CUT_BY_LOAD)
@@ -156,16 +160,17 @@ def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple
         d.reasons.append(f"default for {d.backend}: drafts cut by load {_cut_text(table)} "
                          "(--draft-n-max-by-slots off keeps every draft at n_max)")
         return table
+    what = f"--draft-n-max-by-slots {text}" if source == "--draft-n-max-by-slots" else f"the {source} load cut"
     if not has_patch:
         where = engine.path if engine else "this llama-server"
-        d.warnings.append(f"--draft-n-max-by-slots {text}: {where} cannot cut drafts by load "
+        d.warnings.append(f"{what}: {where} cannot cut drafts by load "
                           f"(engine patch 0021); every draft stays at n_max {d.draft_n_max}")
         return None
     if given[0][0] >= parallel:
-        d.warnings.append(f"--draft-n-max-by-slots {text}: never more than {parallel} slots "
-                          f"generate (-np), so no draft is ever cut")
+        if source == "--draft-n-max-by-slots":  # a profile's cut that cannot engage at this -np is no mistake
+            d.warnings.append(f"{what}: never more than {parallel} slots generate (-np), so no draft is ever cut")
         return None
-    d.reasons.append(f"drafts cut by load (--draft-n-max-by-slots): {_cut_text(given)}")
+    d.reasons.append(f"drafts cut by load ({source}): {_cut_text(given)}")
     return given
 
 

@@ -200,3 +200,75 @@ def test_a_failed_request_of_a_live_server_is_a_bench_error(small_pair, dspark_e
             t0 = time.monotonic()
             c.complete(list(range(5, 600)), n_predict=4)
     assert time.monotonic() - t0 < bn.EXIT_WAIT_S / 2  # /health answered: no waiting for an exit
+
+
+def test_load_recommendation_keeps_a_length_per_load():
+    """tuneload.recommend_load: the best length at each client level (no draft under min_gain), the
+    lowest level's as the length, shorter winners as a load cut, the last paying level as the limit."""
+    from ggufdspark.tuneload import recommend_load
+
+    ratios = {3: {1: 1.6, 4: 1.2, 8: 0.9}, 5: {1: 1.9, 4: 1.1, 8: 0.95}, 2: {1: 1.4, 4: 1.25, 8: 1.05}}
+    rec = recommend_load(ratios, min_gain=1.02)
+    assert rec["draft_enabled"] and rec["draft_n_max"] == 5
+    assert rec["load_cut"] == [[1, 2]] and rec["max_concurrency_for_draft"] == 8
+    assert [p["best_n_max"] for p in rec["per_level"]] == [5, 2, 2]
+    rec = recommend_load(ratios, min_gain=1.1)  # at 8 clients nothing pays by 10%
+    assert rec["draft_n_max"] == 5 and rec["load_cut"] == [[1, 2]] and rec["max_concurrency_for_draft"] == 4
+    assert "no draft pays above 4 client(s)" in rec["why"]
+    rec = recommend_load({3: {1: 0.8, 4: 0.7}}, min_gain=1.02)
+    assert not rec["draft_enabled"] and rec["max_concurrency_for_draft"] == 0
+
+
+def test_tune_load_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, isolated):
+    """tune --load on the real engine: one bench --load run per draft length (plain beside drafted),
+    the ratios per client level, the recommendation saved; serve takes its length, its load cut
+    where the engine can cut (patch 0021) and -np leaves room for it, and its slot limit."""
+    from ggufdspark.tuneload import recommend_load
+
+    pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
+    p = ggufdspark_cli("tune", *pair, "--load", "--draft-lengths", "1,3", "--clients", "1,2", "--answer-tokens", "16",
+                       "--requests-per-client", "2", "--min-gain", "0", "--json", env=isolated)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout)
+    assert set(res["ratios"]) == {"1", "3"} and all(set(r) == {"1", "2"} for r in res["ratios"].values())
+    assert all(v > 0 for r in res["ratios"].values() for v in r.values())
+    ratios = {int(n): {int(k): v for k, v in r.items()} for n, r in res["ratios"].items()}
+    rec = res["recommendation"]
+    assert rec == recommend_load(ratios, min_gain=0) and rec["draft_enabled"] and res["profile"]
+    n = rec["draft_n_max"]
+    s = ggufdspark_cli("serve", *pair, "--dry-run", "-np", "2", "--json", env=isolated)
+    assert s.returncode == 0, s.stderr
+    d = json.loads(s.stdout)["decision"]
+    assert d["draft_enabled"] and d["draft_n_max"] == n, d
+    assert d["draft_cut"] == ([list(x) for x in rec["load_cut"]] if rec["load_cut"] else None), (d, rec)
+    s = ggufdspark_cli("serve", *pair, "--dry-run", "-np", "4", env=isolated)  # beyond what was measured
+    assert s.returncode == 0 and " -md " not in s.stdout and "stops paying above 2" in s.stderr, s.stderr
+    show = ggufdspark_cli("tune", *pair, "--show", env=isolated)
+    assert show.returncode == 0 and f"RECOMMENDATION: draft length {n} at 1 client(s)" in show.stdout, show.stderr
+    for args, said in ((["--clients", "1,2"], "tune: --clients needs --load"),
+                       (["--load", "--concurrency", "1,2"], "tune --load: --concurrency belongs to the lock-step"),
+                       (["--load", "--draft-lengths", "99"], "--draft-lengths: 99 is not a length")):
+        p = ggufdspark_cli("tune", *pair, *args, env=isolated)
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+def test_serve_applies_a_tune_load_cut(small_pair, ggufdspark_cli, isolated, dspark_engine):
+    """A tune --load profile with a load cut (written by profiles.save_profile, as tune does):
+    serve passes it as --spec-draft-n-max-by-slots with its length and says where it comes from;
+    --draft-n-max drops it with the profile's length; a cut that cannot engage at -np 1 is silent."""
+    from ggufdspark import profiles
+    from ggufdspark.bindings import probe_devices
+
+    devices = probe_devices(dspark_engine.lib_dir, server=dspark_engine.path)
+    rec = {"draft_enabled": True, "draft_n_max": 3, "load_cut": [[2, 1]], "max_concurrency_for_draft": 8,
+           "why": "test", "measured_with": "tune --load (bench --load traffic)"}
+    profiles.save_profile(devices, small_pair.target, small_pair.draft, {"recommendation": rec})
+    pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run"]
+    s = ggufdspark_cli("serve", *pair, "-np", "8", env=isolated)
+    assert s.returncode == 0, s.stderr
+    assert "--spec-draft-n-max 3" in s.stdout and "--spec-draft-n-max-by-slots 2:1" in s.stdout, s.stdout
+    assert "drafts cut by load (tune --load): to 1 above 2 generating slots" in s.stderr
+    s = ggufdspark_cli("serve", *pair, "-np", "8", "--draft-n-max", "2", env=isolated)
+    assert "--spec-draft-n-max 2" in s.stdout and "--spec-draft-n-max-by-slots" not in s.stdout, s.stdout
+    s = ggufdspark_cli("serve", *pair, "-np", "1", env=isolated)
+    assert "--spec-draft-n-max-by-slots" not in s.stdout and "WARNING" not in s.stderr, s.stderr

@@ -7,6 +7,7 @@ import click
 from ggufdspark import bench as bench_lib
 from ggufdspark import tune as tune_lib
 from ggufdspark.cli._common import NumberRange, ProgressLine, draft_option, echo_json, from_hub, number_list, target_option
+from ggufdspark.errors import InvalidArgumentError
 
 
 @click.command(name="tune")
@@ -37,9 +38,17 @@ from ggufdspark.cli._common import NumberRange, ProgressLine, draft_option, echo
 @click.option("--min-gain", type=NumberRange(0), default=tune_lib.MIN_GAIN, show_default=True,
               help="Drafting is turned on only if at least this many times faster than the target alone.")
 @click.option("--no-save", is_flag=True, help="Measure and print, but do not write the profile.")
+@click.option("--load", is_flag=True,
+              help="Measure each draft length with bench --load's traffic (closed-loop clients, real prompt "
+                   "lengths) and keep a length per load (a load cut) in the profile.")
+@click.option("--clients", callback=number_list(int), help="With --load: closed-loop client levels, e.g. 1,4,8.")
+@click.option("--answer-tokens", type=click.IntRange(1), default=256, show_default=True,
+              help="With --load: tokens each answer generates.")
+@click.option("--requests-per-client", type=click.IntRange(1), help="With --load: requests each client sends (3).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_mins, concurrency, n_predict,
-            requests, trials, server, threads, server_args, log_dir, min_gain, no_save, as_json):
+            requests, trials, server, threads, server_args, log_dir, min_gain, no_save, load, clients, answer_tokens,
+            requests_per_client, as_json):
     """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile.
 
     TARGET and DRAFT may be Hub references ORG/NAME[:QUANT] (downloaded first); the profile is the
@@ -47,8 +56,25 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
     model, draft, _ = from_hub(model, draft)
     if show:
         prof = tune_lib.show_profile(model, draft, server=server)
-        echo_json(prof) if as_json else click.echo(tune_lib.format_tune(prof))
+        if as_json:
+            echo_json(prof)
+        elif "load" in prof and "settings" not in prof:  # written by tune --load
+            from ggufdspark import tuneload
+
+            click.echo(tuneload.format_profile(prof))
+        else:
+            click.echo(tune_lib.format_tune(prof))
         return
+    if load:
+        _tune_load(model, draft, acceptance=acceptance, rates=rates, draft_lengths=draft_lengths, clients=clients,
+                   answer_tokens=answer_tokens, requests_per_client=requests_per_client, server=server,
+                   threads=threads, server_args=list(server_args), log_dir=log_dir, min_gain=min_gain,
+                   save=not no_save, as_json=as_json, others=[n for n, v in (
+                       ("--from-bench", from_bench), ("--p-min", p_mins), ("--concurrency", concurrency)) if v])
+        return
+    for name, v in (("--clients", clients), ("--requests-per-client", requests_per_client)):
+        if v:
+            raise InvalidArgumentError(f"tune: {name} needs --load")
     result = tune_lib.run_tune(
         model, draft, rates=rates, acceptance=acceptance, from_bench=from_bench, draft_lengths=draft_lengths,
         p_mins=p_mins, concurrency=concurrency, n_predict=n_predict, requests=requests, trials=trials,
@@ -61,3 +87,18 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
     if not result.recommendation["draft_enabled"]:
         click.secho(f"tune: drafting turned OFF for this pair on this machine: {result.recommendation['why']}",
                     fg="yellow", err=True)
+
+
+def _tune_load(model, draft, *, acceptance, rates, others, as_json, **kw) -> None:
+    """``tune --load``: one bench --load run per draft length (``ggufdspark.tuneload``)."""
+    from ggufdspark import tuneload
+
+    if others:
+        raise InvalidArgumentError(f"tune --load: {others[0]} belongs to the lock-step sweep, not to --load")
+    if not rates and acceptance != "measure":
+        if acceptance not in tune_lib.PROFILES:
+            raise InvalidArgumentError(f"unknown acceptance profile {acceptance!r} (expected measure or "
+                                       f"{', '.join(tune_lib.PROFILES)})")
+        rates = list(tune_lib.PROFILES[acceptance].rates)
+    result = tuneload.run_tune_load(model, draft, synthetic_rates=rates, progress=ProgressLine("tune --load"), **kw)
+    echo_json(result.to_dict()) if as_json else click.echo(result.text())

@@ -1,0 +1,154 @@
+"""``tune --load``: the draft length for each load, measured with ``bench --load``'s traffic.
+
+For every draft length one ``bench --load`` run (``loadbench.run_load``): the plain server and the
+drafted one at that length, side by side under the same closed-loop clients and prompts. Each
+client level then gets the length whose aggregate output tok/s beat plain's by the most, or no
+draft where none beat it by ``min_gain``. The profile ``serve`` reads keeps:
+
+* ``draft_n_max``: the winner at the lowest level;
+* ``load_cut``: ``[[N, L], ...]``, drafts cut to L while more than N slots generate, where a
+  higher level's winner is shorter (``--spec-draft-n-max-by-slots``, engine patch 0021);
+* ``max_concurrency_for_draft``: the last level that still paid (the highest measured when all
+  did): serve runs without the draft on a server with more slots than that, as for a plain ``tune``.
+
+Ratios are within one run each (plain beside drafted), so a noisy machine moves both arms alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggufdspark import loadbench, profiles
+from ggufdspark import traffic as tr
+from ggufdspark.errors import BenchOptionError
+from ggufdspark.measure import Progress, draft_limits, prepare
+
+log = logging.getLogger(__name__)
+
+MIN_GAIN = 1.02  # as tune.MIN_GAIN: a draft that wins by less is noise, not a reason to draft
+
+
+def recommend_load(ratios: dict[int, dict[int, float]], *, min_gain: float = MIN_GAIN) -> dict:
+    """The serving recommendation from ``{draft length: {clients: drafted / plain aggregate}}``.
+
+    Returns:
+        ``{"draft_enabled", "draft_n_max", "load_cut", "max_concurrency_for_draft", "per_level",
+        "why"}``; ``per_level`` is ``[{"clients", "best_n_max" (None: no draft), "ratio"}]``.
+    """
+    levels = sorted({lv for by_level in ratios.values() for lv in by_level})
+    per_level = []
+    for lv in levels:
+        cands = [(r[lv], n) for n, r in ratios.items() if lv in r]
+        ratio, n = max(cands, key=lambda c: (c[0], -c[1])) if cands else (0.0, None)
+        per_level.append({"clients": lv, "best_n_max": n if ratio >= min_gain else None, "ratio": round(ratio, 3)})
+    paying = [p for p in per_level if p["best_n_max"] is not None]
+    if not paying or per_level[0]["best_n_max"] is None:
+        return {"draft_enabled": False, "draft_n_max": None, "load_cut": None, "max_concurrency_for_draft": 0,
+                "per_level": per_level,
+                "why": f"no draft length beat the plain server by {min_gain:g}x at {levels[0]} client(s)"}
+    first = per_level[0]["best_n_max"]
+    cut: list[list[int]] = []
+    cap = None
+    current = first
+    for prev, p in zip(per_level, per_level[1:]):
+        if p["best_n_max"] is None:
+            cap = prev["clients"]
+            break
+        if p["best_n_max"] < current:
+            current = p["best_n_max"]
+            cut.append([prev["clients"], current])
+    if cap is None:  # as tune: drafting was measured up to the highest level, not beyond it
+        cap = levels[-1]
+    why = f"draft length {first} at {levels[0]} client(s) ({per_level[0]['ratio']:.2f}x)"
+    if cut:
+        why += "; " + ", ".join(f"{length} above {n} generating slots" for n, length in cut)
+    why += (f"; no draft pays above {cap} client(s)" if cap < levels[-1]
+            else f"; measured up to {cap} client(s)")
+    return {"draft_enabled": True, "draft_n_max": first, "load_cut": cut or None, "max_concurrency_for_draft": cap,
+            "per_level": per_level, "why": why}
+
+
+@dataclass
+class TuneLoadResult:
+    """What ``tune --load`` measured and recommends (``to_dict`` is the JSON printed)."""
+
+    recommendation: dict
+    ratios: dict[int, dict[int, float]]
+    traffic: dict
+    profile_path: str | None = None
+    reports: list[dict] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict:
+        return {"recommendation": self.recommendation,
+                "ratios": {str(n): {str(k): v for k, v in r.items()} for n, r in self.ratios.items()},
+                "traffic": self.traffic, "profile": self.profile_path}
+
+    def text(self) -> str:
+        levels = sorted({lv for r in self.ratios.values() for lv in r})
+        head = "length " + "".join(f"{lv:>10}" for lv in levels)
+        rows = [f"{n:>6} " + "".join(f"{r.get(lv, float('nan')):>9.2f}x" for lv in levels)
+                for n, r in sorted(self.ratios.items())]
+        rec = self.recommendation
+        lines = [f"tune --load: aggregate output tok/s, drafted / plain, by clients ({self.traffic.get('shape', '')})",
+                 head, *rows, "", f"recommendation: {rec['why']}"]
+        if self.profile_path:
+            lines.append(f"profile: {self.profile_path} (serve reads it)")
+        return "\n".join(lines)
+
+
+def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[int] | None = None,
+                  clients: list[int] | None = None, answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS,
+                  requests_per_client: int | None = None, synthetic_rates: list[float] | None = None,
+                  server: str | Path | None = None, threads: int | None = None,
+                  server_args: list[str] | None = None, log_dir: str | Path | None = None, save: bool = True,
+                  min_gain: float = MIN_GAIN, progress: Progress | None = None) -> TuneLoadResult:
+    """One ``bench --load`` run per draft length; recommend a length per load; save the profile.
+
+    Raises:
+        BenchOptionError: a draft length the draft cannot make.
+        BenchError, InputNotFoundError, PairMismatchError, EngineError: as ``loadbench.run_load``.
+    """
+    limits = draft_limits(draft)
+    lengths = sorted(set(draft_lengths or range(1, limits.max_n + 1)))
+    bad = [n for n in lengths if not 1 <= n <= limits.max_n]
+    if bad:
+        raise BenchOptionError(f"--draft-lengths: {bad[0]} is not a length {Path(draft).name} can draft "
+                               f"(1..{limits.max_n})")
+    ratios: dict[int, dict[int, float]] = {}
+    reports = []
+    traffic: dict = {}
+    for k, n in enumerate(lengths):
+        log.info("tune --load: draft length %d (%d of %d)", n, k + 1, len(lengths))
+        rep = loadbench.run_load(target, draft, clients=clients, answer_tokens=answer_tokens,
+                                 requests_per_client=requests_per_client, draft_n_max=n,
+                                 synthetic_rates=list(synthetic_rates) if synthetic_rates else None, server=server,
+                                 threads=threads, server_args=server_args,
+                                 log_dir=Path(log_dir) / f"n{n}" if log_dir else None,
+                                 progress=(lambda d, t, w, n=n: progress(d, t, f"length {n}: {w}")) if progress else None)
+        ratios[n] = {int(p.level): d.aggregate_tps / p.aggregate_tps if p.aggregate_tps else 0.0
+                     for p, d in zip(rep.arms["plain"], rep.arms["drafted"])}
+        traffic = rep.traffic
+        reports.append(rep.to_dict())
+    rec = recommend_load(ratios, min_gain=min_gain)
+    result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic)}, reports=reports)
+    if save:
+        _, devices, _, _ = prepare(target, draft, server=server)
+        data = {"recommendation": {**rec, "measured_with": "tune --load (bench --load traffic)"},
+                "load": {"ratios": result.to_dict()["ratios"], "traffic": _shape_text(traffic)}}
+        result.profile_path = str(profiles.save_profile(devices, target, draft, data))
+    return result
+
+
+def format_profile(prof: dict) -> str:
+    """A stored ``tune --load`` profile as text (``tune --show``)."""
+    load = prof.get("load") or {}
+    ratios = {int(n): {int(k): v for k, v in r.items()} for n, r in (load.get("ratios") or {}).items()}
+    text = TuneLoadResult(prof.get("recommendation") or {"why": "-"}, ratios, {"shape": load.get("traffic", "")},
+                          profile_path=prof.get("path")).text()
+    return text.replace("recommendation:", "RECOMMENDATION:", 1)
+
+
+def _shape_text(traffic: dict) -> str:
+    return str((traffic.get("shape") or {}).get("describe", ""))
