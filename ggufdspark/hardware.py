@@ -61,7 +61,7 @@ AMX_BATCH_FIX = "ggml-cpu-amx-batched-mul_mat-offsets"
 # The patch that gives llama-server --spec-draft-n-max-by-slots (docs/engine-patches.md, 0021).
 DRAFT_CUT_BY_LOAD = "spec-draft-n-max-by-slots"  # patch 0021
 # Patch 0025: llama-server turns CUDA graphs off above this many slots. On one H200 with mixed-length
-# prompts the engine died replaying a CUDA graph at 32 and 64 slots (4 of 5 and 2 of 2 servers), and
+# prompts the engine died replaying a CUDA graph at 32 and 64 slots (5 of 8 and 3 of 4 servers), and
 # never with the graphs off (0 of 10); at 8 slots the graphs are worth 1.11x (drafted, one request)
 # and 1.18x (8 at once): benchmarks/results/0c1e570-0001-0024/slot-deaths.json, issue 28.
 CUDA_GRAPHS_OFF = "server-CUDA-graphs-off-above"
