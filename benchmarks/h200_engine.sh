@@ -51,20 +51,8 @@
 # script (e.g. GGML_CUDA_MMVF_MAX_N=8) reach every server it starts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-W=${WORK:-$PWD/.devwork}
-OUT=${OUT:-$W/out}
-mkdir -p "$W" "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GGUFDSPARK_CACHE=$W/cache
-py=${PYTHON:-python3}
-T=$W/full/target-F16.gguf
-D=$W/full/dspark-target-F16.gguf
+TARGET='' DRAFT='' source benchmarks/h200_env.sh  # always the full-size pair this script makes
 STAGES=${STAGES:-setup abort matrix speed profile small-shapes}
-BUILD_ARGS=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90)
-
-if [ ! -f "$W/src/llama.cpp/CMakeLists.txt" ]; then
-    mkdir -p "$W/src" && tar -xJf .carry/llama.cpp.tar.xz -C "$W/src"
-fi
-export GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
 
 # kernel_check VAR "TEST_VALUES" PERF_FILTER ["PERF_VALUES"]: test-backend-ops (built in the engine's own
 # build tree) runs MUL_MAT against the CPU backend with VAR set to each test value (F16/BF16 weights),

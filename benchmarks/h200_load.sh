@@ -19,19 +19,8 @@
 # TARGET, DRAFT, SERVER: another pair / engine than setup's (setup is then not needed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-W=${WORK:-$PWD/.devwork}
-OUT=${OUT:-$W/out}
-mkdir -p "$W" "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GGUFDSPARK_CACHE=$W/cache
-py=${PYTHON:-python3}
-T=${TARGET:-$W/full/target-F16.gguf}
-D=${DRAFT:-$W/full/dspark-target-F16.gguf}
-BUILD_ARGS=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90)
+source benchmarks/h200_env.sh
 RATES=$($py -c "from ggufdspark.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))")
-if [ ! -f "$W/src/llama.cpp/CMakeLists.txt" ] && [ -f .carry/llama.cpp.tar.xz ]; then
-    mkdir -p "$W/src" && tar -xJf .carry/llama.cpp.tar.xz -C "$W/src"
-fi
-export GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
 
 for stage in ${STAGES:-setup load}; do
 case $stage in

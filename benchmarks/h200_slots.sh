@@ -13,16 +13,10 @@
 # take, default 420), N_MAX (7).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-W=${WORK:-$PWD/.devwork}
-OUT=${OUT:-$W/out}
-mkdir -p "$W" "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GGUFDSPARK_CACHE=$W/cache GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
-py=${PYTHON:-python3}
-T=$W/full/target-F16.gguf
-D=$W/full/dspark-target-F16.gguf
+TARGET='' DRAFT='' source benchmarks/h200_env.sh
 STAGES=${STAGES:-setup mixed}
 LIMIT=${LIMIT:-420}
-BIN() { $py -m ggufdspark build-engine --cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 --print-path 2>/dev/null | tail -n1; }
+BIN() { $py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1; }
 common() { echo -m "$T" -md "$D" --server "$(BIN)" --gpu --n-max "${N_MAX:-7}" --prompt-tokens "${PROMPTS:-200-2000}"; }
 for stage in $STAGES; do
 case $stage in

@@ -20,14 +20,14 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ggufdspark import loadbench, profiles
+from ggufdspark import engine as eng
+from ggufdspark import hardware, loadbench, profiles
 from ggufdspark import traffic as tr
 from ggufdspark.errors import BenchOptionError
-from ggufdspark.measure import Progress, draft_limits, prepare
+from ggufdspark.measure import Progress, draft_limits
+from ggufdspark.tune import MIN_GAIN
 
 log = logging.getLogger(__name__)
-
-MIN_GAIN = 1.02  # as tune.MIN_GAIN: a draft that wins by less is noise, not a reason to draft
 
 
 def recommend_load(ratios: dict[int, dict[int, float]], *, min_gain: float = MIN_GAIN) -> dict:
@@ -134,7 +134,7 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
     rec = recommend_load(ratios, min_gain=min_gain)
     result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic)}, reports=reports)
     if save:
-        _, devices, _, _ = prepare(target, draft, server=server)
+        devices = hardware.detect(eng.find_engine(server))  # the pair and engine were checked by run_load
         data = {"recommendation": {**rec, "measured_with": "tune --load (bench --load traffic)"},
                 "load": {"ratios": result.to_dict()["ratios"], "traffic": _shape_text(traffic)}}
         result.profile_path = str(profiles.save_profile(devices, target, draft, data))
