@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggufdspark import engine as eng
+from ggufdspark import hardware
 from ggufdspark import traffic as tr
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import BenchError, InvalidArgumentError, OutputExistsError
@@ -212,13 +214,15 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
     # the options are checked before anything loads; the default levels need the backend, known after
     shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
                        requests=requests, seed=seed, backend="cpu")
-    if not clients and not rate:  # the default levels are the backend's: decide once for the highest
-        info, devices, decision, limits = prepare(target, draft, server=server, draft_n_max=draft_n_max)
+    devices = None
+    if not clients and not rate:  # the default levels are the backend's
+        devices = hardware.detect(eng.find_engine(server))
         shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
-                           requests_per_client=requests_per_client, requests=None, seed=seed, backend=decision.backend)
+                           requests_per_client=requests_per_client, requests=None, seed=seed,
+                           backend=devices.backend or "cpu")
     # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
     info, devices, decision, limits = prepare(target, draft, server=server, concurrency=[shape.slots],
-                                              draft_n_max=draft_n_max)
+                                              draft_n_max=draft_n_max, devices=devices)
     n_max = draft_n_max or decision.draft_n_max or limits.max_n
     if n_max > limits.max_n:
         raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
