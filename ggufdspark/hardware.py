@@ -41,9 +41,9 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # with real prompt lengths the same engine loses from 4 clients on (issue 27, docs/benchmarks.md,
     # "0001-0024 under real traffic"): the cut is not yet a serving gain. The families
     # (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5: tune there.
-    # No slot limit: pausing new drafts above 8 generating slots (patch 0011, --spec-draft-max-slots)
+    # No slot limit: pausing new drafts above 8 generating slots (patch 0011, since removed)
     # measured 0.90x of plain at 16 requests and 0.88x at 32, against 1.23x and 0.97x drafting at
-    # every load (one run), so serve does not use it (docs/engine-patches.md, 0011).
+    # every load (one run) (docs/engine-patches-history.md, 0011).
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
                             draft_cut=((8, 5),)),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).

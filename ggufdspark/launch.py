@@ -332,7 +332,7 @@ def without_draft(settings: ServerSettings) -> ServerSettings:
     """The same server without the draft (every draft flag cleared, the rest unchanged)."""
     return dataclasses.replace(
         settings, draft=None, hf_draft=None, spec_type=None, draft_n_max=None, draft_n_min=None, draft_p_min=None,
-        draft_max_slots=None, draft_n_max_by_slots=None, n_gpu_layers_draft=None, synth_len=None, synth_rates=None,
+        draft_n_max_by_slots=None, n_gpu_layers_draft=None, synth_len=None, synth_rates=None,
         extra_args=list(settings.extra_args))
 
 

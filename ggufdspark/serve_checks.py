@@ -24,7 +24,6 @@ OWNED_ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
     "-c": ("-c", "--ctx-size"),
     "-np": ("-np", "--parallel"),
     "--draft-n-max": ("--spec-draft-n-max",),
-    "--draft-max-slots": ("--spec-draft-max-slots",),
     "--draft-n-max-by-slots": ("--spec-draft-n-max-by-slots",),
 }
 

@@ -7,7 +7,6 @@ that happens not to care.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -50,36 +49,34 @@ def test_conv_snapshots_by_set_rows_equal_one_copy_a_slot(dspark_engine, tmp_pat
     assert p.returncode == 0 and "28 cases, 28 mismatches" in p.stdout, p.stdout + p.stderr
 
 
-def _rollback_run(exe: Path, target: Path, env: dict | None = None) -> tuple[float, float, bool]:
-    p = subprocess.run([str(exe), str(target)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, **(env or {})})
-    m = re.search(r"max \|diff\| ([0-9.]+) of max \|logit\| ([0-9.]+), argmax (\d+) vs (\d+)", p.stdout)
-    assert p.returncode == 0 and m, p.stdout[-1000:] + p.stderr[-2000:]
-    return float(m[1]), float(m[2]), m[3] == m[4]
-
-
 def test_rollback_after_a_later_ubatch_moved_the_sequence(dspark_engine, strong_conv_pair, tmp_path):
     """Patch 0019: one decode verifies 7 tokens of a sequence and then, in a second ubatch, 4 tokens
-    of two others, which moves the verified sequence's cell; rolled back by 4 afterwards, its next
-    logits equal those of a context that never saw the rejected tokens. With the patch switched off
-    (LLAMA_RS_SNAPSHOTS_MOVE=0: the pinned behaviour) they do not, so the check can fail."""
+    of two others, which moves the verified sequence's cell (the program reads the cell from the
+    context's recurrent memory before and after: the case must still move it, or it tests nothing);
+    rolled back by 4 afterwards, its next logits equal those of a context that never saw the
+    rejected tokens (with the snapshots left behind, as pinned, they differed by 37.4 against a
+    largest logit of 27.7)."""
     exe = _compiled(dspark_engine, HERE / "rollback_displaced.cpp", tmp_path / "rollback_displaced", llama=True)
-    diff, mag, same_argmax = _rollback_run(exe, strong_conv_pair.target)
-    assert diff <= 1e-3 * mag and same_argmax, f"after the rollback: max |diff| {diff} of max |logit| {mag}"
-    diff, mag, _ = _rollback_run(exe, strong_conv_pair.target, {"LLAMA_RS_SNAPSHOTS_MOVE": "0"})
-    assert diff > 0.05 * mag, f"with the snapshots left behind the logits still agree ({diff} of {mag}): the case no longer moves the cell"
+    p = subprocess.run([str(exe), str(strong_conv_pair.target)], capture_output=True, text=True, timeout=300)
+    moved = re.search(r"cell of sequence 0: (-?\d+) -> (-?\d+)", p.stdout)
+    m = re.search(r"max \|diff\| ([0-9.]+) of max \|logit\| ([0-9.]+), argmax (\d+) vs (\d+)", p.stdout)
+    assert p.returncode == 0 and moved and m, p.stdout[-1000:] + p.stderr[-2000:]
+    before, after = int(moved[1]), int(moved[2])
+    assert before >= 0 and after >= 0 and before != after, f"the verified sequence's cell did not move ({before} -> {after})"
+    diff, mag = float(m[1]), float(m[2])
+    assert diff <= 1e-3 * mag and m[3] == m[4], f"after the rollback: max |diff| {diff} of max |logit| {mag}"
 
 
-def test_mmf_few_index_logic_emulated_for_every_variant_of_patch_0022():
+def test_mmf_few_index_logic_emulated_for_the_layout_of_patch_0022():
     """Patch 0022's CUDA kernel cannot run here; its index logic (fragment mapping, k permutation,
     tails, column tiles, the k phases' sum) is replayed lane by lane by scripts/mmf_few_emulate.py.
-    Every (row tiles, k phases) variant the patch launches must be among those emulated."""
+    The (row tiles, k phases) layout the patch launches must be among those emulated."""
     repo = Path(__file__).resolve().parent.parent
     patch = next((repo / "ggufdspark" / "data" / "patches").glob("0022-*.patch"), None)
     if patch is None:
         pytest.fail("ggufdspark/data/patches has no 0022-*.patch (the few-column tensor-core kernel)")
     launched = {(int(rt), int(kp)) for rt, kp in re.findall(r"mul_mat_f_few_cuda<bf16, (\d+), (\d+)>", patch.read_text())}
-    assert len(launched) == 4, launched
+    assert len(launched) == 1, launched
     p = subprocess.run([sys.executable,
                         str(repo / "scripts" / "mmf_few_emulate.py")], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -123,22 +123,6 @@ def wave_then_alone(pair, start_server, *, seed: int, first: int):
     return common, work, alone, want
 
 
-def test_drafts_pause_while_more_slots_generate_than_the_limit(small_pair, start_server):
-    """Patch 0011 (--spec-draft-max-slots): with more slots generating than the limit, no slot starts a
-    new draft; output stays the plain server's; a request alone afterwards drafts again."""
-    common, work, alone, want = wave_then_alone(small_pair, start_server, seed=11, first=40)
-    spec = start_server(draft=small_pair.draft, draft_n_max=4, draft_max_slots=2, **common)
-    got = serve_all(spec, work)  # one wave of SLOTS requests: above the limit until 2 are left
-    last = serve_all(spec, [alone])[0]
-    spec.wait_for_log(r"pausing new drafts: \d+ slots generating, --spec-draft-max-slots 2")
-    spec.wait_for_log(r"resuming new drafts: [0-2] slots generating, --spec-draft-max-slots 2")
-    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
-    assert last.get("timings", {}).get("draft_n", 0) > 0, f"a request alone did not draft: {last}"
-    for i, (p, s) in enumerate(zip(want, got + [last])):
-        assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
-        assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output with drafts paused under load")
-
-
 def _drafted_per_step(timings: list[dict]) -> float:
     """Drafted tokens per verify step over ``timings``: a step commits the accepted drafts and one
     more token, and each request's first token comes from its prompt."""

@@ -254,8 +254,9 @@ def test_serve_cuts_drafts_by_load(ggufdspark_cli, small_pair):
 
 
 def test_serve_has_no_slot_limit_option(ggufdspark_cli, small_pair):
-    """--draft-max-slots (engine patch 0011, pausing new drafts under load) measured 0.88-0.90x of
-    plain on an H200: serve no longer offers it, nor puts --spec-draft-max-slots on a command line."""
+    """--draft-max-slots (engine patch 0011, pausing new drafts under load, since removed from the
+    series) measured 0.88-0.90x of plain on an H200: serve does not offer it, nor puts
+    --spec-draft-max-slots on a command line."""
     base = ("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run")
     p = ggufdspark_cli(*base, "-np", "8")
     assert p.returncode == 0 and "--spec-draft-max-slots" not in p.stdout, p.stdout + p.stderr

@@ -19,12 +19,14 @@ from ggufdspark.cli._common import ProgressLine, echo_json
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None, help="Parallel compile jobs (default: all cores).")
 @click.option("--force", is_flag=True, help="Rebuild even if a finished build is cached (the chat UI too).")
 @click.option("--no-patches", is_flag=True, help="Build the pinned tree without the project's patch series.")
+@click.option("--dev", is_flag=True,
+              help="Also apply the developer series (profiling, perf cases; ggufdspark/data/patches-dev): a separate build.")
 @click.option("--print-path", is_flag=True, help="Print only the llama-server path on stdout.")
 @click.option("--with-tools", is_flag=True, help="Also build llama-quantize (for quantize), llama-bench and llama-batched-bench.")
 @click.option("--no-ui", is_flag=True, help="Do not build the chat UI (serve then has no chat page).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result as JSON: path, backend, cache key, patches, built or reused, the chat UI.")
-def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_tools, no_ui, as_json):
+def command(cuda, metal, cpu, extra, jobs, force, no_patches, dev, print_path, with_tools, no_ui, as_json):
     """Fetch llama-cpp-python==0.3.36's vendored llama.cpp (sha256-checked) and build llama-server.
 
     The backend defaults to $GGML_CUDA / $GGML_METAL when set to 1/ON, else CPU. A second build of
@@ -42,7 +44,9 @@ def command(cuda, metal, cpu, extra, jobs, force, no_patches, print_path, with_t
     if backend is None:
         on = lambda v: os.environ.get(v, "").upper() in ("1", "ON", "TRUE", "YES")  # noqa: E731
         backend = "cuda" if on("GGML_CUDA") else "metal" if on("GGML_METAL") else "cpu"
-    spec = engine.BuildSpec(backend=backend, extra_flags=list(extra), patches=not no_patches)
+    if dev and no_patches:
+        raise click.UsageError("--dev and --no-patches: the developer series goes on top of the product's")
+    spec = engine.BuildSpec(backend=backend, extra_flags=list(extra), patches=not no_patches, dev=dev)
     tools = engine.TOOL_TARGETS if with_tools else ()
     cached = engine.usable_build(spec) if not force else None
     if cached and not all((cached.parent / t).is_file() for t in tools):

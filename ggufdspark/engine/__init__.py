@@ -20,12 +20,12 @@ from ggufdspark.engine.find import find_engine
 from ggufdspark.engine.probe import PROBE_TIMEOUT, EngineInfo, engine_problem, probe_engine, require_dspark
 from ggufdspark.engine.source import (ENV_CACHE, ENV_SERVER, ENV_SOURCE, PIN_COMMIT, PIN_PACKAGE, PIN_SDIST, PIN_SHA256,
                                       PIN_VERSION, cache_dir, fetch_source, llama_cpp_tree, locked, patch_files,
-                                      patches_dir, sdist_path, sha256_file, source_root)
+                                      patches_dir, dev_patches_dir, sdist_path, sha256_file, source_root)
 
 __all__ = [
     "BACKEND_FLAGS", "BASE_FLAGS", "RECIPE", "SERVER_TARGETS", "TOOL_TARGETS", "BuildResult", "BuildSpec", "Progress", "build_dir",
     "build_engine", "built_server", "usable_build", "find_engine", "PROBE_TIMEOUT", "EngineInfo", "engine_problem",
     "probe_engine", "require_dspark", "ENV_CACHE", "ENV_SERVER", "ENV_SOURCE", "PIN_COMMIT", "PIN_PACKAGE",
     "PIN_SDIST", "PIN_SHA256", "PIN_VERSION", "cache_dir", "fetch_source", "llama_cpp_tree", "locked",
-    "patch_files", "patches_dir", "sdist_path", "sha256_file", "source_root",
+    "dev_patches_dir", "patch_files", "patches_dir", "sdist_path", "sha256_file", "source_root",
 ]

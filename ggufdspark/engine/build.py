@@ -56,6 +56,11 @@ class BuildSpec:
     backend: str = "cpu"
     extra_flags: list[str] = field(default_factory=list)
     patches: bool = True
+    dev: bool = False  # also the developer series (ggufdspark/data/patches-dev): build-engine --dev
+
+    def patch_files(self) -> list[Path]:
+        """The patches this build applies (none with ``patches`` off)."""
+        return patch_files(dev=self.dev) if self.patches else []
 
     def flags(self) -> list[str]:
         if self.backend not in BACKEND_FLAGS:
@@ -65,8 +70,9 @@ class BuildSpec:
     def key(self) -> str:
         """Cache key: commit, backend, and a digest of extra flags and patches when present."""
         extras = list(self.extra_flags)
-        if self.patches:
-            extras += [f"patch:{p.name}:{sha256_file(p)}" for p in patch_files()]
+        extras += [f"patch:{p.name}:{sha256_file(p)}" for p in self.patch_files()]
+        if self.dev:
+            extras.append("series:dev")
         key = f"{PIN_COMMIT}-{self.backend}{RECIPE}"
         if extras:
             key += "-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:10]
@@ -86,9 +92,8 @@ def built_server(spec: BuildSpec, cache: Path | None = None) -> Path | None:
     return None
 
 
-def _apply_patches(tree: Path, work: Path) -> Path:
-    """Copy the tree and apply the patch series; returns the patched tree (or ``tree``)."""
-    patches = patch_files()
+def _apply_patches(tree: Path, work: Path, patches: list[Path]) -> Path:
+    """Copy the tree and apply ``patches`` in order; returns the patched tree (or ``tree``)."""
     if not patches:
         return tree
     patched = work / "src"
@@ -135,7 +140,7 @@ class BuildResult:
             record = {}
         if not isinstance(record, dict):
             record = {}
-        patches = record.get("patches", [p.name for p in patch_files()] if spec.patches else [])
+        patches = record.get("patches", [p.name for p in spec.patch_files()])
         return cls(path=str(exe), backend=spec.backend, key=spec.key(), build_dir=str(d), patches=list(patches),
                    targets=list(record.get("targets", SERVER_TARGETS)), built=built)
 
@@ -189,7 +194,7 @@ def _build(spec: BuildSpec, cache: Path, d: Path, *, jobs: int | None, progress:
            extra_targets: tuple[str, ...]) -> Path:
     tree = fetch_source(cache)
     (d / "build.json").unlink(missing_ok=True)
-    src = _apply_patches(tree, d) if spec.patches else tree  # --no-patches: the pinned tree as is
+    src = _apply_patches(tree, d, spec.patch_files()) if spec.patches else tree  # --no-patches: the pinned tree as is
     logfile = d / "build.log"
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     jobs = jobs or os.cpu_count() or 2
@@ -212,7 +217,7 @@ def _build(spec: BuildSpec, cache: Path, d: Path, *, jobs: int | None, progress:
     record = {"commit": PIN_COMMIT, "version": PIN_VERSION, "backend": spec.backend,
               "source": os.environ.get(ENV_SOURCE) or str(sdist_path(cache)),
               "source_verified": not os.environ.get(ENV_SOURCE), "targets": SERVER_TARGETS + list(extra_targets),
-              "flags": spec.flags(), "patches": [p.name for p in patch_files()] if spec.patches else [],
+              "flags": spec.flags(), "patches": [p.name for p in spec.patch_files()],
               "seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (d / "build.json").write_text(json.dumps(record, indent=2))
     return exe

@@ -49,9 +49,16 @@ def patches_dir() -> Path:
     return Path(__file__).parent.parent / "data" / "patches"
 
 
-def patch_files() -> list[Path]:
-    d = patches_dir()
-    return sorted(d.glob("*.patch")) if d.is_dir() else []
+def dev_patches_dir() -> Path:
+    """The developer series (profiling, perf cases, kept experiments), applied after the product's
+    by ``build-engine --dev``; a user's engine never has it."""
+    return Path(__file__).parent.parent / "data" / "patches-dev"
+
+
+def patch_files(dev: bool = False) -> list[Path]:
+    """The series a build applies, in order: the product's, then with ``dev`` the developer's."""
+    dirs = [patches_dir()] + ([dev_patches_dir()] if dev else [])
+    return [p for d in dirs if d.is_dir() for p in sorted(d.glob("*.patch"))]
 
 
 def sha256_file(path: str | Path) -> str:

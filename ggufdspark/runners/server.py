@@ -67,7 +67,6 @@ class ServerSettings:
     draft_n_min: int | None = 0
     draft_p_min: float | None = None
     # new drafts pause while more slots than this generate (engine patch 0011; None: no limit)
-    draft_max_slots: int | None = None
     # drafts cut to L tokens while more than N slots generate, as (N, L) pairs (engine patch 0021)
     draft_n_max_by_slots: list[tuple[int, int]] | None = None
     n_gpu_layers: int | str | None = None
@@ -123,8 +122,6 @@ class ServerSettings:
                 a += ["--spec-draft-n-min", str(self.draft_n_min)]
             if self.draft_p_min is not None:
                 a += ["--spec-draft-p-min", str(self.draft_p_min)]
-            if self.draft_max_slots is not None:
-                a += ["--spec-draft-max-slots", str(self.draft_max_slots)]
             if self.draft_n_max_by_slots:
                 a += ["--spec-draft-n-max-by-slots", ",".join(f"{n}:{k}" for n, k in self.draft_n_max_by_slots)]
             if self.n_gpu_layers_draft is not None:

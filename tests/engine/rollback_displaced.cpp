@@ -9,8 +9,12 @@
 // then keeps 2 of its 6 drafted tokens (a rollback of 4) and decodes one more token: its logits must
 // equal those of a context that never saw the rejected tokens.
 //
-// Prints "max |diff| <d> of max |logit| <m>, argmax <a> vs <b>" and exits 0 when it ran.
+// Prints "cell of sequence 0: <before> -> <after>" (read from the context's recurrent memory, so the
+// test knows the case still moves the cell) and "max |diff| <d> of max |logit| <m>, argmax <a> vs <b>",
+// and exits 0 when it ran.
 #include "llama_test_util.h"
+#include "llama-memory-hybrid.h"
+#include "llama-memory-recurrent.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +27,21 @@ static void decode(llama_context * ctx, const batch_builder & bb, const char * w
         fprintf(stderr, "decode failed: %s\n", what);
         exit(2);
     }
+}
+
+// the recurrent cell that holds sequence ``seq`` (-1: none, or not a hybrid model's memory)
+static int seq_cell(llama_context * ctx, llama_seq_id seq) {
+    auto * mem = dynamic_cast<llama_memory_hybrid *>(llama_get_memory(ctx));
+    if (mem == nullptr) {
+        return -1;
+    }
+    const auto & cells = mem->get_mem_recr()->cells;
+    for (size_t i = 0; i < cells.size(); ++i) {
+        if (cells[i].has_seq_id(seq)) {
+            return (int) i;
+        }
+    }
+    return -1;
 }
 
 static llama_context * new_context(llama_model * model, int n_seq_max) {
@@ -53,6 +72,7 @@ int main(int argc, char ** argv) {
         for (int i = 0; i < n_prompt; ++i) bb.add(prompt[s][i], i, s, i == n_prompt - 1);
         decode(ctx, bb, "prompt");
     }
+    const int cell_before = seq_cell(ctx, 0);
     {
         batch_builder bb(16);
         for (int i = 0; i < 7; ++i) bb.add(verify[i], n_prompt + i, 0, true);
@@ -60,6 +80,7 @@ int main(int argc, char ** argv) {
         for (int i = 0; i < 4; ++i) bb.add(other2[i], n_prompt + i, 2, i == 3);
         decode(ctx, bb, "verify");
     }
+    printf("cell of sequence 0: %d -> %d\n", cell_before, seq_cell(ctx, 0));
     if (!llama_memory_seq_rm(llama_get_memory(ctx), 0, n_prompt + n_keep, -1)) {
         fprintf(stderr, "partial rollback refused\n");
         return 2;
