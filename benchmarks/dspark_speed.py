@@ -10,7 +10,7 @@ Arms (each its own llama-server start: the pinned server ignores per-request spe
   at ``--block`` (9), truncated for shorter drafts, never rescaled per length;
 * optional engine-flag variants at the best length (``--variants``);
 * optional engine environment variants at every length (``--env-variants``: switches of the
-  engine patch series such as ``GGML_CUDA_MMVF_MAX_N=8``, measured against the default in the same
+  engine patch series such as ``GGML_CUDA_MMF_FEW=4``, measured against the default in the same
   run);
 * aggregate throughput at ``--concurrency`` levels for plain, the best length and the block size.
 
@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
     ap.add_argument("--env-variants", default="",
                     help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each measured "
-                         "at every draft length beside the default (e.g. 'GGML_CUDA_MMVF_MAX_N=8;GGML_CUDA_SMALL_SHAPES=1')")
+                         "at every draft length beside the default (e.g. 'GGML_CUDA_MMF_FEW=4;LLAMA_OUTPUT_ARGMAX=0')")
     ap.add_argument("--seed", type=int, default=1,
                     help="trial i's request seed is SEED+i, so every arm draws the same synthetic acceptance")
     ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"), help="write the raw numbers here")
