@@ -26,26 +26,24 @@ Exit status: 0 when no server died, 1 when one did.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import random
 import re
 import shutil
 import stat
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from benchmarks import arms  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ, parse_env  # noqa: E402
 from ggufdspark import engine  # noqa: E402
-from ggufdspark.errors import BenchError, GgufdsparkError  # noqa: E402
-from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from ggufdspark.errors import BenchError  # noqa: E402
+from ggufdspark.runners.server import ServerSettings  # noqa: E402
 
 LOCATE_ENV = {"GGML_CUDA_DISABLE_GRAPHS": "1", "CUDA_LAUNCH_BLOCKING": "1"}
 _FRAME = re.compile(r"\((_Z[^+)]+)")
@@ -63,21 +61,6 @@ def death_report(log: Path, lines: int = 12) -> list[str]:
         out = subprocess.run(["c++filt"], input="\n".join(frames), capture_output=True, text=True).stdout
         frames = [f.split("(")[0] for f in out.splitlines()]
     return errors + [f"  at {f}" for f in frames]
-
-
-def mixed_workload(n: int, vocab: int, prompt_range: tuple[int, int], gen_range: tuple[int, int],
-                   seed: int) -> list[tuple[list[int], int]]:
-    """``n`` (prompt ids, n_predict) pairs, deterministic for ``seed``: prompt lengths log-uniform
-    over ``prompt_range`` (as many short prompts as long ones per doubling), random token ids clear
-    of the special tokens at the start of the vocabulary."""
-    rng = random.Random(seed)
-    lo_id = min(16, vocab // 4)
-    lo, hi = prompt_range
-    out = []
-    for _ in range(n):
-        plen = int(round(lo * (hi / lo) ** rng.random())) if hi > lo else lo
-        out.append(([rng.randrange(lo_id, vocab) for _ in range(plen)], rng.randint(*gen_range)))
-    return out
 
 
 @dataclass
@@ -98,60 +81,12 @@ class Run:
     report: list[str] = field(default_factory=list)
 
 
-def closed_loop(srv: ServerProcess, work: list[tuple[list[int], int]], clients: int) -> list[dict]:
-    """``clients`` threads; each takes the next request of ``work`` as soon as its previous answer
-    is back, until ``work`` is done or the server died. Returns one response (or ``{"error"}``) a
-    request sent."""
-    client = srv.client(timeout=900)
-    lock = threading.Lock()
-    todo = list(range(len(work)))
-    results: list[dict] = []
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not todo or not srv.alive():
-                    return
-                i = todo.pop(0)
-            prompt, n_predict = work[i]
-            body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
-                    "cache_prompt": False}
-            try:
-                r = client.post_json("/completion", body)
-            except Exception as e:  # noqa: BLE001 - a dead server shows up here as any transport error
-                r = {"error": f"{type(e).__name__}: {e}"}
-            with lock:
-                results.append(r)
-
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
 def run_mixed(settings: ServerSettings, work, clients: int, log: Path, cell: Run) -> Run:
-    """One fresh server, ``work`` through ``clients`` closed-loop clients; ``cell`` filled in."""
-    log.unlink(missing_ok=True)  # a log of an earlier call would be read as this one's
-    t0 = time.monotonic()
-    try:
-        with ServerProcess(settings, log_path=log, start_timeout=900) as srv:
-            outs = closed_loop(srv, work, clients)
-            if not srv.alive():
-                cell.died = True
-                cell.exit_code = srv.proc.poll() if srv.proc else None
-    except GgufdsparkError as e:
-        cell.died, cell.error = True, str(e).splitlines()[0][:240]
-        outs = []
-    cell.seconds = round(time.monotonic() - t0, 1)
-    for o in outs:
-        if "error" not in o and "content" in o:
-            cell.answered += 1
-            cell.output_tokens += int((o.get("timings") or {}).get("predicted_n", 0) or 0)
-        elif not cell.error:
-            cell.error = str(o.get("error"))[:240]
-    cell.died = cell.died or cell.answered < cell.requests
+    """One fresh server, ``work`` through ``clients`` closed-loop clients (``harness.survive``);
+    ``cell`` filled in, with the log's death report if it died."""
+    r = harness.survive(settings, work, clients, log)
+    cell.answered, cell.died, cell.exit_code, cell.error = r.answered, r.died, r.exit_code, r.error
+    cell.seconds, cell.output_tokens = r.seconds, r.output_tokens
     if cell.died:
         cell.report = death_report(log)
     return cell
@@ -168,14 +103,6 @@ def sanitizer_wrapper(server: Path, where: Path) -> Path:
                       f'"{server}" "$@"\n')
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
-
-
-def _n_vocab(server: str | Path, target: str, log_dir: Path) -> int:
-    probe = ServerSettings(server=server, model=target, spec_type=None, draft_n_min=None, ctx_size=512,
-                           parallel=1)
-    with ServerProcess(probe, log_path=log_dir / "probe.log") as srv:
-        meta = json.loads(srv.client().get_text("/v1/models"))["data"][0].get("meta", {})
-    return int(meta["n_vocab"])
 
 
 def _range(text: str, what: str) -> tuple[int, int]:
@@ -203,18 +130,17 @@ def mixed_main(a: argparse.Namespace) -> int:
             envs.append((item or "-", {} if item in ("", "-") else parse_env(item)))
         except ValueError as e:
             raise SystemExit(f"--envs: {e}") from None
-    vocab = _n_vocab(server, a.target, a.log_dir)
+    vocab = harness.n_vocab(server, a.target, a.log_dir, gpu=a.gpu)
     exe = sanitizer_wrapper(server, a.log_dir) if a.sanitizer else server
     cells: list[Run] = []
     for slots in slots_list:
-        base = arms.base_settings(server, a.target, gpu=a.gpu, parallel=slots, n_predict=0)
-        base.ctx_size = slots * a.ctx_per_slot
-        base.server = exe  # the engine itself, or it under compute-sanitizer
+        base = harness.base_settings(server, a.target, gpu=a.gpu, parallel=slots, ctx_per_slot=a.ctx_per_slot)
+        base = dataclasses.replace(base, server=exe)  # the engine itself, or it under compute-sanitizer
         for arm in arm_names:
-            settings = base if arm == "plain" else arms.drafted(base, a.draft, a.n_max, arms.published_rates(a.draft))
+            settings = base if arm == "plain" else harness.drafted(base, a.draft, a.n_max, harness.published_rates(a.draft))
             for label, env in envs:
                 for run in range(a.runs):
-                    work = mixed_workload(2 * slots, vocab, prompt_range, gen_range, seed=run)
+                    work = harness.workload(2 * slots, vocab, prompt_range, gen_range, seed=run, log_uniform=True)
                     cell = Run(slots, arm, label, run, len(work))
                     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"s{slots}-{arm}-{label}-r{run}")
                     with environ(env):
@@ -247,15 +173,15 @@ def families_main(a: argparse.Namespace) -> int:
         env.update(LOCATE_ENV)
     slots = int(a.slots.split(",")[0])
     server = a.server or engine.find_engine().path
-    base = arms.base_settings(server, a.target, gpu=a.gpu, parallel=slots, n_predict=a.family_n_predict)
-    settings = arms.drafted(base, a.draft, a.n_max, arms.published_rates(a.draft))
+    base = harness.base_settings(server, a.target, gpu=a.gpu, parallel=slots, n_predict=a.family_n_predict)
+    settings = harness.drafted(base, a.draft, a.n_max, harness.published_rates(a.draft))
     died = 0
     with environ(env):
         for run in range(a.runs):
             log = a.log_dir / f"run{run}.log"
             log.unlink(missing_ok=True)
             try:
-                arm = arms.measure_arm(f"run{run}", settings, a.log_dir, levels=[1, slots],
+                arm = harness.measure_arm(f"run{run}", settings, a.log_dir, levels=[1, slots],
                                        n_predict=a.family_n_predict, trials=3)
                 print(f"run {run}: ok, 1 request {arm.tps:.1f} tok/s, {slots} at once "
                       f"{arm.load[slots]['tps']:.1f} tok/s", flush=True)

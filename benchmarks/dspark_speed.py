@@ -10,7 +10,7 @@ Arms (each its own llama-server start: the pinned server ignores per-request spe
   at ``--block`` (9), truncated for shorter drafts, never rescaled per length;
 * optional engine-flag variants at the best length (``--variants``);
 * optional engine environment variants at every length (``--env-variants``: switches of the
-  engine patch series such as ``GGML_CUDA_MMVF_MAX_N=8``, measured against the default in the same
+  engine patch series such as ``GGML_CUDA_MMF_FEW=4``, measured against the default in the same
   run);
 * aggregate throughput at ``--concurrency`` levels for plain, the best length and the block size.
 
@@ -24,70 +24,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
-from benchmarks.engine_env import environ, parse_env  # noqa: E402
-from ggufdspark import engine, launch  # noqa: E402
-from ggufdspark import measure as ms  # noqa: E402
-from ggufdspark.runners.server import ServerProcess  # noqa: E402
+from benchmarks.engine_env import parse_env  # noqa: E402
+from ggufdspark import engine  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
 
-PROMPT = ("Describe in detail how speculative decoding works with a small draft model and a large "
-          "target model, what acceptance length means, and why the output is unchanged.")
 
-
-def one_request(client, tokens, n_predict, seed=None):
-    t0 = time.perf_counter()
-    extra = {} if seed is None else {"seed": seed}
-    out = client.complete(tokens, n_predict=n_predict, ignore_eos=True, **extra)
-    return out, time.perf_counter() - t0
-
-
-def run_arm(name, settings, args, *, concurrency=(1,), log_dir: Path):
-    """Start one server, warm up, measure; returns a dict of results."""
-    res = {"arm": name, "cmd": " ".join(settings.redacted())}
-    srv = ServerProcess(settings, log_path=log_dir / f"{name}.log", start_timeout=600)
-    with srv:
-        c = srv.client()
-        tokens = c.tokenize(PROMPT)
-        one_request(c, tokens, 32)  # warm-up (graphs, caches)
-        if 1 in concurrency:
-            tps, wall, acc = [], [], []
-            for trial in range(args.trials):
-                # the same synthetic acceptance draws in every arm: the server seeds them from the request
-                out, w = one_request(c, tokens, args.n_predict, seed=args.seed + trial)
-                tps.append(out.timings.decode_tps)
-                wall.append(w)
-                acc.append(out.timings.accept_length)
-            res["decode_tps"] = statistics.median(tps)
-            res["decode_tps_all"] = tps
-            res["e2e_s"] = statistics.median(wall)
-            res["accept_length"] = statistics.median([a for a in acc if a] or [0]) or None
-        for n in (x for x in concurrency if x > 1):
-            agg = []
-            for _ in range(args.load_trials):
-                outs = []
-
-                def worker():
-                    outs.append(one_request(c, tokens, args.n_predict)[0])
-
-                threads = [threading.Thread(target=worker) for _ in range(n)]
-                t0 = time.perf_counter()
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                wall = time.perf_counter() - t0
-                agg.append(sum(o.timings.predicted_n or 0 for o in outs) / wall)
-            res[f"aggregate_tps_c{n}"] = statistics.median(agg)
-            res[f"aggregate_tps_c{n}_all"] = agg
+def run_arm(name: str, settings, args, *, concurrency=(1,), log_dir: Path, env: dict[str, str] | None = None) -> dict:
+    """One server measured by the harness (``harness.measure_arm``), as this script's rows: decode
+    tok/s of single requests at level 1, ``aggregate_tps_cN`` (median of ``--load-trials`` waves of
+    N requests at once) at each other level."""
+    arm = harness.measure_arm(name, settings, log_dir, levels=list(concurrency), n_predict=args.n_predict,
+                              trials=args.trials, load_trials=args.load_trials, rounds=1, seed=args.seed, env=env)
+    res = {"arm": name, "cmd": arm.cmd}
+    if 1 in concurrency:
+        res.update(decode_tps=arm.tps, decode_tps_all=arm.runs, e2e_s=arm.e2e_s, accept_length=arm.accept_length)
+    for n, point in arm.load.items():
+        res[f"aggregate_tps_c{n}"] = point["tps"]
+        res[f"aggregate_tps_c{n}_all"] = point["waves"]
     return res
 
 
@@ -124,7 +84,7 @@ def main() -> None:
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
     ap.add_argument("--env-variants", default="",
                     help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each measured "
-                         "at every draft length beside the default (e.g. 'GGML_CUDA_MMVF_MAX_N=8;GGML_CUDA_SMALL_SHAPES=1')")
+                         "at every draft length beside the default (e.g. 'GGML_CUDA_MMF_FEW=4;LLAMA_OUTPUT_ARGMAX=0')")
     ap.add_argument("--seed", type=int, default=1,
                     help="trial i's request seed is SEED+i, so every arm draws the same synthetic acceptance")
     ap.add_argument("--json", type=Path, default=Path("dspark_speed.json"), help="write the raw numbers here")
@@ -133,10 +93,7 @@ def main() -> None:
     if args.trials < 1 or args.load_trials < 1:
         ap.error(f"--trials {args.trials} / --load-trials {args.load_trials}: at least 1")
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    info = engine.find_engine(args.server)
-    server = info.path
-    # the table's row for the backend, through the seam serve uses (ggufdspark.launch)
-    decision = launch.table_decision("cuda" if args.gpu else "cpu")
+    server = engine.find_engine(args.server).path
     rates = geometric_rates(args.accept_len, args.block)
     env_variants = parse_env_variants(args.env_variants)
     conc = [int(x) for x in args.concurrency.split(",") if x]
@@ -147,12 +104,10 @@ def main() -> None:
     max_np = max(conc + [1])
 
     def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1):
-        ctx = launch.context(parallel, model=args.target, ctx_per_slot=args.n_predict + 256)
-        s = launch.server_settings(decision, info, model=args.target, ctx=ctx, parallel=parallel, metrics=False,
-                                   extra_args=list(args.engine_arg) + list(extra or []))
-        if draft_n:  # the draft at this length, synthetic acceptance added as bench and tune add it
-            s = ms.arm_settings(s, args.draft, n_max=draft_n, synthetic=ms.Synthetic(rates=rates[:draft_n]))
-        return s
+        # the table's row for the backend, through the seam serve uses (harness.base_settings: launch)
+        s = harness.base_settings(server, args.target, gpu=args.gpu, parallel=parallel, n_predict=args.n_predict,
+                                  extra_args=list(args.engine_arg) + list(extra or []))
+        return harness.drafted(s, args.draft, draft_n, rates) if draft_n else s
 
     results = []
     plain = run_arm("plain", settings(None), args, log_dir=args.log_dir)
@@ -165,9 +120,8 @@ def main() -> None:
         print(f"n_max {n}: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})", file=sys.stderr)
         for env in env_variants:
             label = ",".join(f"{k}={v}" for k, v in env.items())
-            with environ(env):
-                r = run_arm(f"dspark-n{n}-" + label.replace("=", "").replace(",", "-"), settings(n), args,
-                            log_dir=args.log_dir)
+            r = run_arm(f"dspark-n{n}-" + label.replace("=", "").replace(",", "-"), settings(n), args,
+                        log_dir=args.log_dir, env=env)
             r["draft_n_max"], r["env"] = n, label
             results.append(r)
             print(f"n_max {n} [{label}]: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})",

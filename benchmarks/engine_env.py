@@ -1,5 +1,5 @@
 """The environment an engine started by a benchmark inherits: switches of the engine patch series
-(``GGML_CUDA_SMALL_SHAPES=0``, ``LLAMA_SPEC_PROFILE=1``, ...) set for one arm only."""
+(``GGML_CUDA_MMF_FEW=4``, ``LLAMA_SPEC_PROFILE=1``, ...) set for one arm only."""
 
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ For each family of ``--families`` (default all four: ``ggufdspark.families``), o
 
 1. the pair on disk: ``--pair FAMILY=TARGET,DRAFT`` as given, else ``DIR/FAMILY/target-F16.gguf``
    and ``dspark-target-F16.gguf`` when both exist, else generated (``ggufdspark generate --family F
-   --size S``) and converted (``convert-target``, ``convert``: what h200_engine.sh's setup does);
+   --size S``) and converted (``convert-target``, ``convert``: what benchmarks/h200.sh's setup does);
 2. the target alone, then with the draft at each of ``--lengths`` with llama.cpp's synthetic
-   acceptance at the published profile (benchmarks/arms.py: 4.22 over the draft's block, rates held
+   acceptance at the published profile (benchmarks/harness.py: 4.22 over the draft's block, rates held
    fixed across lengths), one server each with as many slots as the highest ``--concurrency`` level:
    median decode tok/s of ``--trials`` single requests, and at each level above one (default 8) the
    aggregate tok/s of that many requests at once;
@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from benchmarks import arms  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_engine_arguments  # noqa: E402
 from ggufdspark import engine, hardware  # noqa: E402
 from ggufdspark.convert.drafter import convert_drafter  # noqa: E402
@@ -96,25 +96,25 @@ def remove_pair(fdir: Path) -> None:
 
 def measure_family(a, server: str, fam: str, target: Path, draft: Path, logs: Path) -> dict:
     """The plain arm, one drafted arm per length, and the lossless check."""
-    rates = arms.published_rates(draft)
+    rates = harness.published_rates(draft)
     lengths = [n for n in a.lengths if n <= len(rates)]
-    base = arms.base_settings(server, target, gpu=a.gpu, parallel=max(a.concurrency), n_predict=a.n_predict,
+    base = harness.base_settings(server, target, gpu=a.gpu, parallel=max(a.concurrency), n_predict=a.n_predict,
                               threads=a.threads)
     kw = dict(levels=a.concurrency, n_predict=a.n_predict, trials=a.trials)
-    plain = arms.measure_arm("plain", base, logs, **kw, reference_tokens=0 if a.no_lossless else a.check_tokens)
+    plain = harness.measure_arm("plain", base, logs, **kw, reference_tokens=0 if a.no_lossless else a.check_tokens)
     print(f"{fam}: plain {plain.tps:.1f} tok/s", file=sys.stderr, flush=True)
     res = {"family": fam, "model": FAMILIES[fam].model, "moe": FAMILIES[fam].moe, "rates": rates,
            "skipped_lengths": [n for n in a.lengths if n > len(rates)], "plain": plain.to_dict(), "drafted": {}}
     res["plain"].pop("reference", None)
     for n in lengths:
-        arm = arms.measure_arm(f"n{n}", arms.drafted(base, draft, n, rates), logs, **kw)
+        arm = harness.measure_arm(f"n{n}", harness.drafted(base, draft, n, rates), logs, **kw)
         load_ratio = {lvl: arm.load[lvl]["tps"] / plain.load[lvl]["tps"] for lvl in arm.load}
         res["drafted"][n] = {**arm.to_dict(), "ratio": arm.tps / plain.tps, "load_ratio": load_ratio}
         under_load = "".join(f", {lvl} req {arm.load[lvl]['tps']:.1f} tok/s ({r:.2f}x)" for lvl, r in load_ratio.items())
         print(f"{fam}: n_max {n}: {arm.tps:.1f} tok/s ({arm.tps / plain.tps:.2f}x, accept length "
               f"{arm.accept_length or 0:.2f}){under_load}", file=sys.stderr, flush=True)
     if plain.reference and a.check_length <= len(rates):
-        res["lossless"] = arms.lossless(f"real-n{a.check_length}", arms.drafted(base, draft, a.check_length, None),
+        res["lossless"] = harness.lossless(f"real-n{a.check_length}", harness.drafted(base, draft, a.check_length, None),
                                         logs, plain.reference)
         res["lossless"]["draft_n_max"] = a.check_length
         print(f"{fam}: lossless at n_max {a.check_length}: {res['lossless']['verdict']}", file=sys.stderr, flush=True)
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     if unknown or not fams:
         raise SystemExit(f"family_speed: --families {a.families!r}: expected some of {', '.join(FAMILIES)}")
     a.lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
-    a.concurrency = arms.levels(a.concurrency)
+    a.concurrency = harness.levels(a.concurrency)
     if 1 not in a.concurrency:
         raise SystemExit(f"family_speed: --concurrency {','.join(map(str, a.concurrency))}: the table needs 1 "
                          f"(the one-request row)")
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     report = {"tool": "benchmarks/family_speed.py", "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "server": server,
               "gpu": a.gpu, "size": a.size, "n_predict": a.n_predict, "trials": a.trials, "lengths": a.lengths,
               "concurrency": a.concurrency,
-              "accept_len": arms.PUBLISHED_ACCEPT_LEN, "check_length": a.check_length,
+              "accept_len": harness.PUBLISHED_ACCEPT_LEN, "check_length": a.check_length,
               "check_tokens": None if a.no_lossless else a.check_tokens, "families": []}
     for fam in fams:
         t0 = time.perf_counter()
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
         print(f"{fam}: done in {res['seconds']} s", file=sys.stderr, flush=True)
         if a.json:
             a.json.write_text(json.dumps(report, indent=2, default=str))
-    print(f"\nsynthetic acceptance: mean accept length {arms.PUBLISHED_ACCEPT_LEN} over each draft's block, "
+    print(f"\nsynthetic acceptance: mean accept length {harness.PUBLISHED_ACCEPT_LEN} over each draft's block, "
           f"geometric rates truncated per length; {a.n_predict} tokens, greedy; one request: median of {a.trials}; "
           f"N requests: aggregate tok/s over the wall time, {max(a.concurrency)} slots\n")
     print(table(report["families"], a.lengths, a.check_length, a.concurrency))

@@ -1,7 +1,7 @@
-# Sourced by the H200 device scripts (h200_engine.sh, h200_slots.sh, h200_load.sh), from the checkout's
-# root: the work directory and results folder, the environment every stage's Python needs, the
-# full-size pair's paths (TARGET / DRAFT replace them), the CUDA build's arguments, and the carried
-# pinned tree (.carry/llama.cpp.tar.xz) extracted once where there is one.
+# Sourced by benchmarks/h200.sh (the H200 device script), from the checkout's root: the work
+# directory and results folder, the environment every stage's Python needs, the full-size pair's
+# paths (TARGET / DRAFT replace them), the CUDA build's arguments, and the carried pinned tree
+# (.carry/llama.cpp.tar.xz) extracted once where there is one.
 W=${WORK:-$PWD/.devwork}
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$OUT"

@@ -22,20 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import sys
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from ggufdspark import engine, launch  # noqa: E402
-from ggufdspark import measure as ms  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
-from ggufdspark.errors import GgufdsparkError  # noqa: E402
-from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from ggufdspark.runners.server import ServerSettings  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ, parse_env  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
@@ -62,76 +57,18 @@ class RunResult:
     tail: list[str] = field(default_factory=list)
 
 
-def make_workload(n: int, vocab: int, prompt_range: tuple[int, int], gen_range: tuple[int, int],
-                  seed: int, shared_prefix: int = 0) -> list[tuple[list[int], int]]:
-    """``n`` (prompt token ids, n_predict) pairs, deterministic for ``seed``; the first
-    ``shared_prefix`` tokens are the same in every prompt (a system prompt: slots are then picked
-    by prompt similarity and only the rest is processed when prompts are cached)."""
-    rng = random.Random(seed)
-    lo_id = min(16, vocab // 4)  # stay clear of the special tokens at the start of the vocabulary
-    prefix = [rng.randrange(lo_id, vocab) for _ in range(shared_prefix)]
-    out = []
-    for _ in range(n):
-        plen = max(rng.randint(*prompt_range) - len(prefix), 1)
-        out.append((prefix + [rng.randrange(lo_id, vocab) for _ in range(plen)], rng.randint(*gen_range)))
-    return out
-
-
-def drive(srv: ServerProcess, work: list[tuple[list[int], int]], slots: int, n_probs: int = 0,
-          cache_prompt: bool = False):
-    """Send ``work`` in waves of ``slots`` concurrent requests; returns per-request outcomes."""
-    client = srv.client(timeout=900)
-    results: list[dict | None] = [None] * len(work)
-
-    def one(i: int) -> None:
-        prompt, n_predict = work[i]
-        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
-                "cache_prompt": cache_prompt, "return_tokens": True}
-        if n_probs:
-            body["n_probs"] = n_probs
-        try:
-            results[i] = client.post_json("/completion", body)
-        except Exception as e:  # noqa: BLE001 - a dead server shows up here as any transport error
-            results[i] = {"error": f"{type(e).__name__}: {e}"}
-
-    for wave in range(0, len(work), slots):
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(wave, min(wave + slots, len(work)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if not srv.alive():
-            break
-    return results
-
-
 def run_arm(name: str, settings: ServerSettings, work, slots: int, run: int, log_dir: Path,
             n_probs: int = 0, cache_prompt: bool = False) -> tuple[RunResult, list]:
-    res = RunResult(arm=name, run=run, requests=len(work))
+    """One fresh server, ``work`` in waves of ``slots`` (``harness.survive``), and what its log
+    says: the drafts the patched engine cut short, the lines of an abort."""
     log = log_dir / f"{name}-run{run}.log"
-    t0 = time.monotonic()
-    outs: list = []
-    try:
-        with ServerProcess(settings, log_path=log, start_timeout=900) as srv:
-            outs = drive(srv, work, slots, n_probs, cache_prompt)
-            res.died = not srv.alive()
-    except GgufdsparkError as e:
-        res.died, res.error = True, str(e)
-    res.seconds = round(time.monotonic() - t0, 1)
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    lines = text.splitlines()
+    r = harness.survive(settings, work, slots, log, waves=True, n_probs=n_probs, cache_prompt=cache_prompt)
+    res = RunResult(arm=name, run=run, requests=r.requests, answered=r.answered, died=r.died, error=r.error,
+                    drafted=r.drafted, accepted=r.accepted, seconds=r.seconds)
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
     res.invalid_drafts = sum(any(m in ln for m in INVALID_MARKERS) for ln in lines)
     res.tail = [ln for ln in lines if any(m in ln for m in ABORT_MARKERS + INVALID_MARKERS)][-6:]
-    for o in outs:
-        if o and "error" not in o and "content" in o:
-            res.answered += 1
-            t = o.get("timings", {})
-            res.drafted += int(t.get("draft_n", 0) or 0)
-            res.accepted += int(t.get("draft_n_accepted", 0) or 0)
-        elif o and "error" in o and not res.error:
-            res.error = str(o["error"])[:200]
-    res.died = res.died or res.answered < len(work)
-    return res, outs
+    return res, r.outs
 
 
 def compare(res: RunResult, plain: list, spec: list, gap: float) -> None:
@@ -171,35 +108,28 @@ def main() -> int:
     ap.add_argument("--log-dir", type=Path, default=Path("parallel_load_logs"), help="keep the server logs here")
     a = ap.parse_args()
 
-    info = engine.find_engine(a.server)
-    # every server through the seam serve uses (ggufdspark.launch): the table's row for the backend,
-    # the engine's workarounds for this build (hardware.engine_workarounds)
-    decision = launch.table_decision("cuda" if a.gpu else "cpu")
     a.log_dir.mkdir(parents=True, exist_ok=True)
     lo, hi = (int(x) for x in a.prompt_tokens.split("-"))
     glo, ghi = (int(x) for x in a.n_predict.split("-"))
     n_req = a.requests or 2 * a.slots
-    probe = launch.server_settings(decision, info, model=a.target, ctx=launch.context(1, ctx_per_slot=512))
-    with ServerProcess(probe, log_path=a.log_dir / "probe.log") as srv:
-        vocab = _n_vocab(srv)
-    base = launch.server_settings(decision, info, model=a.target, parallel=a.slots,
-                                  ctx=launch.context(a.slots, model=a.target, ctx_per_slot=a.ctx_per_slot))
     try:
         env = parse_env(a.env)
     except ValueError as e:
         ap.error(f"--env: {e}")
+    vocab = harness.n_vocab(a.server, a.target, a.log_dir, gpu=a.gpu)
+    # every server through the seam serve uses (harness.base_settings: ggufdspark.launch)
+    base = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=a.slots, ctx_per_slot=a.ctx_per_slot)
     results: list[RunResult] = []
     for run in range(a.runs):
-        work = make_workload(n_req, vocab, (lo, hi), (glo, ghi), seed=run, shared_prefix=a.shared_prefix)
+        work = harness.workload(n_req, vocab, (lo, hi), (glo, ghi), seed=run, shared_prefix=a.shared_prefix)
         plain_outs = None
         if a.synthetic is None:
             r, plain_outs = run_arm("plain", base, work, a.slots, run,
                                     a.log_dir, n_probs=2, cache_prompt=a.cache_prompt)
             results.append(r)
         for n in (int(x) for x in a.n_max.split(",")):
-            syn = ms.Synthetic(rates=geometric_rates(a.synthetic, 9)[:n]) if a.synthetic is not None else None
-            s = ms.arm_settings(base, a.draft, n_max=n, synthetic=syn)  # as bench and tune build a drafted arm
-            s.extra_args = s.extra_args + a.extra.split()
+            rates = geometric_rates(a.synthetic, 9) if a.synthetic is not None else None
+            s = harness.with_args(harness.drafted(base, a.draft, n, rates), a.extra.split())
             with environ(env):  # the engine inherits it
                 r, outs = run_arm(f"n{n}", s, work, a.slots, run, a.log_dir, cache_prompt=a.cache_prompt)
             if plain_outs is not None:
@@ -223,12 +153,6 @@ def main() -> int:
     if a.json:
         a.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 1 if any(r.died or r.defects for r in results) else 0
-
-
-def _n_vocab(srv: ServerProcess) -> int:
-    props = srv.client().get_text("/v1/models")
-    meta = json.loads(props)["data"][0].get("meta", {})
-    return int(meta["n_vocab"])
 
 
 def _line(r: RunResult) -> str:

@@ -27,13 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.dspark_speed import PROMPT  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402
-from ggufdspark import engine, launch  # noqa: E402
 from ggufdspark import measure as ms  # noqa: E402
-from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from ggufdspark.runners.server import ServerSettings  # noqa: E402
 
 STATS = re.compile(r"statistics\s+(\S+): #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"
                    r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms")
@@ -41,17 +40,17 @@ EVAL = re.compile(r"\|\s+eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 
 
 def profile(name: str, settings: ServerSettings, args, env: dict[str, str], log_dir: Path) -> dict:
-    with environ(env):
-        srv = ServerProcess(settings, log_path=log_dir / f"{name}.log", start_timeout=600)
-        with srv:
-            c = srv.client()
-            toks = c.tokenize(PROMPT)
-            for _ in range(args.trials + 1):  # the first is a warm-up; all count in the engine's totals
-                c.complete(toks, n_predict=args.n_predict, ignore_eos=True)
-            srv.wait_for_log(EVAL.pattern, count=args.trials + 1)  # decode lines only, not "prompt eval"
-        text = srv.log_text()
-    evals = [(float(ms), int(n)) for ms, n in EVAL.findall(text)]
-    r = {"config": name, "env": env, "eval_ms": sum(ms for ms, _ in evals), "tokens": sum(n for _, n in evals)}
+    """One server (``measure.running``), ``--trials`` requests after a warm-up one; the engine's
+    totals are read from its log once it has stopped (the speculative statistics come at exit)."""
+    log = log_dir / f"{name}.log"
+    log.unlink(missing_ok=True)  # the engine appends: an earlier run's lines would count
+    with environ(env), ms.running(settings, log) as c:
+        toks = c.tokenize(harness.PROMPT)
+        for _ in range(args.trials + 1):  # the first is a warm-up; all count in the engine's totals
+            c.complete(toks, n_predict=args.n_predict, ignore_eos=True)
+    text = log.read_text(errors="replace")
+    evals = [(float(t), int(n)) for t, n in EVAL.findall(text)]
+    r = {"config": name, "env": env, "eval_ms": sum(t for t, _ in evals), "tokens": sum(n for _, n in evals)}
     r["ms_per_token"] = r["eval_ms"] / r["tokens"]
     found = list(STATS.finditer(text))  # printed cumulatively; the last line covers every request
     m = found[-1] if found else None
@@ -77,15 +76,11 @@ def main() -> None:
     args.log_dir.mkdir(parents=True, exist_ok=True)
     rates = geometric_rates(4.22, 9)
 
-    info = engine.find_engine(args.server)
-    decision = launch.table_decision("cuda" if args.gpu else "cpu")  # through the seam serve uses
-
     def settings(n: int | None, zero: bool = False) -> ServerSettings:
-        s = launch.server_settings(decision, info, model=args.target, ctx=launch.context(1, model=args.target),
-                                   metrics=False, extra_args=["-lv", "4"])
-        if n:  # synthetic acceptance added as bench and tune add it
-            s = ms.arm_settings(s, args.draft, n_max=n, synthetic=ms.Synthetic(rates=[0.0] * n if zero else rates[:n]))
-        return s
+        # through the seam serve uses (harness.base_settings: launch); synthetic acceptance as bench adds it
+        s = harness.base_settings(args.server, args.target, gpu=args.gpu, parallel=1, n_predict=args.n_predict,
+                                  extra_args=["-lv", "4"])
+        return harness.drafted(s, args.draft, n, [0.0] * n if zero else rates) if n else s
 
     configs = [("plain", settings(None), {})]
     for n in (int(x) for x in args.lengths.split(",")):

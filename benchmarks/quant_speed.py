@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from benchmarks import arms  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from ggufdspark import engine, hardware  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
@@ -87,11 +87,11 @@ def run(a, server: str, targets: dict, drafts: dict, rates: list[float], levels:
     top = max(levels)
     for tq, tpath in targets.items():
         quantized = is_quantized_file(tpath) or any(is_quantized_file(p) for p in drafts.values())
-        base = arms.base_settings(server, tpath, gpu=a.gpu, parallel=top, n_predict=a.n_predict,
+        base = harness.base_settings(server, tpath, gpu=a.gpu, parallel=top, n_predict=a.n_predict,
                                   threads=a.threads, quantized=quantized)
         kw = dict(levels=levels, n_predict=a.n_predict, trials=a.trials)
         try:
-            plain = arms.measure_arm(f"plain-{tq}", base, logs, **kw,
+            plain = harness.measure_arm(f"plain-{tq}", base, logs, **kw,
                                      reference_tokens=0 if a.no_lossless else a.check_tokens)
         except GgufdsparkError as e:  # a server that died costs this target's row, not the run
             rows.append(failed(tq, None, e))
@@ -101,13 +101,13 @@ def run(a, server: str, targets: dict, drafts: dict, rates: list[float], levels:
         print(f"target {tq:7s} draft -      {describe(pd, levels)}", file=sys.stderr, flush=True)
         for dq, dpath in drafts.items():
             try:
-                spec = arms.measure_arm(f"spec-{tq}-{dq}", arms.drafted(base, dpath, a.draft_n_max, rates), logs,
+                spec = harness.measure_arm(f"spec-{tq}-{dq}", harness.drafted(base, dpath, a.draft_n_max, rates), logs,
                                         **kw).to_dict()
                 row = {"target": tq, "draft": dq, **spec,
                        "ratio": {n: speed(spec, n) / speed(pd, n) if speed(pd, n) else None for n in levels}}
                 if plain.reference:
-                    row["lossless"] = arms.lossless(f"real-{tq}-{dq}",
-                                                    arms.drafted(base, dpath, a.draft_n_max, None), logs,
+                    row["lossless"] = harness.lossless(f"real-{tq}-{dq}",
+                                                    harness.drafted(base, dpath, a.draft_n_max, None), logs,
                                                     plain.reference)
             except GgufdsparkError as e:
                 rows.append(failed(tq, dq, e))
@@ -166,12 +166,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write every number, command line and file here (rewritten after each target)")
     a = ap.parse_args(argv)
     a.dir.mkdir(parents=True, exist_ok=True)
-    levels = arms.levels(a.concurrency)
+    levels = harness.levels(a.concurrency)
     server = str(engine.find_engine(a.server).path)
     a.server = a.server or server
     a.draft_n_max = a.draft_n_max or hardware.DEFAULTS["cuda" if a.gpu else "cpu"].draft_n_max
     target, draft = float_pair(a)
-    rates = arms.published_rates(draft)
+    rates = harness.published_rates(draft)
     if a.draft_n_max > len(rates):
         raise SystemExit(f"quant_speed: --draft-n-max {a.draft_n_max}: {draft} drafts at most {len(rates)} tokens")
     t0 = time.perf_counter()
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
               "files": {"targets": {q: str(p) for q, p in targets.items()},
                         "drafts": {q: str(p) for q, p in drafts.items()}, "made": made},
               "draft_n_max": a.draft_n_max, "levels": levels, "n_predict": a.n_predict, "trials": a.trials,
-              "synthetic": f"mean accept length {arms.PUBLISHED_ACCEPT_LEN} over {len(rates)} positions, "
+              "synthetic": f"mean accept length {harness.PUBLISHED_ACCEPT_LEN} over {len(rates)} positions, "
                            f"rates {[round(r, 4) for r in rates[:a.draft_n_max]]}",
               "check_tokens": None if a.no_lossless else a.check_tokens,
               "seconds": None, "rows": rows}

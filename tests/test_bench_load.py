@@ -128,7 +128,7 @@ def test_load_options_need_load(small_pair, ggufdspark_cli, isolated):
 
 
 def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark_engine, tmp_path):
-    """benchmarks/h200_load.sh's own command line (published profile, serve's defaults), run on CPU
+    """benchmarks/h200.sh load's own command line (published profile, serve's defaults), run on CPU
     with the small pair in place of the full-size one."""
     import os
     import subprocess
@@ -137,10 +137,10 @@ def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark
 
     repo = Path(__file__).resolve().parent.parent
     out = tmp_path / "out"
-    env = {**os.environ, **isolated, "STAGES": "load", "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
+    env = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
            "SERVER": dspark_engine.path, "CLIENTS": "1,2", "ANSWERS": "8", "REQUESTS_PER_CLIENT": "1",
            "OUT": str(out), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable}
-    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200_load.sh")], env=env, capture_output=True, text=True,
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "load"], env=env, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "failed" not in p.stdout, p.stdout

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The H200 measurements (one GPU, no network), one stage a question. The full-size generated pair
+# (LFM2.5-VL-3B-shaped target + drafter of the published layout, F16) unless TARGET / DRAFT say
+# otherwise; every server through ggufdspark.launch (benchmarks/harness.py), as `serve` starts it.
+#
+#   setup     extract the carried pinned tree (.carry/llama.cpp.tar.xz), build the patched CUDA
+#             engine with its tools (llama-bench, llama-quantize), generate and convert the pair
+#             meanwhile (skipped when present). About 5 minutes.
+#   speed     how much faster is one request with the draft? benchmarks/dspark_speed.py: plain
+#             against draft lengths LENGTHS (5,7), TRIALS (5) requests each, synthetic acceptance at
+#             the published profile. A few minutes.
+#   slots     does the engine survive many slots under mixed-length prompts? crash_hunt.py --traffic
+#             mixed: SLOTS (32) x ARMS (plain,draft) x ENVS (';'-separated engine environments, '-'
+#             as it is) x RUNS (3) fresh servers, 2 x slots closed-loop requests, prompts PROMPTS
+#             (200-2000) tokens, draft length N_MAX (7); JSON mixed-TAG.json. At most LIMIT s (420).
+#   sanitize  which kernel faults? the slots load once under compute-sanitizer (memcheck), ARMS
+#             (plain), in the one environment ENVS. At most LIMIT s.
+#   load      plain against drafted serving: `ggufdspark bench --load` (serve's defaults: the CUDA
+#             draft length and its load cut; patch 0025 turns CUDA graphs off above 16 slots),
+#             closed-loop CLIENTS (1,2,4,8,16,32,64), REQUESTS_PER_CLIENT (3) each, answers of
+#             ANSWERS tokens (256; "256 1024": a run each), synthetic acceptance at the published
+#             profile; JSON load-ANSWER.json. A few minutes a run.
+#   prefill   what does the draft cost in prompt processing? benchmarks/prefill_speed.py: one
+#             PREFILL_TOKENS (4096) prompt, then 8 at once, one answer token, plain against drafted:
+#             the server's prompt eval tok/s. About a minute.
+#   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
+#             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
+#   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
+#             MUL_MAT F16/BF16 against the CPU backend, then perf at the verify's shapes (patch
+#             0014's cases) in each environment of ENVS ('-': as it is). A few minutes.
+# Stages: the arguments, else STAGES (default "setup speed"). Environment: WORK (default .devwork,
+# kept between calls on a warm machine), OUT (results), PYTHON, SERVER (another llama-server),
+# GPU (default --gpu; empty on CPU). CPU run of the load stage (tests/test_bench_load.py):
+#   TARGET=tiny-lfm2-F16.gguf DRAFT=dspark-tiny-lfm2-F16.gguf SERVER=path/to/llama-server \
+#     CLIENTS=1,2 ANSWERS=16 REQUESTS_PER_CLIENT=1 OUT=out benchmarks/h200.sh load
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/h200_env.sh
+LIMIT=${LIMIT:-420}
+GPU=${GPU---gpu}
+BIN() { echo "${SERVER:-$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)}"; }
+hunt() { echo -m "$T" -md "$D" --server "$(BIN)" $GPU --n-max "${N_MAX:-7}" --prompt-tokens "${PROMPTS:-200-2000}" \
+    --slots "${SLOTS:-32}" --envs="${ENVS:--}"; }
+
+for stage in ${*:-${STAGES:-setup speed}}; do
+if [ "$stage" != setup ] && [ "$stage" != kernels ] && [ ! -f "$D" ]; then
+    echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
+    continue
+fi
+case $stage in
+setup)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+    if [ ! -f "$D" ]; then
+        (
+            set -e
+            $py -m ggufdspark generate "$W/full" --size full --force
+            $py -m ggufdspark convert-target "$W/full/target" -o "$T" --force
+            $py -m ggufdspark convert "$W/full/drafter" --target "$T" -o "$D" --force
+        ) > "$W/gen.log" 2>&1 &
+        gen=$!
+    fi
+    t0=$SECONDS
+    # llama-bench and llama-quantize come with the same build: a few seconds more
+    $py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --with-tools --no-ui > "$OUT/build.log" 2>&1
+    echo "build rc=$? in $((SECONDS - t0)) s"; tail -n 2 "$OUT/build.log"
+    if [ -n "${gen:-}" ]; then wait "$gen"; echo "generate+convert rc=$? at $((SECONDS - t0)) s"; tail -n 3 "$W/gen.log"; fi
+    ;;
+speed)
+    $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-predict 256 --trials "${TRIALS:-5}" \
+        --lengths "${LENGTHS:-5,7}" --concurrency "" --json "$OUT/speed.json" --log-dir "$W/speed" 2>&1 \
+        | tee "$OUT/speed.txt" | tail -n 8
+    ;;
+slots)
+    echo "== mixed traffic: slots ${SLOTS:-32}, arms ${ARMS:-plain,draft}, envs '${ENVS:--}', runs ${RUNS:-3}"
+    timeout "$LIMIT" $py benchmarks/crash_hunt.py $(hunt) --arms "${ARMS:-plain,draft}" --runs "${RUNS:-3}" \
+        --json "$OUT/mixed-${TAG:-a}.json" --log-dir "$W/hunt-${TAG:-a}"
+    echo "slots rc=$?"
+    ;;
+sanitize)
+    echo "== mixed traffic under compute-sanitizer: slots ${SLOTS:-32}, ${ARMS:-plain}"
+    timeout "$LIMIT" $py benchmarks/crash_hunt.py $(hunt) --arms "${ARMS:-plain}" --runs 1 --sanitizer \
+        --json "$OUT/sanitize.json" --log-dir "$W/hunt-san"
+    echo "sanitize rc=$?"
+    grep -h -m 40 "=========" "$W"/hunt-san/s*.log | head -n 60
+    ;;
+load)
+    rates=$($py -c "from ggufdspark.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))")
+    for ans in ${ANSWERS:-256}; do
+        args=(bench --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}"
+              --answer-tokens "$ans" --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --synthetic-rates "$rates")
+        echo "== ${args[*]}"
+        $py -m ggufdspark "${args[@]}" --json "$OUT/load-$ans.json" --force --log-dir "$W/load-$ans" \
+            2>&1 | tee "$OUT/load-$ans.txt" | grep -v "^bench --load: [0-9]*%" | tail -n 40
+        if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+            echo "== bench --load failed (logs: $W/load-$ans)"
+            for f in "$W/load-$ans"/*.log; do echo "-- $f"; tail -n 8 "$f"; done
+        fi
+    done
+    ;;
+prefill)
+    $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" \
+        --concurrency 8 --json "$OUT/prefill.json" --log-dir "$W/prefill" 2>&1 | tee "$OUT/prefill.txt" | tail -n 8
+    ;;
+bench)
+    "$(dirname "$(BIN)")/llama-bench" -m "$T" -ngl 99 -fa 1 -p "${PP:-1,2,4,8,10,512}" -n 128 -r 5 -o md 2>/dev/null \
+        | tee "$OUT/llama-bench.md"
+    ;;
+kernels)
+    B=$(dirname "$(dirname "$(BIN)")")
+    t0=$SECONDS
+    if ! { cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo.log" 2>&1 \
+           && cmake --build "$B" --target test-backend-ops -j "$(nproc)" >> "$W/tbo.log" 2>&1; }; then
+        echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; continue
+    fi
+    echo "test-backend-ops built in $((SECONDS - t0)) s"
+    timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(f16|bf16)" > "$OUT/tbo-test.txt" 2>&1
+    echo "MUL_MAT F16/BF16 against the CPU backend: rc=$?"; grep -E "FAIL|tests passed" "$OUT/tbo-test.txt" | tail -n 4
+    IFS=';' read -ra envs <<< "${ENVS:--}"
+    for e in "${envs[@]}"; do
+        [ "$e" = - ] && e=""
+        echo "== perf at the verify's shapes, env '${e:--}'"
+        # shellcheck disable=SC2086  # NAME=VALUE pairs, comma-separated
+        env ${e//,/ } timeout 300 "$B/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
+            -p "type_a=f16,type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," 2>&1 \
+            | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([a-z0-9]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
+    done
+    ;;
+*) echo "unknown stage $stage (setup speed slots sanitize load prefill bench kernels)" ;;
+esac
+done

@@ -1,0 +1,57 @@
+"""benchmarks/harness.py, the one harness of benchmarks/, on the real engine and the small pair:
+an arm's servers through ggufdspark.launch, its one-request and N-at-once figures, the lossless
+check, and benchmarks/prefill_speed.py built on it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # benchmarks/ is a checkout's package, not an installed one
+    sys.path.insert(0, str(REPO))
+
+
+def test_an_arm_is_measured_plain_and_drafted_and_checked_lossless(small_pair, isolated, tmp_path):
+    from benchmarks import harness
+    from ggufdspark.gate import NEAR_TIE_GAP
+
+    base = harness.base_settings(None, small_pair.target, gpu=False, parallel=2, n_predict=16)
+    assert base.parallel == 2 and base.draft is None and base.ctx_size == 2 * (16 + harness.CTX_MARGIN)
+    kw = dict(levels=[1, 2], n_predict=16, trials=2, load_trials=2, rounds=1)
+    plain = harness.measure_arm("plain", base, tmp_path, **kw, reference_tokens=16)
+    assert plain.tps > 0 and len(plain.runs) == 2 and plain.e2e_s > 0 and plain.draft_n == 0
+    assert len(plain.load[2]["waves"]) == 2 and plain.load[2]["tps"] > 0 and plain.load[2]["requests"] == 2
+    assert len(plain.reference["tokens"]) == 16 and (tmp_path / "plain.log").is_file()
+
+    rates = harness.published_rates(small_pair.draft)
+    spec = harness.drafted(base, small_pair.draft, 3, rates)
+    assert spec.draft_n_max == 3 and spec.synth_rates == rates[:3] and spec.spec_type == "draft-dspark"
+    arm = harness.measure_arm("n3", spec, tmp_path, **kw)
+    assert arm.tps > 0 and arm.draft_n > 0 and arm.accept_length and arm.accept_length > 1.0
+    assert arm.load[2]["drafted"] > 0 and "--spec-synth-rates" in arm.cmd
+
+    res = harness.lossless("real-n3", harness.drafted(base, small_pair.draft, 3, None), tmp_path, plain.reference)
+    assert res["tokens"] == 16 and res["draft_n"] > 0, res
+    if not res["equal"]:  # only a near-tie may differ (random weights)
+        top2 = res["plain_top2_logprobs"]
+        assert math.exp(top2[0]) - math.exp(top2[1]) < NEAR_TIE_GAP, res
+
+
+def test_prefill_speed_reports_prompt_processing_plain_and_drafted(small_pair, isolated, tmp_path):
+    out = tmp_path / "prefill.json"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "prefill_speed.py"), "-m", str(small_pair.target),
+                        "-md", str(small_pair.draft), "--prompt-tokens", "96", "--concurrency", "2", "--trials", "1",
+                        "--json", str(out), "--log-dir", str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert [a["arm"] for a in rep["arms"]] == ["plain", f"draft-n{rep['draft_n_max']}"]
+    for a in rep["arms"]:
+        assert a["one"]["prompt_n"] == 96 and a["one"]["prompt_tps"] > 0, a
+        assert a["at_once"]["requests"] == 2 and a["at_once"]["prompt_tokens"] == 2 * 96, a
+        assert a["at_once"]["aggregate_prompt_tps"] > 0, a
+    assert "draft/plain" in p.stdout, p.stdout
