@@ -122,7 +122,8 @@ class BenchOptionError(InvalidArgumentError, BenchError):
 
 
 class LosslessGateError(GgufdsparkError, AssertionError):
-    """Greedy output with the draft differed from output without it (a defect, not a near-tie)."""
+    """Greedy output with the draft differed from output without it (a defect, not a near-tie), or
+    sampled output with the draft had other token frequencies (``bench --sampling-check``)."""
 
     exit_code = 3
 

@@ -10,6 +10,7 @@ import click
 from ggufdspark import bench as bench_lib
 from ggufdspark import launch
 from ggufdspark import loadbench
+from ggufdspark import samplingbench as sb
 from ggufdspark import traffic as tr
 from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, mmproj_option, number_list,
                                     target_option)
@@ -61,6 +62,18 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--requests", type=int, help="--load --rate: requests per rate [default: 32].")
 @click.option("--seed", type=int, default=tr.DEFAULT_SEED, show_default=True,
               help="--load: seed of the prompt order and the arrivals.")
+@click.option("--sampling-check", "sampling_check", is_flag=True,
+              help="Sampling check: plain and drafted token frequencies at temperature > 0, position by position "
+                   "(chi-square; docs/bench.md, 'The sampling check').")
+@click.option("--samples", type=int, default=sb.DEFAULT_SAMPLES, show_default=True,
+              help="--sampling-check: seeded completions per arm.")
+@click.option("--temperature", type=float, default=sb.DEFAULT_TEMPERATURE, show_default=True,
+              help="--sampling-check: sampling temperature.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="--sampling-check: top-k (0: off).")
+@click.option("--alpha", type=float, default=0.01, show_default=True,
+              help="--sampling-check: significance level after the Bonferroni correction over positions.")
+@click.option("--sampling-prompt", default=sb.DEFAULT_PROMPT, show_default=True,
+              help="--sampling-check: the prompt (raw text) every sample continues.")
 @click.option("--json", "as_json", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="The report as JSON: on stdout, or written to FILE.")
 @click.option("--force", is_flag=True, help="Replace an existing --json FILE.")
@@ -72,7 +85,7 @@ from ggufdspark.errors import InvalidArgumentError
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
             server_args, log_dir, load, clients, rate, answer_tokens, requests_per_client, requests, seed, as_json,
-            force, plot, max_plain_drift):
+            force, plot, max_plain_drift, sampling_check, samples, temperature, top_k, alpha, sampling_prompt):
     """Measure decoding with and without the draft on this machine, and check the output is lossless.
 
     With --load: serving under realistic traffic instead (closed-loop clients or Poisson arrivals,
@@ -82,6 +95,13 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
     ctx = click.get_current_context()
     model, draft, mmproj = from_hub(model, draft, mmproj)
     json_file = as_json if as_json not in (None, "-") else None
+    sampling_opts = ("samples", "temperature", "top_k", "alpha", "sampling_prompt")
+    if sampling_check:
+        _sampling_check(ctx, model, draft, json_file, as_json, force)
+        return
+    given = [f"--{n.replace('_', '-')}" for n in sampling_opts if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+    if given:
+        raise InvalidArgumentError(f"bench: {given[0]} needs --sampling-check")
     if load:
         given = [f"--{n.replace('_', '-')}" for n in ("mmproj", "prompts", "categories", "limit", "concurrency",
                                                         "reference_hf", "plot", "gate", "near_tie_gap",
@@ -117,6 +137,30 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
         click.echo(f"plot: {bench_lib.plot_report(report, plot)}", err=True)
     report.raise_for_gate()  # a defect (exit 3) outranks a noisy machine (exit 5)
     report.raise_for_drift()
+
+
+def _sampling_check(ctx: click.Context, model, draft, json_file: str | None, as_json: str | None, force: bool) -> None:
+    """``bench --sampling-check``: refuses the options of the other modes, runs, reports; exit 3 on a fail."""
+    p = ctx.params
+    own = ("sampling_check", "samples", "temperature", "top_k", "alpha", "sampling_prompt", "model", "draft",
+           "n_predict", "draft_n_max", "clients", "seed", "server", "threads", "server_args", "log_dir", "as_json", "force")
+    given = [f"--{n.replace('_', '-')}" for n in p if n not in own and ctx.get_parameter_source(n).name == "COMMANDLINE"]
+    if given:
+        raise InvalidArgumentError(f"bench --sampling-check: {given[0]} belongs to another bench mode")
+    if p["clients"] and len(p["clients"]) != 1:
+        raise InvalidArgumentError(f"bench --sampling-check: --clients takes one number (got {p['clients']})")
+    n_predict = p["n_predict"] if ctx.get_parameter_source("n_predict").name == "COMMANDLINE" else sb.DEFAULT_N_PREDICT
+    sb.check_options(samples=p["samples"], n_predict=n_predict, temperature=p["temperature"], top_k=p["top_k"],
+                     alpha=p["alpha"])
+    if json_file:
+        loadbench.check_json_path(json_file, model, draft, force=force)
+    report = sb.run_sampling_check(
+        model, draft, prompt=p["sampling_prompt"], samples=p["samples"], n_predict=n_predict,
+        temperature=p["temperature"], top_k=p["top_k"], alpha=p["alpha"], seed=p["seed"],
+        draft_n_max=p["draft_n_max"], clients=(p["clients"] or [sb.DEFAULT_CLIENTS])[0], server=p["server"],
+        threads=p["threads"], server_args=list(p["server_args"]), log_dir=p["log_dir"])
+    _emit(report, json_file, as_json)
+    report.raise_for_status()
 
 
 def _emit(report, json_file: str | None, as_json: str | None) -> None:
