@@ -14,13 +14,17 @@
 #   scripts/engine_patches.sh export DIR     base..product into patches/, product..dev into patches-dev/
 #                                            (git format-patch: subject + message + diff). After
 #                                            editing product, rebase dev onto it first.
+#                                            PATCHES_OUT=D exports into D/patches and D/patches-dev
+#                                            instead (a round trip to compare, as the tests do).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 product=$repo/ggufdspark/data/patches
 dev=$repo/ggufdspark/data/patches-dev
+out_product=${PATCHES_OUT:+$PATCHES_OUT/patches}; out_product=${out_product:-$product}
+out_dev=${PATCHES_OUT:+$PATCHES_OUT/patches-dev}; out_dev=${out_dev:-$dev}
 py=${PYTHON:-$repo/.venv/bin/python}
 cmd=${1:-}; dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,19p' "$0" >&2; exit 2; }
 git_() { git -c user.name=ggufdspark -c user.email=ggufdspark@localhost "$@"; }
 
 export_range() {  # export_range RANGE SERIES_DIR
@@ -61,9 +65,9 @@ checkout)
     ;;
 export)
     cd "$dir"
-    export_range base..product "$product"
-    export_range product..dev "$dev"
-    ls "$product" "$dev"
+    export_range base..product "$out_product"
+    export_range product..dev "$out_dev"
+    ls "$out_product" "$out_dev"
     ;;
-*) sed -n '2,17p' "$0" >&2; exit 2 ;;
+*) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac

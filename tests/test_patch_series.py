@@ -1,0 +1,81 @@
+"""The engine patch series as shipped: the product series a user's engine gets, the developer
+series ``build-engine --dev`` adds, and their round trip through ``scripts/engine_patches.sh``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ggufdspark import engine
+
+REPO = Path(__file__).resolve().parent.parent
+REMOVED = ("0010", "0011", "0012", "0016")  # measured no gain (docs/engine-patches-history.md)
+DEV = ("0002", "0014", "0015")
+# switches that turned a correctness fix off or picked a variant that measured slower
+FOOT_GUNS = ("LLAMA_RS_SNAPSHOTS_MOVE", "GGML_CUDA_MMF_FEW_MIN_ROWS", "GGML_CUDA_MMV_FEW",
+             "GGML_CUDA_SMALL_N_CUBLAS", "LLAMA_GRAPH_REUSE_KEPT", "spec-draft-max-slots")
+
+
+def _number(p: Path) -> str:
+    return p.name[:4]
+
+
+def test_the_product_series_has_only_kept_patches():
+    product = engine.patch_files()
+    numbers = [_number(p) for p in product]
+    assert numbers == sorted(numbers) and len(numbers) == 18, numbers
+    assert not set(numbers) & set(REMOVED + DEV), numbers
+    for p in product:
+        text = p.read_text()
+        trailer = re.search(r"^ggufdspark-patch: (\d{4})$", text, re.M)
+        assert trailer and trailer[1] == _number(p), f"{p.name}: trailer {trailer and trailer[1]}"
+        added = "\n".join(line for line in text.splitlines() if line.startswith("+"))
+        for gun in FOOT_GUNS:
+            assert gun not in added, f"{p.name} adds {gun}"
+        assert not re.search(r"session \d", text, re.I), f"{p.name} dates itself by work period"
+    # 0022 launches one layout only: the ones that measured slower are gone
+    mmf = next(p for p in product if _number(p) == "0022").read_text()
+    assert len(set(re.findall(r"mul_mat_f_few_cuda<bf16, (\d+), (\d+)>", mmf))) == 1
+
+
+def test_the_dev_series_goes_after_the_product_series_in_its_own_build():
+    product, with_dev = engine.patch_files(), engine.patch_files(dev=True)
+    assert with_dev[:len(product)] == product
+    assert [_number(p) for p in with_dev[len(product):]] == list(DEV)
+    assert engine.BuildSpec(dev=True).key() != engine.BuildSpec().key()
+    assert engine.BuildSpec(patches=False, dev=True).patch_files() == []
+
+
+def test_build_engine_refuses_dev_without_patches(ggufdspark_cli):
+    p = ggufdspark_cli("build-engine", "--dev", "--no-patches")
+    assert p.returncode == 2 and "--dev and --no-patches" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_series_round_trip_through_the_git_checkout(tmp_path):
+    """checkout applies both series with git am (so each applies on top of the ones before it);
+    export writes them back byte for byte."""
+    if shutil.which("git") is None:
+        pytest.fail("git is not on PATH: scripts/engine_patches.sh needs it")
+    script = REPO / "scripts" / "engine_patches.sh"
+    env = {**os.environ, "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(script), "checkout", str(tmp_path / "tree")], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert len(p.stdout.strip().splitlines()) == 18 + len(DEV), p.stdout
+    out = tmp_path / "out"
+    p = subprocess.run(["bash", str(script), "export", str(tmp_path / "tree")], capture_output=True, text=True,
+                       env={**env, "PATCHES_OUT": str(out)}, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    for series, got in ((engine.patches_dir(), out / "patches"), (engine.dev_patches_dir(), out / "patches-dev")):
+        want = {q.name: q.read_bytes() for q in series.glob("*.patch")}
+        have = {q.name: q.read_bytes() for q in got.glob("*.patch")}
+        assert sorted(have) == sorted(want), (sorted(have), sorted(want))
+        for name in want:
+            assert have[name] == want[name], f"{name}: exported differently from the shipped file"
