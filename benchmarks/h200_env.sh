@@ -10,6 +10,7 @@ py=${PYTHON:-python3}
 T=${TARGET:-$W/full/target-F16.gguf}
 D=${DRAFT:-$W/full/dspark-target-F16.gguf}
 BUILD_ARGS=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90)
+[ -n "${DEV:-}" ] && BUILD_ARGS+=(--dev)  # DEV=1: the developer build (product + ggufdspark/data/patches-dev)
 if [ ! -f "$W/src/llama.cpp/CMakeLists.txt" ] && [ -f .carry/llama.cpp.tar.xz ]; then
     mkdir -p "$W/src" && tar -xJf .carry/llama.cpp.tar.xz -C "$W/src"
 fi
