@@ -115,6 +115,15 @@ def _range(text: str, what: str) -> tuple[int, int]:
     return lo, hi
 
 
+def drafted_arm(base: ServerSettings, a: argparse.Namespace) -> ServerSettings:
+    """The drafted server of a cell: serve's draft for the backend (``--n-max 0``: its length and
+    load cut) or length ``--n-max`` without a cut; synthetic acceptance at the published profile."""
+    rates = harness.published_rates(a.draft)
+    if a.n_max == 0:
+        return harness.serve_drafted(base, a.draft, gpu=a.gpu, rates=rates)
+    return harness.drafted(base, a.draft, a.n_max, rates)
+
+
 def mixed_main(a: argparse.Namespace) -> int:
     server = Path(a.server or engine.find_engine().path)
     prompt_range = _range(a.prompt_tokens, "--prompt-tokens")
@@ -137,7 +146,7 @@ def mixed_main(a: argparse.Namespace) -> int:
         base = harness.base_settings(server, a.target, gpu=a.gpu, parallel=slots, ctx_per_slot=a.ctx_per_slot)
         base = dataclasses.replace(base, server=exe)  # the engine itself, or it under compute-sanitizer
         for arm in arm_names:
-            settings = base if arm == "plain" else harness.drafted(base, a.draft, a.n_max, harness.published_rates(a.draft))
+            settings = base if arm == "plain" else drafted_arm(base, a)
             for label, env in envs:
                 for run in range(a.runs):
                     work = harness.workload(2 * slots, vocab, prompt_range, gen_range, seed=run, log_uniform=True)
@@ -162,7 +171,7 @@ def mixed_main(a: argparse.Namespace) -> int:
               f"{sum(c.answered for c in cs):>4}/{sum(c.requests for c in cs):<4}")
     if a.json:
         a.json.write_text(json.dumps({"command": sys.argv, "prompt_tokens": prompt_range, "n_predict": gen_range,
-                                      "ctx_per_slot": a.ctx_per_slot, "n_max": a.n_max,
+                                      "ctx_per_slot": a.ctx_per_slot, "n_max": a.n_max or "serve's",
                                       "cells": [asdict(c) for c in cells]}, indent=2))
     return 1 if any(c.died for c in cells) else 0
 
@@ -174,7 +183,7 @@ def families_main(a: argparse.Namespace) -> int:
     slots = int(a.slots.split(",")[0])
     server = a.server or engine.find_engine().path
     base = harness.base_settings(server, a.target, gpu=a.gpu, parallel=slots, n_predict=a.family_n_predict)
-    settings = harness.drafted(base, a.draft, a.n_max, harness.published_rates(a.draft))
+    settings = drafted_arm(base, a)
     died = 0
     with environ(env):
         for run in range(a.runs):
@@ -209,7 +218,8 @@ def main() -> int:
     ap.add_argument("--n-predict", default="64-256", help="mixed: answer length range LO-HI")
     ap.add_argument("--ctx-per-slot", type=int, default=4096, help="mixed: context per slot (-c is this x slots)")
     ap.add_argument("--sanitizer", action="store_true", help="mixed: run the engine under compute-sanitizer")
-    ap.add_argument("--n-max", type=int, default=7, help="draft length of the drafted arm")
+    ap.add_argument("--n-max", type=int, default=0,
+                    help="draft length of the drafted arm (default 0: serve's for the backend, with its load cut)")
     ap.add_argument("--family-n-predict", type=int, default=256, help="families: tokens a request generates")
     ap.add_argument("--env", default="", help="families: NAME=VALUE,... for the engine")
     ap.add_argument("--locate", action="store_true",
@@ -217,7 +227,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="mixed: write every cell here")
     ap.add_argument("--log-dir", type=Path, default=Path("crash_hunt_logs"), help="one server log a run")
     a = ap.parse_args()
-    if a.runs < 1 or a.n_max < 1:
+    if a.runs < 1 or a.n_max < 0:
         ap.error("--runs and --n-max must be at least 1")
     try:
         a.env_parsed = parse_env(a.env)

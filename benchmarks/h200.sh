@@ -12,7 +12,7 @@
 #   slots     does the engine survive many slots under mixed-length prompts? crash_hunt.py --traffic
 #             mixed: SLOTS (32) x ARMS (plain,draft) x ENVS (';'-separated engine environments, '-'
 #             as it is) x RUNS (3) fresh servers, 2 x slots closed-loop requests, prompts PROMPTS
-#             (200-2000) tokens, draft length N_MAX (7); JSON mixed-TAG.json. At most LIMIT s (420).
+#             (200-2000) tokens, draft length N_MAX (0: serve's, with its load cut); JSON mixed-TAG.json. At most LIMIT s (420).
 #   sanitize  which kernel faults? the slots load once under compute-sanitizer (memcheck), ARMS
 #             (plain), in the one environment ENVS. At most LIMIT s.
 #   load      plain against drafted serving: `ggufdspark bench --load` (serve's defaults: the CUDA
@@ -39,7 +39,7 @@ source benchmarks/h200_env.sh
 LIMIT=${LIMIT:-420}
 GPU=${GPU---gpu}
 BIN() { echo "${SERVER:-$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)}"; }
-hunt() { echo -m "$T" -md "$D" --server "$(BIN)" $GPU --n-max "${N_MAX:-7}" --prompt-tokens "${PROMPTS:-200-2000}" \
+hunt() { echo -m "$T" -md "$D" --server "$(BIN)" $GPU --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}" \
     --slots "${SLOTS:-32}" --envs="${ENVS:--}"; }
 
 for stage in ${*:-${STAGES:-setup speed}}; do

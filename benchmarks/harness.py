@@ -75,6 +75,16 @@ def drafted(base: ServerSettings, draft: str | Path, n_max: int, rates: list[flo
     return ms.arm_settings(base, draft, n_max=n_max, synthetic=syn)
 
 
+def serve_drafted(base: ServerSettings, draft: str | Path, *, gpu: bool, rates: list[float] | None) -> ServerSettings:
+    """``base`` with the draft as ``serve`` runs it on this backend (its table length and load cut),
+    synthetic acceptance at ``rates`` truncated to that length (or real acceptance for None)."""
+    decision = launch.table_decision("cuda" if gpu else "cpu")
+    n_max = decision.draft_n_max or 1
+    s = launch.with_draft(base, draft, n_max, cut=decision.draft_cut)
+    syn = ms.Synthetic(rates=list(rates[:n_max])) if rates else ms.Synthetic()
+    return dataclasses.replace(s, synth_len=syn.length, synth_rates=syn.rates)
+
+
 def with_args(settings: ServerSettings, extra: list[str]) -> ServerSettings:
     """``settings`` with more llama-server arguments at the end (a variant of one arm)."""
     return dataclasses.replace(settings, extra_args=list(settings.extra_args) + list(extra))
