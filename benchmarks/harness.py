@@ -37,6 +37,7 @@ from ggufdspark import engine, launch
 from ggufdspark import measure as ms
 from ggufdspark.acceptance import geometric_rates
 from ggufdspark.errors import GgufdsparkError
+from ggufdspark.devices import DeviceReport
 from ggufdspark.gate import first_difference, top_logprobs_by_position
 from ggufdspark.runners.server import ServerProcess, ServerSettings
 
@@ -76,13 +77,15 @@ def drafted(base: ServerSettings, draft: str | Path, n_max: int, rates: list[flo
 
 
 def serve_drafted(base: ServerSettings, draft: str | Path, *, gpu: bool, rates: list[float] | None) -> ServerSettings:
-    """``base`` with the draft as ``serve`` runs it on this backend (its table length and load cut),
+    """``base`` with the draft as ``serve`` runs it on this backend with ``base``'s engine and slots
+    (``launch.decide``: the table's length, and its load cut where the engine has patch 0021),
     synthetic acceptance at ``rates`` truncated to that length (or real acceptance for None)."""
-    decision = launch.table_decision("cuda" if gpu else "cpu")
+    devices = DeviceReport(backend="cuda" if gpu else "cpu")
+    decision = launch.decide(devices, engine.find_engine(base.server), parallel=base.parallel, measuring=True)
     n_max = decision.draft_n_max or 1
-    s = launch.with_draft(base, draft, n_max, cut=decision.draft_cut)
-    syn = ms.Synthetic(rates=list(rates[:n_max])) if rates else ms.Synthetic()
-    return dataclasses.replace(s, synth_len=syn.length, synth_rates=syn.rates)
+    with_serves_draft = launch.with_draft(base, draft, n_max, cut=decision.draft_cut)
+    syn = ms.Synthetic(rates=list(rates[:n_max])) if rates else None
+    return ms.arm_settings(with_serves_draft, draft, synthetic=syn)  # n_max None: that draft as serve runs it
 
 
 def with_args(settings: ServerSettings, extra: list[str]) -> ServerSettings:

@@ -55,3 +55,29 @@ def test_prefill_speed_reports_prompt_processing_plain_and_drafted(small_pair, i
         assert a["at_once"]["requests"] == 2 and a["at_once"]["prompt_tokens"] == 2 * 96, a
         assert a["at_once"]["aggregate_prompt_tps"] > 0, a
     assert "draft/plain" in p.stdout, p.stdout
+
+
+def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, ggufdspark_cli):
+    """crash_hunt's default drafted arm (harness.serve_drafted) is serve's drafted server for the
+    backend, decided with the real engine: on CUDA at 32 slots draft length 7 and the 8:5 load cut
+    (the engine has patch 0021), as `serve`'s plan for an H200 has them; on this CPU, serve's own
+    --dry-run. Synthetic rates truncated to the length."""
+    from benchmarks import harness
+    from ggufdspark.devices import Device, DeviceReport
+    from ggufdspark.serve import plan
+
+    rates = [0.8, 0.6, 0.4, 0.3, 0.2, 0.1, 0.1, 0.1, 0.1]
+    h200 = DeviceReport(devices=[Device("CUDA0", "NVIDIA H200", "gpu", 140 << 30, 141 << 30)], backend="cuda",
+                        source="bindings")
+    base = harness.base_settings(None, small_pair.target, gpu=True, parallel=32)
+    s = harness.serve_drafted(base, small_pair.draft, gpu=True, rates=rates)
+    served = plan(small_pair.target, small_pair.draft, parallel=32, devices=h200, ui=False).settings
+    assert (s.draft_n_max, s.draft_n_max_by_slots) == (served.draft_n_max, served.draft_n_max_by_slots) == (7, [(8, 5)])
+    assert s.synth_rates == rates[:7]
+    base = harness.base_settings(None, small_pair.target, gpu=False, parallel=4)
+    s = harness.serve_drafted(base, small_pair.draft, gpu=False, rates=None)
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "-np", "4",
+                       "--dry-run", "--json", "--no-ui")
+    assert p.returncode == 0, p.stderr
+    cpu = json.loads(p.stdout)["settings"]
+    assert (s.draft_n_max, s.draft_n_max_by_slots, s.synth_rates) == (cpu["draft_n_max"], cpu["draft_n_max_by_slots"], None)

@@ -137,6 +137,12 @@ def safe_text(text: str, keep: str = "\n\t") -> str:
 WARNING = "WARNING: "
 
 
+def given_options(ctx: click.Context, names) -> list[str]:
+    """Of the parameters ``names``, those the user put on the command line, as their flags
+    (``top_k`` -> ``--top-k``): what a mode refuses when it belongs to another."""
+    return [f"--{n.replace('_', '-')}" for n in names if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+
+
 def echo_warning(text: str, *, err: bool = True) -> None:
     """Print ``WARNING: text`` (yellow on a terminal), on stderr unless ``err`` is false."""
     click.secho(WARNING + text, fg="yellow", err=err)

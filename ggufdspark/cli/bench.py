@@ -12,8 +12,8 @@ from ggufdspark import launch
 from ggufdspark import loadbench
 from ggufdspark import samplingbench as sb
 from ggufdspark import traffic as tr
-from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, mmproj_option, number_list,
-                                    target_option)
+from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, given_options,
+                                    mmproj_option, number_list, target_option)
 from ggufdspark.errors import InvalidArgumentError
 
 
@@ -99,15 +99,13 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
     if sampling_check:
         _sampling_check(ctx, model, draft, json_file, as_json, force)
         return
-    given = [f"--{n.replace('_', '-')}" for n in sampling_opts if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+    given = given_options(ctx, sampling_opts)
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --sampling-check")
     if load:
-        given = [f"--{n.replace('_', '-')}" for n in ("mmproj", "prompts", "categories", "limit", "concurrency",
-                                                        "reference_hf", "plot", "gate", "near_tie_gap",
-                                                        "max_plain_drift")
-                 if ctx.get_parameter_source(n).name == "COMMANDLINE"]
-        given += ["--n-predict (use --answer-tokens)"] if ctx.get_parameter_source("n_predict").name == "COMMANDLINE" else []
+        given = given_options(ctx, ("mmproj", "prompts", "categories", "limit", "concurrency", "reference_hf", "plot",
+                                    "gate", "near_tie_gap", "max_plain_drift"))
+        given += ["--n-predict (use --answer-tokens)"] if given_options(ctx, ("n_predict",)) else []
         if given:
             raise InvalidArgumentError(f"bench --load: {given[0]} belongs to the one-request benchmark, not to --load")
         if json_file:
@@ -120,8 +118,7 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
             command=shlex.join(["ggufdspark", *sys.argv[1:]]), progress=ProgressLine("bench --load"))
         _emit(report, json_file, as_json)
         return
-    given = [f"--{n.replace('_', '-')}" for n in ("clients", "rate", "answer_tokens", "requests_per_client", "requests",
-                                                    "seed") if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+    given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed"))
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --load")
     if json_file:
@@ -144,12 +141,12 @@ def _sampling_check(ctx: click.Context, model, draft, json_file: str | None, as_
     p = ctx.params
     own = ("sampling_check", "samples", "temperature", "top_k", "alpha", "sampling_prompt", "model", "draft",
            "n_predict", "draft_n_max", "clients", "seed", "server", "threads", "server_args", "log_dir", "as_json", "force")
-    given = [f"--{n.replace('_', '-')}" for n in p if n not in own and ctx.get_parameter_source(n).name == "COMMANDLINE"]
+    given = given_options(ctx, [n for n in p if n not in own])
     if given:
         raise InvalidArgumentError(f"bench --sampling-check: {given[0]} belongs to another bench mode")
     if p["clients"] and len(p["clients"]) != 1:
         raise InvalidArgumentError(f"bench --sampling-check: --clients takes one number (got {p['clients']})")
-    n_predict = p["n_predict"] if ctx.get_parameter_source("n_predict").name == "COMMANDLINE" else sb.DEFAULT_N_PREDICT
+    n_predict = p["n_predict"] if given_options(ctx, ("n_predict",)) else sb.DEFAULT_N_PREDICT
     sb.check_options(samples=p["samples"], n_predict=n_predict, temperature=p["temperature"], top_k=p["top_k"],
                      alpha=p["alpha"])
     if json_file:
