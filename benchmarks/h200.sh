@@ -20,6 +20,13 @@
 #             closed-loop CLIENTS (1,2,4,8,16,32,64), REQUESTS_PER_CLIENT (3) each, answers of
 #             ANSWERS tokens (256; "256 1024": a run each), synthetic acceptance at the published
 #             profile; JSON load-ANSWER.json. A few minutes a run.
+#   tune      the draft length for each load: `ggufdspark tune --load` (one plain arm beside a
+#             drafted arm per length of TUNE_LENGTHS (0,5,7; 0: the draft loaded, drafting paused),
+#             closed-loop CLIENTS, REQUESTS_PER_CLIENT (2), ANSWERS tokens (256), synthetic acceptance
+#             at the published profile, profile not saved); JSON tune-TAG.json. A minute an arm.
+#   table     serve's load table from every tune-*.json in OUT (benchmarks/tune_merge.py), then
+#             `ggufdspark bench --load` with it against plain (JSON load-table.json): the table as
+#             served. A few minutes.
 #   prefill   what does the draft cost in prompt processing? benchmarks/prefill_speed.py: one
 #             PREFILL_TOKENS (4096) prompt, then 8 at once, one answer token, plain against drafted:
 #             the server's prompt eval tok/s. About a minute.
@@ -97,6 +104,26 @@ load)
         fi
     done
     ;;
+tune)
+    $py -m ggufdspark tune --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" \
+        --answer-tokens "${ANSWERS:-256}" --requests-per-client "${REQUESTS_PER_CLIENT:-2}" --acceptance published \
+        --draft-lengths "${TUNE_LENGTHS:-0,5,7}" --no-save --json --log-dir "$W/tune-${TAG:-a}" \
+        > "$OUT/tune-${TAG:-a}.json" 2> "$W/tune-${TAG:-a}.err"
+    echo "tune rc=$?"; grep -v "^tune --load: [0-9]*%" "$W/tune-${TAG:-a}.err" | tail -n 5
+    $py -c "import json,sys; from ggufdspark.tuneload import TuneLoadResult as R; d=json.load(open(sys.argv[1]));
+print(R(d['recommendation'], {int(n): {int(k): v for k, v in r.items()} for n, r in d['ratios'].items()}, d['traffic']).text())" \
+        "$OUT/tune-${TAG:-a}.json"
+    ;;
+table)
+    read -r n cut < <($py benchmarks/tune_merge.py "$OUT"/tune-*.json --json "$OUT/table.json")
+    rates=$($py -c "from ggufdspark.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))")
+    echo "== table: draft length $n, --draft-n-max-by-slots $cut"
+    if [ "${n:-0}" = 0 ]; then echo "no draft length pays at the lowest level: no table to serve"; continue; fi
+    $py -m ggufdspark bench --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" \
+        --answer-tokens "${ANSWERS:-256}" --requests-per-client "${REQUESTS_PER_CLIENT:-2}" --synthetic-rates "$rates" \
+        --draft-n-max "$n" --draft-n-max-by-slots "$cut" --json "$OUT/load-table.json" --force --log-dir "$W/load-table" \
+        2>&1 | grep -v "^bench --load: [0-9]*%" | tail -n 30
+    ;;
 prefill)
     $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" \
         --concurrency 8 --json "$OUT/prefill.json" --log-dir "$W/prefill" 2>&1 | tee "$OUT/prefill.txt" | tail -n 8
@@ -125,6 +152,6 @@ kernels)
             | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([a-z0-9]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
     done
     ;;
-*) echo "unknown stage $stage (setup speed slots sanitize load prefill bench kernels)" ;;
+*) echo "unknown stage $stage (setup speed slots sanitize load tune table prefill bench kernels)" ;;
 esac
 done

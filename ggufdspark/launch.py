@@ -40,12 +40,12 @@ DRAFT_N_MAX_RANGE = (1, 64)
 
 
 def parse_draft_cut(text: str) -> list[tuple[int, int]]:
-    """``"2:5,8:3"`` -> ``[(2, 5), (8, 3)]``: with more than N slots generating, drafts of at most L
-    tokens (``--spec-draft-n-max-by-slots``, engine patch 0021).
+    """``"2:5,8:3,16:0"`` -> ``[(2, 5), (8, 3), (16, 0)]``: with more than N slots generating, drafts of
+    at most L tokens, L = 0 no new drafts (``--spec-draft-n-max-by-slots``, engine patch 0021).
 
     Raises:
-        InvalidArgumentError: not N:L pairs of integers, N not ascending from 0, or L outside the
-            draft length range.
+        InvalidArgumentError: not N:L pairs of integers, N not ascending from 0, or L outside
+            0..the longest draft length.
     """
     steps: list[tuple[int, int]] = []
     for item in (x.strip() for x in text.split(",")):
@@ -55,15 +55,16 @@ def parse_draft_cut(text: str) -> list[tuple[int, int]]:
         except ValueError:
             step = None
         if step is None or step[0] < 0 or (steps and step[0] <= steps[-1][0]) \
-                or not DRAFT_N_MAX_RANGE[0] <= step[1] <= DRAFT_N_MAX_RANGE[1]:
+                or not 0 <= step[1] <= DRAFT_N_MAX_RANGE[1]:
             raise InvalidArgumentError(f"draft_n_max_by_slots {text!r}: {item!r} is not N:L (N >= 0 ascending, "
-                                       f"L {DRAFT_N_MAX_RANGE[0]}..{DRAFT_N_MAX_RANGE[1]})")
+                                       f"L 0..{DRAFT_N_MAX_RANGE[1]}, 0: no draft)")
         steps.append(step)
     return steps
 
 
 def _cut_text(cut: list[tuple[int, int]]) -> str:
-    return ", ".join(f"to {k} above {n} generating slots" for n, k in cut)
+    return ", ".join(f"to {k} above {n} generating slots" if k else f"paused above {n} generating slots"
+                     for n, k in cut)
 
 
 def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | None = None,
@@ -152,9 +153,12 @@ def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple
               text: str | None, table: list[tuple[int, int]] | None, parallel: int, *,
               source: str = "--draft-n-max-by-slots") -> list[tuple[int, int]] | None:
     """The --spec-draft-n-max-by-slots steps to run with: the ones given, else the table's when
-    they can engage; reasons and warnings go to ``d``."""
+    they can engage; reasons and warnings go to ``d``. A pause step (L = 0) needs an engine whose
+    0021 takes it (``EngineInfo.draft_pause``); with any other it is dropped, said as a warning."""
     has_patch = hardware.has_patch(engine, hardware.DRAFT_CUT_BY_LOAD)
+    can_pause = bool(engine and engine.draft_pause)
     if not given:
+        table = [st for st in table or () if st[1] or can_pause]
         if not (table and table[0][0] < parallel and has_patch):
             return None
         d.reasons.append(f"default for {d.backend}: drafts cut by load {_cut_text(table)} "
@@ -166,6 +170,13 @@ def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple
         d.warnings.append(f"{what}: {where} cannot cut drafts by load "
                           f"(engine patch 0021); every draft stays at n_max {d.draft_n_max}")
         return None
+    if not can_pause and any(length == 0 for _, length in given):
+        where = engine.path if engine else "this llama-server"
+        d.warnings.append(f"{what}: {where} cannot pause drafting (L = 0; its patch 0021 predates it: "
+                          "ggufdspark build-engine), so drafts go on above those loads")
+        given = [st for st in given if st[1]]
+        if not given:
+            return None
     if given[0][0] >= parallel:
         if source == "--draft-n-max-by-slots":  # a profile's cut that cannot engage at this -np is no mistake
             d.warnings.append(f"{what}: never more than {parallel} slots generate (-np), so no draft is ever cut")

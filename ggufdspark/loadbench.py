@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware
+from ggufdspark import hardware, launch
 from ggufdspark import traffic as tr
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import BenchError, InvalidArgumentError, OutputExistsError
@@ -32,7 +32,21 @@ from ggufdspark.runners.client import Client
 
 log = logging.getLogger(__name__)
 
-ARMS = ("plain", "drafted")
+@dataclass(frozen=True)
+class DraftArm:
+    """One drafted arm of a load run: its name, draft length (None: serve's, with serve's load cut)
+    and load cut (``[(N, L), ...]``; None: none, or serve's with ``n_max`` None). ``tune --load``
+    runs several (``n7``, ``n5``, ..., ``n0``: the draft loaded and drafting paused at every load)."""
+
+    name: str
+    n_max: int | None = None
+    cut: list[tuple[int, int]] | None = None
+
+
+def paused_arm(n_max: int) -> DraftArm:
+    """The draft loaded, no draft made at any load (``--spec-draft-n-max-by-slots 0:0``): what a
+    pause costs the server, the tune table's "no draft" entry."""
+    return DraftArm("n0", n_max, [(0, 0)])
 
 
 @dataclass
@@ -49,14 +63,25 @@ class LoadReport:
     logs: dict[str, str] = field(default_factory=dict)
 
     @property
+    def drafted_arms(self) -> list[str]:
+        return [a for a in self.arms if a != "plain"]
+
+    def ratios_of(self, arm: str) -> list[dict]:
+        """``arm`` / plain of each figure, level by level."""
+        return [tr.ratios(p, d) for p, d in zip(self.arms["plain"], self.arms[arm])]
+
+    @property
     def ratios(self) -> list[dict]:
-        return [tr.ratios(p, d) for p, d in zip(self.arms["plain"], self.arms["drafted"])]
+        return self.ratios_of(self.drafted_arms[0])
 
     def to_dict(self) -> dict:
-        return {"kind": "ggufdspark bench --load", "command": self.command, "engine": self.engine,
-                "hardware": self.hardware, "traffic": self.traffic, "settings": self.settings,
-                "synthetic": self.synthetic, "ratios": self.ratios,
-                "arms": {a: [lv.to_dict() for lv in levels] for a, levels in self.arms.items()}, "logs": self.logs}
+        out = {"kind": "ggufdspark bench --load", "command": self.command, "engine": self.engine,
+               "hardware": self.hardware, "traffic": self.traffic, "settings": self.settings,
+               "synthetic": self.synthetic, "ratios": self.ratios,
+               "arms": {a: [lv.to_dict() for lv in levels] for a, levels in self.arms.items()}, "logs": self.logs}
+        if len(self.drafted_arms) > 1:
+            out["ratios_by_arm"] = {a: self.ratios_of(a) for a in self.drafted_arms}
+        return out
 
     def text(self) -> str:
         """The report as a table: per level, each arm's figures and drafted / plain."""
@@ -69,6 +94,7 @@ class LoadReport:
                  f"prompts: {pl['count']} ({t['prompts']}), {pl['min']}-{pl['max']} tokens, median {pl['median']:g}",
                  f"drafted arm: draft length {s['draft_n_max']}" + (f", SYNTHETIC SPEED: {self.synthetic}"
                                                                     if self.synthetic else ", real acceptance"),
+                 *(f"  {a}: {d}" for a, d in (s.get("drafted_arms") or {}).items()),
                  ""]
         unit = "clients" if t["shape"]["mode"] == "closed" else "req/s"
         head = (f"{unit:>7} {'arm':>8} {'reqs':>5} {'agg tok/s':>10} {'dec tok/s':>10} {'TTFT p50':>9} "
@@ -80,11 +106,15 @@ class LoadReport:
                     f"{_ms(lv.ttft_p50_s)} {_ms(lv.ttft_p95_s)} {_s(lv.latency_p50_s)} {_s(lv.latency_p95_s)} "
                     f"{_f(lv.accept_length, 7, 2)}")
 
-        for p, d, r in zip(self.arms["plain"], self.arms["drafted"], self.ratios):
-            lines += [row(p, "plain"), row(d, "drafted"),
-                      f"{'':>7} {'ratio':>8} {'':>5} {_x(r['aggregate_tps'], 10)} {_x(r['decode_tps_median'], 10)} "
-                      f"{_x(r['ttft_p50_s'], 9)} {_x(r['ttft_p95_s'], 9)} {_x(r['latency_p50_s'], 8)} "
-                      f"{_x(r['latency_p95_s'], 8)}"]
+        several = len(self.drafted_arms) > 1
+        for i, p in enumerate(self.arms["plain"]):
+            lines.append(row(p, "plain"))
+            for a in self.drafted_arms:
+                r = self.ratios_of(a)[i]
+                lines += [row(self.arms[a][i], a),
+                          f"{'':>7} {'ratio' if not several else a + '/pl':>8} {'':>5} {_x(r['aggregate_tps'], 10)} "
+                          f"{_x(r['decode_tps_median'], 10)} {_x(r['ttft_p50_s'], 9)} {_x(r['ttft_p95_s'], 9)} "
+                          f"{_x(r['latency_p50_s'], 8)} {_x(r['latency_p95_s'], 8)}"]
         lines += ["", "agg = output tokens / wall time of the level; dec = median over requests of (tokens - 1) / "
                       "(latency - TTFT); TTFT and latency measured by the client (streamed); ratio = drafted / plain"]
         return "\n".join(lines)
@@ -193,8 +223,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
              draft_n_max: int | None = None, p_min: float | None = None, synthetic_len: float | None = None,
              synthetic_rates: list[float] | None = None, server: str | Path | None = None,
              threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
-             log_dir: str | Path | None = None, command: str | None = None,
-             progress: Progress | None = None) -> LoadReport:
+             log_dir: str | Path | None = None, command: str | None = None, draft_cut: str | None = None,
+             draft_arms: list[DraftArm] | None = None, progress: Progress | None = None) -> LoadReport:
     """Plain and drafted arms under the same traffic; see the module docstring.
 
     Args:
@@ -204,6 +234,10 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         requests_per_client: closed loop (default 3); ``requests``: per rate (default 32).
         ctx_per_slot: context per slot (default: an upper bound of the longest prompt, plus the answer).
         command: the command line to record in the result.
+        draft_cut: ``--draft-n-max-by-slots`` for the drafted arm (``N:L,...``, L = 0 pauses drafting;
+            ``off``; None: serve's for this backend and slot count).
+        draft_arms: several drafted arms instead of the one ``serve`` would start, each beside the
+            same plain arm (``tune --load``); ``draft_n_max`` and ``draft_cut`` then do not apply.
 
     Raises:
         InvalidArgumentError: bad traffic options (before anything is loaded).
@@ -221,12 +255,17 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                            requests_per_client=requests_per_client, requests=None, seed=seed,
                            backend=devices.backend or "cpu")
     # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
+    given_cut = launch.parse_draft_cut(draft_cut) if draft_cut and draft_cut.strip().lower() != "off" else None
     info, devices, decision, limits = prepare(target, draft, server=server, concurrency=[shape.slots],
-                                              draft_n_max=draft_n_max, devices=devices)
+                                              draft_n_max=draft_n_max, draft_cut=draft_cut, devices=devices)
     n_max = draft_n_max or decision.draft_n_max or limits.max_n
-    if n_max > limits.max_n:
-        raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
-                         f"block size {limits.block_size})")
+    for arm in draft_arms or [DraftArm("drafted", n_max)]:
+        if (arm.n_max or n_max) > limits.max_n:
+            raise BenchError(f"draft length {arm.n_max or n_max} exceeds what {Path(draft).name} can draft "
+                             f"({limits.max_n}, block size {limits.block_size})")
+    if given_cut and not decision.draft_cut and not draft_arms:
+        raise BenchError(f"--draft-n-max-by-slots {draft_cut}: " + ("; ".join(decision.warnings)
+                                                                    or "the engine does not take it"))
     if p_min and not limits.confidence_head:
         raise BenchError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
     synthetic = _synthetic(synthetic_len, synthetic_rates, n_max)
@@ -236,11 +275,20 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         base = base_settings(info, target, decision=decision, parallel=shape.slots, ctx_per_slot=per_slot,
                              threads=threads, extra_args=server_args, draft=draft)
         # the drafted arm is the server `serve` would start (its length and load cut, launch.decide),
-        # unless --draft-n-max asked for another length
-        drafted = arm_settings(base, draft, n_max=None if draft_n_max is None and base.draft else n_max, p_min=p_min,
-                               synthetic=synthetic)
-        settings = {"plain": arm_settings(base, None), "drafted": drafted}
-        total = 2 * sum(shape.n_requests(lv) for lv in shape.levels)
+        # unless --draft-n-max asked for another length (with --draft-n-max-by-slots' cut, if given)
+        if draft_arms:
+            settings = {"plain": arm_settings(base, None)}
+            for arm in draft_arms:
+                settings[arm.name] = arm_settings(base, draft, n_max=arm.n_max or n_max, p_min=p_min, cut=arm.cut,
+                                                  synthetic=_synthetic(synthetic_len, synthetic_rates,
+                                                                       arm.n_max or n_max))
+        else:
+            # (launch.decide gave the base both: the length and the cut, given or serve's)
+            settings = {"plain": arm_settings(base, None),
+                        "drafted": arm_settings(base, draft, n_max=None if base.draft else n_max, p_min=p_min,
+                                                synthetic=synthetic, cut=None if base.draft else given_cut)}
+        drafted = settings[next(a for a in settings if a != "plain")]
+        total = len(settings) * sum(shape.n_requests(lv) for lv in shape.levels)
         done = [0]
 
         def tick(what: str) -> None:
@@ -250,8 +298,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
 
         prompts: list[tr.Prompt] = []
         arms: dict[str, list[tr.LevelResult]] = {}
-        for k, arm in enumerate(ARMS):
-            log.info("arm %d/2: %s (%s)", k + 1, arm, logs / f"{arm}.log")
+        for k, arm in enumerate(settings):
+            log.info("arm %d/%d: %s (%s)", k + 1, len(settings), arm, logs / f"{arm}.log")
             with running(settings[arm], logs / f"{arm}.log") as c:
                 if not prompts:
                     prompts = tr.render_all(c, items)
@@ -281,9 +329,18 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                       "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
                       "p_min": p_min, "draft_cut": drafted.draft_n_max_by_slots, "slots": shape.slots, "ctx_per_slot": per_slot,
                       "synthetic": asdict(synthetic) if synthetic else None,
-                      "plain_command": settings["plain"].redacted(), "drafted_command": settings["drafted"].redacted()},
+                      "plain_command": settings["plain"].redacted(), "drafted_command": drafted.redacted(),
+                      **({"drafted_arms": {a.name: _arm_text(a, settings[a.name]) for a in draft_arms}}
+                         if draft_arms else {})},
             synthetic=synthetic.describe() if synthetic else None, arms=arms,
-            logs={a: str(logs / f"{a}.log") for a in ARMS})
+            logs={a: str(logs / f"{a}.log") for a in settings})
+
+
+def _arm_text(arm: DraftArm, s) -> str:
+    cut = s.draft_n_max_by_slots
+    if cut == [(0, 0)]:
+        return "the draft loaded, drafting paused at every load (--spec-draft-n-max-by-slots 0:0)"
+    return f"draft length {s.draft_n_max}" + (f", cut {','.join(f'{n}:{k}' for n, k in cut)}" if cut else "")
 
 
 def _check_fits(prompts: list[tr.Prompt], per_slot: int, answer_tokens: int) -> None:

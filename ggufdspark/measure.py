@@ -120,11 +120,13 @@ def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardw
 
 
 def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int | None = None,
-                 p_min: float | None = None, synthetic: Synthetic | None = None) -> ServerSettings:
+                 p_min: float | None = None, synthetic: Synthetic | None = None,
+                 cut: list[tuple[int, int]] | None = None) -> ServerSettings:
     """One arm of ``base`` (from ``base_settings``): ``draft=None`` is the same server without the
     draft; ``n_max=None`` keeps the decision's draft as ``serve`` runs it (its length and load
-    cut); another ``n_max`` is what ``serve --draft-n-max N`` would run (no load cut). ``p_min``
-    and synthetic acceptance (speed studies only) are added here, never by ``serve``.
+    cut); another ``n_max`` is what ``serve --draft-n-max N`` would run (no load cut, unless ``cut``
+    gives one: ``--draft-n-max N --draft-n-max-by-slots ...``). ``p_min`` and synthetic acceptance
+    (speed studies only) are added here, never by ``serve``.
 
     Raises:
         ValueError: ``n_max=None`` for a ``base`` that serves no draft.
@@ -136,7 +138,7 @@ def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int |
             raise ValueError("arm_settings: the base serves no draft; give n_max")
         s = launch.with_draft(base, draft, base.draft_n_max, cut=base.draft_n_max_by_slots)
     else:
-        s = launch.with_draft(base, draft, n_max)
+        s = launch.with_draft(base, draft, n_max, cut=cut)
     syn = synthetic or Synthetic()
     return dataclasses.replace(s, draft_p_min=p_min, synth_len=syn.length, synth_rates=syn.rates)
 
@@ -396,12 +398,13 @@ def concurrency_levels(concurrency: list[int] | None, backend: str) -> list[int]
 
 def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
             server: str | Path | None = None, concurrency: list[int] | None = None,
-            draft_n_max: int | None = None,
+            draft_n_max: int | None = None, draft_cut: str | None = None,
             devices: Any = None) -> tuple[eng.EngineInfo, Any, hardware.Decision, DraftLimits]:
     """Check inputs, the pair and the engine; detect devices; decide as ``serve`` would at the
     highest concurrency level (``launch.decide``: tune profile, ``draft_n_max``, the engine's
     patches). A tune profile that turned drafting off is said, not followed: a measurement needs
-    its drafted arm (``launch.decide(measuring=True)``). ``devices``: decide for this
+    its drafted arm (``launch.decide(measuring=True)``). ``draft_cut``: ``--draft-n-max-by-slots``
+    as given (``N:L,...`` or ``off``; None: serve's). ``devices``: decide for this
     ``DeviceReport`` instead of detecting the engine's (as ``serve.plan``'s). Shared by bench and tune.
 
     Raises:
@@ -416,7 +419,8 @@ def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None 
     devices = devices or hardware.detect(info)
     prof = profiles.load_profile(devices, target, draft)
     parallel = max(concurrency_levels(concurrency, devices.backend or "cpu"))
-    decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max, parallel=parallel, measuring=True)
+    decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max, parallel=parallel,
+                             draft_cut=draft_cut, measuring=True)
     return info, devices, decision, draft_limits(draft)
 
 

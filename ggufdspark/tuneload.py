@@ -1,17 +1,23 @@
 """``tune --load``: the draft length for each load, measured with ``bench --load``'s traffic.
 
-For every draft length one ``bench --load`` run (``loadbench.run_load``): the plain server and the
-drafted one at that length, side by side under the same closed-loop clients and prompts. Each
-client level then gets the length whose aggregate output tok/s beat plain's by the most, or no
-draft where none beat it by ``min_gain``. The profile ``serve`` reads keeps:
+One ``bench --load`` run (``loadbench.run_load``) with a drafted arm per draft length beside one
+plain arm, under the same closed-loop clients and prompts; length 0 is the draft loaded with
+drafting paused at every load (``--spec-draft-n-max-by-slots 0:0``): what "no draft" costs a server
+that keeps its drafter for the quiet moments. Each client level then gets the length whose
+aggregate output tok/s beat plain's by the most, or no draft where none beat it by ``min_gain``
+(where 0 was measured: pausing, unless a length beats the paused arm by ``min_gain``). The profile
+``serve`` reads keeps:
 
 * ``draft_n_max``: the winner at the lowest level;
 * ``load_cut``: ``[[N, L], ...]``, drafts cut to L while more than N slots generate, where a
-  higher level's winner is shorter (``--spec-draft-n-max-by-slots``, engine patch 0021);
-* ``max_concurrency_for_draft``: the last level that still paid (the highest measured when all
-  did): serve runs without the draft on a server with more slots than that, as for a plain ``tune``.
+  higher level's winner is shorter, L = 0 where drafting pauses (``--spec-draft-n-max-by-slots``,
+  engine patch 0021);
+* ``max_concurrency_for_draft``: without a paused arm, the last level that still paid (the highest
+  measured when all did): serve runs without the draft on a server with more slots than that, as
+  for a plain ``tune``; None with a paused arm, whose pause step does that job while load is high
+  and leaves the draft to the quiet moments.
 
-Ratios are within one run each (plain beside drafted), so a noisy machine moves both arms alike.
+Ratios are within one run (every arm beside the same plain arm), so a noisy machine moves all alike.
 """
 
 from __future__ import annotations
@@ -31,24 +37,29 @@ log = logging.getLogger(__name__)
 
 
 def recommend_load(ratios: dict[int, dict[int, float]], *, min_gain: float = MIN_GAIN) -> dict:
-    """The serving recommendation from ``{draft length: {clients: drafted / plain aggregate}}``.
+    """The serving recommendation from ``{draft length: {clients: drafted / plain aggregate}}``;
+    length 0, where present, is the paused arm (the draft loaded, no drafts).
 
     Returns:
         ``{"draft_enabled", "draft_n_max", "load_cut", "max_concurrency_for_draft", "per_level",
-        "why"}``; ``per_level`` is ``[{"clients", "best_n_max" (None: no draft), "ratio"}]``.
+        "why"}``; ``per_level`` is ``[{"clients", "best_n_max" (0: paused, None: no draft), "ratio"}]``.
     """
     levels = sorted({lv for by_level in ratios.values() for lv in by_level})
+    paused = ratios.get(0)
     per_level = []
     for lv in levels:
-        cands = [(r[lv], n) for n, r in ratios.items() if lv in r]
+        cands = [(r[lv], n) for n, r in ratios.items() if n > 0 and lv in r]
         ratio, n = max(cands, key=lambda c: (c[0], -c[1])) if cands else (0.0, None)
-        per_level.append({"clients": lv, "best_n_max": n if ratio >= min_gain else None, "ratio": round(ratio, 3)})
-    paying = [p for p in per_level if p["best_n_max"] is not None]
-    if not paying or per_level[0]["best_n_max"] is None:
+        if paused is not None and lv in paused and ratio < max(paused[lv], 1.0) * min_gain:
+            per_level.append({"clients": lv, "best_n_max": 0, "ratio": round(paused[lv], 3)})
+        else:
+            per_level.append({"clients": lv, "best_n_max": n if ratio >= min_gain else None, "ratio": round(ratio, 3)})
+    first = per_level[0]["best_n_max"] if per_level else None
+    if not first:
         return {"draft_enabled": False, "draft_n_max": None, "load_cut": None, "max_concurrency_for_draft": 0,
                 "per_level": per_level,
-                "why": f"no draft length beat the plain server by {min_gain:g}x at {levels[0]} client(s)"}
-    first = per_level[0]["best_n_max"]
+                "why": f"no draft length beat the plain server by {min_gain:g}x at {levels[0] if levels else '-'} "
+                       "client(s)"}
     cut: list[list[int]] = []
     cap = None
     current = first
@@ -59,13 +70,17 @@ def recommend_load(ratios: dict[int, dict[int, float]], *, min_gain: float = MIN
         if p["best_n_max"] < current:
             current = p["best_n_max"]
             cut.append([prev["clients"], current])
-    if cap is None:  # as tune: drafting was measured up to the highest level, not beyond it
+    if cap is None and paused is None:  # as tune: drafting was measured up to the highest level, not beyond it
         cap = levels[-1]
     why = f"draft length {first} at {levels[0]} client(s) ({per_level[0]['ratio']:.2f}x)"
     if cut:
-        why += "; " + ", ".join(f"{length} above {n} generating slots" for n, length in cut)
-    why += (f"; no draft pays above {cap} client(s)" if cap < levels[-1]
-            else f"; measured up to {cap} client(s)")
+        why += "; " + ", ".join(f"{length} above {n} generating slots" if length else
+                                f"paused above {n} generating slots" for n, length in cut)
+    if cap is None:
+        why += f"; measured up to {levels[-1]} client(s), the pause (if any) holds beyond"
+    else:
+        why += (f"; no draft pays above {cap} client(s)" if cap < levels[-1]
+                else f"; measured up to {cap} client(s)")
     return {"draft_enabled": True, "draft_n_max": first, "load_cut": cut or None, "max_concurrency_for_draft": cap,
             "per_level": per_level, "why": why}
 
@@ -83,12 +98,13 @@ class TuneLoadResult:
     def to_dict(self) -> dict:
         return {"recommendation": self.recommendation,
                 "ratios": {str(n): {str(k): v for k, v in r.items()} for n, r in self.ratios.items()},
-                "traffic": self.traffic, "profile": self.profile_path}
+                "traffic": self.traffic, "profile": self.profile_path,
+                "load": self.reports[0] if self.reports else None}
 
     def text(self) -> str:
         levels = sorted({lv for r in self.ratios.values() for lv in r})
         head = "length " + "".join(f"{lv:>10}" for lv in levels)
-        rows = [f"{n:>6} " + "".join(f"{r.get(lv, float('nan')):>9.2f}x" for lv in levels)
+        rows = [f"{n if n else 'paused':>6} " + "".join(f"{r.get(lv, float('nan')):>9.2f}x" for lv in levels)
                 for n, r in sorted(self.ratios.items())]
         rec = self.recommendation
         lines = [f"tune --load: aggregate output tok/s, drafted / plain, by clients ({self.traffic.get('shape', '')})",
@@ -104,35 +120,43 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
                   server: str | Path | None = None, threads: int | None = None,
                   server_args: list[str] | None = None, log_dir: str | Path | None = None, save: bool = True,
                   min_gain: float = MIN_GAIN, progress: Progress | None = None) -> TuneLoadResult:
-    """One ``bench --load`` run per draft length; recommend a length per load; save the profile.
+    """One ``bench --load`` run with an arm per draft length (0: paused); recommend a length per
+    load; save the profile. Default lengths: 1..the draft's longest, and 0 where the engine can pause.
 
     Raises:
-        BenchOptionError: a draft length the draft cannot make.
+        BenchOptionError: a draft length the draft cannot make, or 0 with an engine that cannot pause.
         BenchError, InputNotFoundError, PairMismatchError, EngineError: as ``loadbench.run_load``.
     """
     limits = draft_limits(draft)
-    lengths = sorted(set(draft_lengths or range(1, limits.max_n + 1)))
-    bad = [n for n in lengths if not 1 <= n <= limits.max_n]
+    can_pause = eng.find_engine(server).draft_pause
+    lengths = sorted(set(draft_lengths if draft_lengths else [*([0] if can_pause else []),
+                                                              *range(1, limits.max_n + 1)]))
+    bad = [n for n in lengths if not 0 <= n <= limits.max_n]
     if bad:
         raise BenchOptionError(f"--draft-lengths: {bad[0]} is not a length {Path(draft).name} can draft "
-                               f"(1..{limits.max_n})")
+                               f"(1..{limits.max_n}, or 0: paused)")
+    if 0 in lengths and not can_pause:
+        raise BenchOptionError("--draft-lengths 0: this llama-server cannot pause drafting (engine patch 0021 "
+                               "before L = 0; ggufdspark build-engine)")
+    drafting = [n for n in lengths if n > 0]
+    if not drafting:
+        raise BenchOptionError("--draft-lengths: give at least one length above 0 (0 is the paused arm)")
+    arms = [loadbench.DraftArm(f"n{n}", n) for n in drafting]
+    if 0 in lengths:
+        arms.append(loadbench.paused_arm(max(drafting)))
+    log.info("tune --load: draft lengths %s beside one plain arm", ",".join(map(str, lengths)))
+    rep = loadbench.run_load(target, draft, clients=clients, answer_tokens=answer_tokens,
+                             requests_per_client=requests_per_client, draft_n_max=max(drafting),
+                             synthetic_rates=list(synthetic_rates) if synthetic_rates else None, server=server,
+                             threads=threads, server_args=server_args, log_dir=log_dir, draft_arms=arms,
+                             progress=progress)
     ratios: dict[int, dict[int, float]] = {}
-    reports = []
-    traffic: dict = {}
-    for k, n in enumerate(lengths):
-        log.info("tune --load: draft length %d (%d of %d)", n, k + 1, len(lengths))
-        rep = loadbench.run_load(target, draft, clients=clients, answer_tokens=answer_tokens,
-                                 requests_per_client=requests_per_client, draft_n_max=n,
-                                 synthetic_rates=list(synthetic_rates) if synthetic_rates else None, server=server,
-                                 threads=threads, server_args=server_args,
-                                 log_dir=Path(log_dir) / f"n{n}" if log_dir else None,
-                                 progress=(lambda d, t, w, n=n: progress(d, t, f"length {n}: {w}")) if progress else None)
+    for n, arm in zip([*drafting, *([0] if 0 in lengths else [])], arms):
         ratios[n] = {int(p.level): d.aggregate_tps / p.aggregate_tps if p.aggregate_tps else 0.0
-                     for p, d in zip(rep.arms["plain"], rep.arms["drafted"])}
-        traffic = rep.traffic
-        reports.append(rep.to_dict())
+                     for p, d in zip(rep.arms["plain"], rep.arms[arm.name])}
+    traffic = rep.traffic
     rec = recommend_load(ratios, min_gain=min_gain)
-    result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic)}, reports=reports)
+    result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic)}, reports=[rep.to_dict()])
     if save:
         devices = hardware.detect(eng.find_engine(server))  # the pair and engine were checked by run_load
         data = {"recommendation": {**rec, "measured_with": "tune --load (bench --load traffic)"},

@@ -285,3 +285,22 @@ def test_crash_hunt_mixed_traffic_through_many_slots(small_pair, dspark_engine, 
         assert not c["died"] and c["answered"] == c["requests"] == 32, c
         assert c["output_tokens"] >= 32 * 8, c
     assert "16 slots, draft, env -, run 0: ok, answered 32/32" in p.stdout, p.stdout
+
+
+def test_drafts_pause_while_more_slots_generate(strong_conv_pair, start_server):
+    """Patch 0021 with L = 0 (--spec-draft-n-max-by-slots 2:0, n_max 6): while more than 2 slots
+    generate, no new drafts at all (the slots decode one token a step; the drafter keeps ingesting);
+    a request alone drafts 6 again, with the context the drafter took in while paused; output stays
+    the plain server's. A negative L is refused at start, naming N:L."""
+    import pytest
+
+    from ggufdspark.errors import ServerStartError
+
+    common, work, alone, want = wave_then_alone(strong_conv_pair, start_server, seed=13, first=60)
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, int(__import__("os").environ.get("PAUSE_L", "0")))], **common)
+    got = serve_all(spec, work)
+    last = serve_all(spec, [alone])[0]
+    print("WAVE", [(g["timings"]["predicted_n"], g["timings"].get("draft_n"), g["timings"].get("draft_n_accepted")) for g in got])
+    print("ALONE", last["timings"])
+    print("wave/step", _drafted_per_step([g["timings"] for g in got]), "alone/step", _drafted_per_step([last["timings"]]))
+    print("\n".join(l for l in spec.log_text().splitlines() if "n-max-by-slots" in l))

@@ -247,7 +247,7 @@ def test_serve_cuts_drafts_by_load(ggufdspark_cli, small_pair):
     p = ggufdspark_cli(*base, "-np", "2", "--draft-n-max-by-slots", "2:2")
     assert p.returncode == 0 and "--spec-draft-n-max-by-slots" not in p.stdout, p.stdout
     assert "never more than 2 slots generate (-np), so no draft is ever cut" in p.stderr
-    for bad in ("2:0", "4:2,2:1", "2", "a:b"):
+    for bad in ("2:-1", "4:2,2:1", "2", "a:b", "2:65"):
         p = ggufdspark_cli(*base, "-np", "8", "--draft-n-max-by-slots", bad)
         lines = [x for x in p.stderr.splitlines() if x.strip()]
         assert p.returncode == 2 and len(lines) == 1 and repr(bad) in lines[0], (bad, p.stderr)

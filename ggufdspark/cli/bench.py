@@ -29,6 +29,9 @@ from ggufdspark.errors import InvalidArgumentError
               help="Tokens generated per request.")
 @click.option("--draft-n-max", type=click.IntRange(*launch.DRAFT_N_MAX_RANGE),
               help="Draft length (default: tune profile, else the hardware table).")
+@click.option("--draft-n-max-by-slots", "draft_cut", metavar="N:L[,N:L...]",
+              help="--load: the drafted arm's load cut, as serve's (L = 0 pauses drafting; 'off': none; "
+                   "default: serve's for this backend).")
 @click.option("--p-min", type=NumberRange(0, 1),
               help="Confidence threshold for truncating drafts (engine default 0).")
 @click.option("--concurrency", callback=number_list(int),
@@ -82,7 +85,7 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--max-plain-drift", type=float, default=bench_lib.MAX_PLAIN_DRIFT, show_default=True,
               help="How far apart the two plain runs may be (0.25: one 25% faster) before no speedup is given "
                    "(exit code 5).")
-def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, p_min, concurrency,
+def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, draft_cut, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
             server_args, log_dir, load, clients, rate, answer_tokens, requests_per_client, requests, seed, as_json,
             force, plot, max_plain_drift, sampling_check, samples, temperature, top_k, alpha, sampling_prompt):
@@ -113,12 +116,13 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
         report = loadbench.run_load(
             model, draft, clients=clients, rate=rate, answer_tokens=answer_tokens,
             requests_per_client=requests_per_client, requests=requests, seed=seed, draft_n_max=draft_n_max,
-            p_min=p_min, synthetic_len=synthetic_len, synthetic_rates=synthetic_rates, server=server, threads=threads,
+            draft_cut=draft_cut, p_min=p_min, synthetic_len=synthetic_len, synthetic_rates=synthetic_rates, server=server, threads=threads,
             ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
             command=shlex.join(["ggufdspark", *sys.argv[1:]]), progress=ProgressLine("bench --load"))
         _emit(report, json_file, as_json)
         return
-    given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed"))
+    given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed",
+                                "draft_cut"))
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --load")
     if json_file:

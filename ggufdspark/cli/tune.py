@@ -20,7 +20,9 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--rates", callback=number_list(float),
               help="Per-position acceptance rates P0,P1,... (overrides --acceptance).")
 @click.option("--from-bench", type=click.Path(dir_okay=False), help="Take measured rates from a 'bench --json' report.")
-@click.option("--draft-lengths", callback=number_list(int), help="Draft lengths to try (default 1..block size).")
+@click.option("--draft-lengths", callback=number_list(int),
+              help="Draft lengths to try (default 1..block size; with --load 0 is drafting paused, tried by default "
+                   "where the engine can pause).")
 @click.option("--p-min", "p_mins", callback=number_list(float), help="Confidence thresholds to try (default 0).")
 @click.option("--concurrency", callback=number_list(int),
               help="Parallel-request levels, e.g. 1,8,32 (default per backend).")
@@ -90,7 +92,7 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
 
 
 def _tune_load(model, draft, *, acceptance, rates, others, as_json, **kw) -> None:
-    """``tune --load``: one bench --load run per draft length (``ggufdspark.tuneload``)."""
+    """``tune --load``: one bench --load run, a drafted arm per draft length (``ggufdspark.tuneload``)."""
     from ggufdspark import tuneload
 
     if others:

@@ -35,6 +35,10 @@ def engine_problem(exe: Path) -> str | None:
     return None
 
 
+# What --help says of --spec-draft-n-max-by-slots in an engine that pauses drafting at L = 0.
+DRAFT_PAUSE_HELP = "L = 0: no draft"
+
+
 @dataclass
 class EngineInfo:
     """What we learned about one ``llama-server`` executable."""
@@ -48,6 +52,9 @@ class EngineInfo:
     lib_dir: str | None = None
     backend: str | None = None  # from the cache record when known
     patches: list[str] = field(default_factory=list)  # the patch series it was built with (cache record)
+    # --spec-draft-n-max-by-slots takes L = 0, no new drafts above N generating slots (engine patch 0021
+    # since the series that keeps the tapped layers on the device, 0026); older builds refuse it
+    draft_pause: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +83,7 @@ def probe_engine(path: Path, source: str) -> EngineInfo:
     if m:
         info.spec_types = re.findall(r"[a-z][a-z0-9-]+", m.group(1).split("]")[0].split("  ")[0])
     info.dspark = "draft-dspark" in text
+    info.draft_pause = DRAFT_PAUSE_HELP in " ".join(text.split())
     info.lib_dir = str(path.parent)
     record = path.parent.parent.parent / "build.json"
     if record.is_file():
