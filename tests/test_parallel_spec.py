@@ -287,20 +287,110 @@ def test_crash_hunt_mixed_traffic_through_many_slots(small_pair, dspark_engine, 
     assert "16 slots, draft, env -, run 0: ok, answered 32/32" in p.stdout, p.stdout
 
 
+def _slot_steps_while_paused(log: str) -> tuple[int, list[str]]:
+    """From a verbose (-v) server log: how many slot steps decoded one token while drafts were paused
+    (between ``drafts paused`` and the next ``drafts no longer cut`` / ``drafts cut to``), and the
+    lines that batched a new draft there (``generate_draft``: there must be none)."""
+    paused, plain_steps, drafted = False, 0, []
+    for line in log.splitlines():
+        if "drafts paused:" in line:
+            paused = True
+        elif "drafts no longer cut:" in line or "drafts cut to " in line:
+            paused = False
+        elif paused and "generate_draft:" in line:
+            drafted.append(line)
+        elif paused and "slot decode token" in line:
+            plain_steps += 1
+    return plain_steps, drafted
+
+
 def test_drafts_pause_while_more_slots_generate(strong_conv_pair, start_server):
     """Patch 0021 with L = 0 (--spec-draft-n-max-by-slots 2:0, n_max 6): while more than 2 slots
-    generate, no new drafts at all (the slots decode one token a step; the drafter keeps ingesting);
-    a request alone drafts 6 again, with the context the drafter took in while paused; output stays
-    the plain server's. A negative L is refused at start, naming N:L."""
+    generate no new draft is made at all, the slots decode one token a step (checked step by step in
+    the verbose log, and in the wave's drafted tokens a step, which only the steps before the pause
+    starts and after it ends may add to); a request alone afterwards drafts 6 a step again; every
+    output stays the plain server's. A negative L is refused at start, naming N:L."""
     import pytest
 
     from ggufdspark.errors import ServerStartError
 
     common, work, alone, want = wave_then_alone(strong_conv_pair, start_server, seed=13, first=60)
-    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, int(__import__("os").environ.get("PAUSE_L", "0")))], **common)
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, 0)],
+                        extra_args=["-v"], **common)
     got = serve_all(spec, work)
     last = serve_all(spec, [alone])[0]
-    print("WAVE", [(g["timings"]["predicted_n"], g["timings"].get("draft_n"), g["timings"].get("draft_n_accepted")) for g in got])
-    print("ALONE", last["timings"])
-    print("wave/step", _drafted_per_step([g["timings"] for g in got]), "alone/step", _drafted_per_step([last["timings"]]))
-    print("\n".join(l for l in spec.log_text().splitlines() if "n-max-by-slots" in l))
+    spec.wait_for_log(r"drafts paused: [3-8] slots generating \(--spec-draft-n-max-by-slots\)")
+    spec.wait_for_log(r"drafts no longer cut: [0-2] slots generating \(--spec-draft-n-max-by-slots\)")
+    spec.wait_for_log(r"stop processing", count=SLOTS + 1)  # the log trails the responses
+    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
+    for i, (p, s) in enumerate(zip(want, got + [last])):
+        assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
+        assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output with drafts paused under load")
+    plain_steps, drafted = _slot_steps_while_paused(spec.log_text())
+    assert not drafted, f"{len(drafted)} new drafts while drafts were paused, first: {drafted[0]}"
+    assert plain_steps >= 3 * 30, f"only {plain_steps} slot steps while paused: the pause hardly held"
+    wave = _drafted_per_step([g["timings"] for g in got])
+    # 0.34-0.67 here, 1.45 at worst with both cores busy elsewhere (the wave's requests then reach
+    # the server staggered, the first ones drafting alone); 5.6 when the drafts are not paused
+    assert wave < 2.0, f"{SLOTS} requests at once drafted {wave:.2f} tokens a step: the pause did not hold"
+    alone_rate = _drafted_per_step([last["timings"]])
+    assert alone_rate > 5.0, f"a request alone drafted {alone_rate:.2f} tokens a step ({last['timings']}): not 6"
+    spec.stop()
+
+    with pytest.raises(ServerStartError) as e:
+        start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, -1)], **common)
+    assert "N:L needs" in str(e.value) and "'2:-1'" in str(e.value), f"a negative L, not refused by name: {e.value}"
+
+
+def test_device_features_draft_as_the_host_path(strong_conv_pair, start_server, monkeypatch):
+    """Patch 0026: the target's tapped layers stay on the device (written with SET_ROWS into one
+    persistent tensor, read by the drafter's injection with GET_ROWS) instead of going through the
+    host; LLAMA_SPEC_FEATURES_HOST=1 keeps the host path. The features are the same numbers either
+    way, so the same requests must draft exactly the same: one at a time, every request's drafted and
+    accepted counts and tokens are identical on both paths. With -b 128 -ub 32 a prompt of 200 or 330
+    tokens reaches the target in several batches and the drafter in several injection chunks (rows
+    from an offset into the tensor); a wave of 4 slots with mixed prompt lengths mixes sequences in
+    one chunk. Every output stays the plain server's (or departs from it at a near-tie)."""
+    slots = 4
+    common = dict(model=strong_conv_pair.target, parallel=slots, ctx_size=slots * 512,
+                  extra_args=["-b", "128", "-ub", "32", "-v"])  # -v: the engine's context lines
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(29)
+    seq = [([rng.randrange(16, vocab) for _ in range(n)], 40) for n in (40, 200, 90, 330)]
+    wave = [([rng.randrange(16, vocab) for _ in range(n)], 40) for n in (25, 150, 60, 280)]
+
+    def one_by_one(srv) -> list[dict]:
+        c = srv.client(timeout=300)
+        return [c.post_json("/completion", {"prompt": p, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
+                                            "cache_prompt": False, "return_tokens": True, "n_probs": 2})
+                for p, n in seq]
+
+    want = one_by_one(plain) + serve_all(plain, wave)
+    plain.stop()
+    monkeypatch.delenv("LLAMA_SPEC_FEATURES_HOST", raising=False)
+    got: dict[str, list[dict]] = {}
+    for path in ("device", "host"):
+        if path == "host":
+            monkeypatch.setenv("LLAMA_SPEC_FEATURES_HOST", "1")  # the server inherits the environment
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+        got[path] = one_by_one(spec) + serve_all(spec, wave)
+        spec.wait_for_log(r"stop processing", count=len(seq) + len(wave))  # the log trails the responses
+        assert spec.alive(), f"{path} path: the engine died:\n{spec.log_text()[-2000:]}"
+        assert len(spec.wait_for_log(r"n_ubatch\s+= 32\s*$")) >= 2, f"{path} path: -ub 32 not in force"
+        on_device = re.findall(r"tapped layer inputs stay on \S+", spec.log_text())
+        assert bool(on_device) == (path == "device"), f"{path} path, yet the engine logged: {on_device}"
+        for i, (p, s) in enumerate(zip(want, got[path])):
+            assert "tokens" in s, f"{path} path, request {i}: {s.get('error', 'no tokens in the response')}"
+            assert_same_or_near_tie(p, s["tokens"], f"{path} path, request {i}, greedy output")
+        spec.stop()
+
+    counts = {path: [(g["timings"].get("draft_n", 0), g["timings"].get("draft_n_accepted", 0)) for g in got[path]]
+              for path in got}
+    n = len(seq)
+    assert all(d > 0 for d, _ in counts["device"]), f"the draft did not engage on every request: {counts['device']}"
+    assert counts["device"][:n] == counts["host"][:n], (
+        f"one request at a time, (drafted, accepted) per request: device {counts['device'][:n]}, "
+        f"host {counts['host'][:n]}: the features on the device draft differently")
+    for i in range(n):
+        assert got["device"][i]["tokens"] == got["host"][i]["tokens"], f"request {i}: the paths' greedy outputs differ"
