@@ -30,22 +30,19 @@ class BackendDefaults:
 
 # The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
 DEFAULTS: dict[str, BackendDefaults] = {
-    # Measured on one H200 with the patched engine (docs/engine-patches.md, docs/benchmarks.md),
-    # full-size LFM2.5-VL-3B-shaped pair, published acceptance profile with seeded draws, 2026-12-01:
-    # engine patches 0001-0024, four runs (the first three before 0024; each side by side with its
-    # own plain arm; the load levels are one lock-step wave of identical 30-token prompts): length 7
-    # at one request 2.09x, 2.09x, 2.01x, 2.04x (5: 1.80-1.90x); at 8 at once 7 beat 5 in every run
-    # (1.35x, 1.23x, 1.32x, 1.32x against 1.27x, 1.22x, 1.22x, 1.29x), at 32 5 beat 7 in every run
-    # (1.01x, 1.15x, 1.08x, 1.03x against 0.96x, 1.09x, 0.98x, 0.90x). Hence 7, cut to 5 while more
-    # than 8 slots generate (two runs of that cut: 1.00x and 1.03x at 32 at once). Under closed-loop clients
-    # with real prompt lengths the same engine loses from 4 clients on (issue 27, docs/benchmarks.md,
-    # "0001-0024 under real traffic"): the cut is not yet a serving gain. The families
-    # (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5: tune there.
-    # No slot limit: pausing new drafts above 8 generating slots (patch 0011, since removed)
-    # measured 0.90x of plain at 16 requests and 0.88x at 32, against 1.23x and 0.97x drafting at
-    # every load (one run) (docs/engine-patches-history.md, 0011).
+    # Measured on one H200 with the patched engine (docs/benchmarks.md), full-size LFM2.5-VL-3B-shaped
+    # pair, published acceptance profile. Length 7: at one request it beat 5 in four runs (2.01-2.09x
+    # against 1.80-1.90x, engine 0001-0024). The load cut, under bench --load's traffic (closed-loop
+    # clients, prompts of 35-2705 tokens, 256-token answers; product series with 0026, 2026-12-02,
+    # benchmarks/results/0c1e570-product-19/): drafting at 7 against the draft loaded with drafting
+    # paused, at 16 / 32 / 64 clients 0.95x / 0.85x / 0.62x against 0.78x / 0.85x / 0.79x of plain (one
+    # run; 32 clients alone: 0.74x against 0.93x), so drafts pause above 16 generating slots; below
+    # that, 5 above 8 (7 beat 5 at 8 at once, 5 beat 7 at 32 at once in four lock-step runs, engine
+    # 0001-0024). The pause needs 0021 with L = 0 (EngineInfo.draft_pause); an engine without it keeps
+    # 8:5. A paused drafter still costs 10-20% (it takes in every row): no table reaches plain above 16.
+    # Families (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5.
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
-                            draft_cut=((8, 5),)),
+                            draft_cut=((8, 5), (16, 0))),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core

@@ -1,34 +1,40 @@
 """``bench --load``: plain against drafted serving under traffic that looks real.
 
-Two arms on one engine build, one server each, started alike (``measure.base_settings`` /
+Arms on one engine build, one server each, started alike (``measure.base_settings`` /
 ``arm_settings``, the slots the traffic needs): the target alone, then the target with the DSpark
-draft. The prompt set (``traffic.traffic_items``) is rendered and tokenized once by the first
-server; both arms send the same token ids in the same seeded order at every level. Each arm is
-warmed up (a short request, then the set's longest prompt) before its levels; each level is
-closed-loop clients or Poisson arrivals (``traffic.Shape``), every request streamed so the client
-measures its time to first token. One JSON result per run (``LoadReport.to_dict``): the exact
-command, the engine and its patch series, the devices, the traffic shape, per arm and level the
-figures and the raw requests, and drafted / plain of each figure.
+draft as ``serve`` starts it (or several drafted arms: ``DraftArm``, ``tune --load``). The prompt
+set (``traffic.traffic_items``) is rendered and tokenized once by the first server; every arm sends
+the same token ids in the same seeded order at every level. By default all servers are up at once
+and each level runs on every arm in turn, the order reversed at every other level (``interleave``),
+so a machine that slows down for a while (a shared host, a hot GPU) weighs on all arms alike; one
+server at a time is the fallback for memory that holds one. Each arm is warmed up (a short request,
+then the set's longest prompt) before the levels; each level is closed-loop clients or Poisson
+arrivals (``traffic.Shape``), every request streamed so the client measures its time to first
+token. One JSON result per run (``LoadReport.to_dict``): the exact command, the engine and its
+patch series, the devices, the traffic shape, per arm and level the figures and the raw requests,
+and drafted / plain of each figure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ggufdspark import engine as eng
 from ggufdspark import hardware, launch
 from ggufdspark import traffic as tr
 from ggufdspark.convert.common import check_output
-from ggufdspark.errors import BenchError, InvalidArgumentError, OutputExistsError
+from ggufdspark.errors import BenchError, EngineError, InvalidArgumentError, OutputExistsError
 from ggufdspark.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
-                                log_directory, prepare, running, warm)
+                                log_directory, prepare, running, server_failure, warm)
 from ggufdspark.runners.client import Client
+from ggufdspark.runners.server import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +230,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
              synthetic_rates: list[float] | None = None, server: str | Path | None = None,
              threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
              log_dir: str | Path | None = None, command: str | None = None, draft_cut: str | None = None,
-             draft_arms: list[DraftArm] | None = None, progress: Progress | None = None) -> LoadReport:
+             draft_arms: list[DraftArm] | None = None, interleave: bool = True,
+             progress: Progress | None = None) -> LoadReport:
     """Plain and drafted arms under the same traffic; see the module docstring.
 
     Args:
@@ -238,6 +245,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
             ``off``; None: serve's for this backend and slot count).
         draft_arms: several drafted arms instead of the one ``serve`` would start, each beside the
             same plain arm (``tune --load``); ``draft_n_max`` and ``draft_cut`` then do not apply.
+        interleave: every arm's server up at once, each level run on every arm in turn (the order
+            reversed at every other level), so a machine that slows down for a while slows all arms
+            alike; False: one server at a time (arms one after another), for memory that holds one.
 
     Raises:
         InvalidArgumentError: bad traffic options (before anything is loaded).
@@ -297,27 +307,55 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                 progress(min(done[0], total), total, what)
 
         prompts: list[tr.Prompt] = []
-        arms: dict[str, list[tr.LevelResult]] = {}
-        for k, arm in enumerate(settings):
-            log.info("arm %d/%d: %s (%s)", k + 1, len(settings), arm, logs / f"{arm}.log")
-            with running(settings[arm], logs / f"{arm}.log") as c:
-                if not prompts:
-                    prompts = tr.render_all(c, items)
-                    _check_fits(prompts, per_slot, answer_tokens)
-                _warm_up(c, prompts)
-                arms[arm] = []
-                for lv in shape.levels:
-                    res = tr.run_level(c, prompts, lv, shape, tick=lambda w, a=arm: tick(f"{a}: {w}"))
-                    log.info("%s, %g %s: %.1f tok/s aggregate, TTFT p50 %.3f s, %d requests", arm, lv,
-                             "clients" if shape.mode == "closed" else "requests/s", res.aggregate_tps,
-                             res.ttft_p50_s or 0.0, res.requests)
-                    arms[arm].append(res)
+        arms: dict[str, list[tr.LevelResult]] = {a: [] for a in settings}
+
+        def level(arm: str, client: Client, lv: float) -> None:
+            res = tr.run_level(client, prompts, lv, shape, tick=lambda w, a=arm: tick(f"{a}: {w}"))
+            log.info("%s, %g %s: %.1f tok/s aggregate, TTFT p50 %.3f s, %d requests", arm, lv,
+                     "clients" if shape.mode == "closed" else "requests/s", res.aggregate_tps,
+                     res.ttft_p50_s or 0.0, res.requests)
+            arms[arm].append(res)
+
+        if not interleave:  # one server at a time: each arm's levels, then the next arm
+            for k, arm in enumerate(settings):
+                log.info("arm %d/%d: %s (%s)", k + 1, len(settings), arm, logs / f"{arm}.log")
+                with running(settings[arm], logs / f"{arm}.log") as c:
+                    if not prompts:
+                        prompts = tr.render_all(c, items)
+                        _check_fits(prompts, per_slot, answer_tokens)
+                    _warm_up(c, prompts)
+                    for lv in shape.levels:
+                        level(arm, c, lv)
+        else:  # every server up; each level runs on every arm in turn, the order reversed level by level
+            with contextlib.ExitStack() as stack:
+                srvs = {}
+                for k, arm in enumerate(settings):
+                    log.info("arm %d/%d: %s (%s)", k + 1, len(settings), arm, logs / f"{arm}.log")
+                    srvs[arm] = stack.enter_context(ServerProcess(settings[arm], log_path=logs / f"{arm}.log",
+                                                                  start_timeout=600.0))
+
+                def on(arm: str, fn: Callable[[Client], None]) -> None:
+                    try:
+                        fn(srvs[arm].client())
+                    except EngineError as e:
+                        raise server_failure(srvs[arm], settings[arm], logs / f"{arm}.log", e) from None
+
+                prompts = tr.render_all(srvs["plain"].client(), items)
+                _check_fits(prompts, per_slot, answer_tokens)
+                for arm in settings:
+                    on(arm, lambda c: _warm_up(c, prompts))
+                for i, lv in enumerate(shape.levels):
+                    for arm in (list(settings) if i % 2 == 0 else list(reversed(settings))):
+                        on(arm, lambda c, a=arm, v=lv: level(a, c, v))
         sizes = [p.n_tokens for p in prompts]
         traffic = {"shape": shape.to_dict(), "prompts": "built-in set (text-only) + data/traffic.jsonl + composed "
                    "documents (ggufdspark.traffic)", "prompt_tokens": tr.length_stats(sizes),
                    "prompt_ids": [p.id for p in prompts],
                    "warmup": f"one {WARMUP_TOKENS}-token request, then the longest prompt ({max(sizes)} tokens, "
                              f"{WARMUP_TOKENS} tokens) per arm, before its levels",
+                   "order": ("interleaved: all arms' servers up, each level on every arm in turn, the order "
+                             "reversed at every other level") if interleave else "sequential: one arm's server "
+                             "and levels after another's",
                    "requests": "streamed /completion, greedy, prompt cache off, ignore_eos (every answer exactly "
                                f"{answer_tokens} tokens)"}
         return LoadReport(

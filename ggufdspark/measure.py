@@ -190,12 +190,19 @@ def running(settings: ServerSettings, log_path: Path, start_timeout: float = 600
         try:
             yield srv.client()
         except EngineError as e:
-            rc = await_exit(srv, exit_wait)
-            if rc is None:
-                raise BenchError(f"a request failed and llama-server kept running (log: {log_path}): {e}") from None
-            how = exit_cause(rc)
-            hint = f"; {SEGV_HINT}" if rc == -11 and settings.n_gpu_layers is None else ""
-            raise BenchError(f"llama-server died during the measurement (it {how}; log: {log_path}): {e}{hint}") from None
+            raise server_failure(srv, settings, log_path, e, exit_wait) from None
+
+
+def server_failure(srv: ServerProcess, settings: ServerSettings, log_path: Path, error: EngineError,
+                   exit_wait: float = EXIT_WAIT_S) -> BenchError:
+    """What a failed request to ``srv`` means: the server died (its exit code or signal, the log), or
+    it kept running and the request failed (the engine's error). Waits up to ``exit_wait`` s to tell."""
+    rc = await_exit(srv, exit_wait)
+    if rc is None:
+        return BenchError(f"a request failed and llama-server kept running (log: {log_path}): {error}")
+    how = exit_cause(rc)
+    hint = f"; {SEGV_HINT}" if rc == -11 and settings.n_gpu_layers is None else ""
+    return BenchError(f"llama-server died during the measurement (it {how}; log: {log_path}): {error}{hint}")
 
 
 def await_exit(srv: ServerProcess, timeout: float) -> int | None:

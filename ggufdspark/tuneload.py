@@ -4,8 +4,9 @@ One ``bench --load`` run (``loadbench.run_load``) with a drafted arm per draft l
 plain arm, under the same closed-loop clients and prompts; length 0 is the draft loaded with
 drafting paused at every load (``--spec-draft-n-max-by-slots 0:0``): what "no draft" costs a server
 that keeps its drafter for the quiet moments. Each client level then gets the length whose
-aggregate output tok/s beat plain's by the most, or no draft where none beat it by ``min_gain``
-(where 0 was measured: pausing, unless a length beats the paused arm by ``min_gain``). The profile
+aggregate output tok/s beat plain's by the most, or no draft where none beat it by ``min_gain``;
+where 0 was measured, a level pauses unless a length beats the paused arm by ``min_gain`` (both
+arms carry the drafter: the choice the engine makes step by step). The profile
 ``serve`` reads keeps:
 
 * ``draft_n_max``: the winner at the lowest level;
@@ -50,11 +51,14 @@ def recommend_load(ratios: dict[int, dict[int, float]], *, min_gain: float = MIN
     for lv in levels:
         cands = [(r[lv], n) for n, r in ratios.items() if n > 0 and lv in r]
         ratio, n = max(cands, key=lambda c: (c[0], -c[1])) if cands else (0.0, None)
-        if paused is not None and lv in paused and ratio < max(paused[lv], 1.0) * min_gain:
-            per_level.append({"clients": lv, "best_n_max": 0, "ratio": round(paused[lv], 3)})
+        if paused is not None and lv in paused:  # both carry the drafter: drafting must beat pausing
+            per_level.append({"clients": lv, "best_n_max": n if n and ratio >= paused[lv] * min_gain else 0,
+                              "ratio": round(ratio if n and ratio >= paused[lv] * min_gain else paused[lv], 3)})
         else:
             per_level.append({"clients": lv, "best_n_max": n if ratio >= min_gain else None, "ratio": round(ratio, 3)})
     first = per_level[0]["best_n_max"] if per_level else None
+    if first and per_level[0]["ratio"] < min_gain:  # the drafter is worth loading only if it pays when quiet
+        first = None
     if not first:
         return {"draft_enabled": False, "draft_n_max": None, "load_cut": None, "max_concurrency_for_draft": 0,
                 "per_level": per_level,
@@ -119,7 +123,8 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
                   requests_per_client: int | None = None, synthetic_rates: list[float] | None = None,
                   server: str | Path | None = None, threads: int | None = None,
                   server_args: list[str] | None = None, log_dir: str | Path | None = None, save: bool = True,
-                  min_gain: float = MIN_GAIN, progress: Progress | None = None) -> TuneLoadResult:
+                  min_gain: float = MIN_GAIN, interleave: bool = True,
+                  progress: Progress | None = None) -> TuneLoadResult:
     """One ``bench --load`` run with an arm per draft length (0: paused); recommend a length per
     load; save the profile. Default lengths: 1..the draft's longest, and 0 where the engine can pause.
 
@@ -149,7 +154,7 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
                              requests_per_client=requests_per_client, draft_n_max=max(drafting),
                              synthetic_rates=list(synthetic_rates) if synthetic_rates else None, server=server,
                              threads=threads, server_args=server_args, log_dir=log_dir, draft_arms=arms,
-                             progress=progress)
+                             interleave=interleave, progress=progress)
     ratios: dict[int, dict[int, float]] = {}
     for n, arm in zip([*drafting, *([0] if 0 in lengths else [])], arms):
         ratios[n] = {int(p.level): d.aggregate_tps / p.aggregate_tps if p.aggregate_tps else 0.0

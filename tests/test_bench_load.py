@@ -53,6 +53,7 @@ def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated
     assert rep["settings"]["draft_n_max"] == 3 and "draft-dspark" in rep["settings"]["drafted_command"]
     assert "draft-dspark" not in rep["settings"]["plain_command"]
     assert rep["synthetic"] is None
+    assert rep["traffic"]["order"].startswith("interleaved")
     plain, drafted = rep["arms"]["plain"], rep["arms"]["drafted"]
     for arm in (plain, drafted):
         assert [lv["level"] for lv in arm] == [1, 2]
@@ -75,6 +76,42 @@ def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated
     again = ggufdspark_cli(*_args(small_pair, "--clients", "1", "--json", str(out)), env=isolated)
     assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
     assert json.loads(out.read_text()) == rep
+
+
+def test_load_pause_cut_one_server_at_a_time(small_pair, ggufdspark_cli, isolated, tmp_path):
+    """--draft-n-max-by-slots reaches the drafted arm (0:0: the draft loaded, never a draft: engine
+    patch 0021 with L = 0), and --sequential runs one server after the other."""
+    p = ggufdspark_cli(*_args(small_pair, "--clients", "1,2", "--answer-tokens", "8", "--requests-per-client", "1",
+                              "--draft-n-max", "3", "--draft-n-max-by-slots", "0:0", "--sequential", "--json",
+                              "--log-dir", str(tmp_path / "logs")), env=isolated)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["traffic"]["order"].startswith("sequential")
+    assert "--spec-draft-n-max-by-slots 0:0" in " ".join(rep["settings"]["drafted_command"]), rep["settings"]
+    assert rep["settings"]["draft_cut"] == [[0, 0]]
+    assert all(lv["drafted"] == 0 for lv in rep["arms"]["drafted"]), rep["arms"]["drafted"]
+    assert "drafts paused: " in (tmp_path / "logs" / "drafted.log").read_text()
+
+
+def test_tune_load_arms_side_by_side_with_the_paused_arm(small_pair, ggufdspark_cli, isolated, tmp_path):
+    """tune --load: one run, one plain arm and a drafted arm per length, 0 the paused one (never a
+    draft), all servers up and the levels interleaved; the ratios are each arm's against that plain arm."""
+    p = ggufdspark_cli("tune", "--load", "-m", str(small_pair.target), "-md", str(small_pair.draft),
+                       "--draft-lengths", "0,2", "--clients", "1,2", "--answer-tokens", "8", "--requests-per-client",
+                       "1", "--no-save", "--json", "--log-dir", str(tmp_path / "logs"), env=isolated)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout)
+    rep = res["load"]
+    assert set(rep["arms"]) == {"plain", "n2", "n0"} and rep["traffic"]["order"].startswith("interleaved")
+    assert "paused" in rep["settings"]["drafted_arms"]["n0"]
+    assert all(lv["drafted"] == 0 for lv in rep["arms"]["n0"]) and all(lv["drafted"] > 0 for lv in rep["arms"]["n2"])
+    for n in ("0", "2"):
+        want = {str(a["level"]): b["aggregate_tps"] / a["aggregate_tps"]
+                for a, b in zip(rep["arms"]["plain"], rep["arms"][f"n{n}"])}
+        assert set(res["ratios"][n]) == {"1", "2"}
+        assert all(res["ratios"][n][k] == pytest.approx(v) for k, v in want.items())
+    assert "drafts paused: " in (tmp_path / "logs" / "n0.log").read_text()
+    assert res["profile"] is None  # --no-save
 
 
 def test_load_poisson_with_synthetic_acceptance(small_pair, ggufdspark_cli, isolated, tmp_path):

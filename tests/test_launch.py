@@ -13,6 +13,7 @@ import pytest
 from ggufdspark import bench, launch
 from ggufdspark import measure as ms
 from ggufdspark.devices import Device, DeviceReport
+from ggufdspark.engine.probe import DRAFT_PAUSE_HELP
 from ggufdspark.errors import ContextSizeError, InvalidArgumentError
 from ggufdspark.serve import plan, serving
 
@@ -66,8 +67,9 @@ def test_bench_drafted_arm_is_serves_server_on_cpu(ggufdspark_cli, small_pair, i
 
 def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isolated):
     """Deciding for an H200 with the real engine's patch list: bench's arms and serve's plan at -np 32
-    carry the same flags, the table's 8:5 load cut among them; --draft-n-max drops the cut in both."""
-    for extra, cut in (({}, "8:5"), ({"draft_n_max": 4}, None)):
+    carry the same flags, the table's load cut among them (8:5, and the pause above 16 the engine's
+    0021 can make); --draft-n-max drops the cut in both."""
+    for extra, cut in (({}, "8:5,16:0"), ({"draft_n_max": 4}, None)):
         p = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, **extra)
         info, _devices, decision, _limits = ms.prepare(small_pair.target, small_pair.draft, concurrency=[1, 8, 32],
                                                        devices=H200, **extra)
@@ -114,6 +116,36 @@ def test_decision_is_final_and_engine_aware():
     assert [r for r in d.reasons if "measured with the draft all the same" in r] == [d.reasons[1]]
     with pytest.raises(InvalidArgumentError, match="'8:x' is not N:L"):
         launch.decide(H200, patched, draft_cut="8:x")
+
+
+def test_a_pause_step_needs_an_engine_that_pauses():
+    """L = 0 (drafts paused above N generating slots, 0021 since 0026 joined the series): the table's
+    pause step goes only to an engine whose help says it pauses; a given pause step with any other
+    engine is dropped with a warning naming it, the other steps kept; parse_draft_cut takes 0."""
+    from ggufdspark.engine import EngineInfo
+
+    old = EngineInfo(path="old-server", source="explicit", dspark=True,
+                     patches=["0021-server-spec-draft-n-max-by-slots.patch"])
+    pausing = EngineInfo(path="llama-server", source="explicit", dspark=True, draft_pause=True,
+                         patches=["0021-server-spec-draft-n-max-by-slots.patch"])
+    assert launch.parse_draft_cut("2:5,16:0") == [(2, 5), (16, 0)]
+    d = launch.decide(H200, pausing, parallel=64)
+    assert d.draft_cut == [(8, 5), (16, 0)] and not [w for w in d.warnings if "pause" in w], d.warnings
+    assert any("paused above 16 generating slots" in r for r in d.reasons), d.reasons
+    assert launch.decide(H200, old, parallel=64).draft_cut == [(8, 5)]
+    d = launch.decide(H200, old, parallel=64, draft_cut="4:3,16:0")
+    assert d.draft_cut == [(4, 3)] and any("old-server cannot pause drafting" in w for w in d.warnings), d.warnings
+    d = launch.decide(H200, old, parallel=64, draft_cut="16:0")
+    assert d.draft_cut is None and any("cannot pause" in w for w in d.warnings), d.warnings
+    assert launch.decide(H200, pausing, parallel=64, draft_cut="0:0").draft_cut == [(0, 0)]
+    for bad in ("2:-1", "2:65"):
+        with pytest.raises(InvalidArgumentError, match="is not N:L"):
+            launch.parse_draft_cut(bad)
+
+
+def test_the_engine_says_it_pauses(dspark_engine):
+    """The engine built here (0021 with L = 0) says so in --help, which EngineInfo reads."""
+    assert dspark_engine.draft_pause, f"{dspark_engine.path}: --help does not say '{DRAFT_PAUSE_HELP}'"
 
 
 def test_cuda_graphs_above_16_slots_are_said():

@@ -219,6 +219,25 @@ def test_load_recommendation_keeps_a_length_per_load():
     assert not rec["draft_enabled"] and rec["max_concurrency_for_draft"] == 0
 
 
+def test_load_recommendation_pauses_where_the_paused_arm_wins():
+    """With the paused arm measured (length 0: the draft loaded, no drafts), each level drafts only
+    where a length beats pausing by min_gain, else pauses; pauses become cut steps with L = 0 and no
+    slot limit (the pause does its job); at the quietest level drafting must still beat plain.
+    The numbers are the H200 tune --load run of benchmarks/results/0c1e570-product-19/tune.json."""
+    from ggufdspark.tuneload import recommend_load
+
+    h200 = {0: {1: 0.87, 2: 0.87, 4: 0.90, 8: 0.86, 16: 0.78, 32: 0.85, 64: 0.79},
+            7: {1: 1.44, 2: 1.28, 4: 1.01, 8: 1.06, 16: 0.95, 32: 0.85, 64: 0.62}}
+    rec = recommend_load(h200, min_gain=1.02)
+    assert rec["draft_enabled"] and rec["draft_n_max"] == 7 and rec["load_cut"] == [[16, 0]], rec
+    assert rec["max_concurrency_for_draft"] is None and "paused above 16 generating slots" in rec["why"]
+    assert [p["best_n_max"] for p in rec["per_level"]] == [7, 7, 7, 7, 7, 0, 0]
+    rec = recommend_load({**h200, 5: {1: 1.3, 2: 1.2, 4: 1.1, 8: 1.12, 16: 1.0, 32: 0.8, 64: 0.6}}, min_gain=1.02)
+    assert rec["load_cut"] == [[2, 5], [16, 0]], rec  # 5 beats 7 from 4 clients, then the pause
+    rec = recommend_load({0: {1: 0.9, 8: 0.8}, 7: {1: 0.95, 8: 0.7}}, min_gain=1.02)
+    assert not rec["draft_enabled"] and rec["load_cut"] is None, rec  # beats pausing, not plain, when quiet
+
+
 def test_tune_load_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, isolated):
     """tune --load on the real engine: one bench --load run per draft length (plain beside drafted),
     the ratios per client level, the recommendation saved; serve takes its length, its load cut

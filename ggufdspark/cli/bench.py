@@ -63,6 +63,9 @@ from ggufdspark.errors import InvalidArgumentError
               help="--load: tokens per answer (256 and 1024 are the standard shapes).")
 @click.option("--requests-per-client", type=int, help="--load: requests each client sends per level [default: 3].")
 @click.option("--requests", type=int, help="--load --rate: requests per rate [default: 32].")
+@click.option("--sequential", is_flag=True,
+              help="--load: one server at a time, arm after arm (default: all arms' servers up, each level on "
+                   "every arm in turn; needs memory for both).")
 @click.option("--seed", type=int, default=tr.DEFAULT_SEED, show_default=True,
               help="--load: seed of the prompt order and the arrivals.")
 @click.option("--sampling-check", "sampling_check", is_flag=True,
@@ -87,7 +90,7 @@ from ggufdspark.errors import InvalidArgumentError
                    "(exit code 5).")
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, draft_cut, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
-            server_args, log_dir, load, clients, rate, answer_tokens, requests_per_client, requests, seed, as_json,
+            server_args, log_dir, load, clients, rate, answer_tokens, requests_per_client, requests, sequential, seed, as_json,
             force, plot, max_plain_drift, sampling_check, samples, temperature, top_k, alpha, sampling_prompt):
     """Measure decoding with and without the draft on this machine, and check the output is lossless.
 
@@ -116,13 +119,14 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
         report = loadbench.run_load(
             model, draft, clients=clients, rate=rate, answer_tokens=answer_tokens,
             requests_per_client=requests_per_client, requests=requests, seed=seed, draft_n_max=draft_n_max,
-            draft_cut=draft_cut, p_min=p_min, synthetic_len=synthetic_len, synthetic_rates=synthetic_rates, server=server, threads=threads,
+            draft_cut=draft_cut, interleave=not sequential, p_min=p_min, synthetic_len=synthetic_len,
+            synthetic_rates=synthetic_rates, server=server, threads=threads,
             ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
             command=shlex.join(["ggufdspark", *sys.argv[1:]]), progress=ProgressLine("bench --load"))
         _emit(report, json_file, as_json)
         return
     given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed",
-                                "draft_cut"))
+                                "draft_cut", "sequential"))
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --load")
     if json_file:
