@@ -36,6 +36,10 @@ from ggufdspark.tune import MIN_GAIN
 
 log = logging.getLogger(__name__)
 
+# The most servers tune --load keeps up at once to interleave its arms (plain and three drafted:
+# four 64-slot servers of the 3B pair hold about 50 GiB); with more arms they run one at a time.
+MAX_INTERLEAVED_ARMS = 4
+
 
 def recommend_load(ratios: dict[int, dict[int, float]], *, min_gain: float = MIN_GAIN) -> dict:
     """The serving recommendation from ``{draft length: {clients: drafted / plain aggregate}}``;
@@ -150,6 +154,10 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
     if 0 in lengths:
         arms.append(loadbench.paused_arm(max(drafting)))
     log.info("tune --load: draft lengths %s beside one plain arm", ",".join(map(str, lengths)))
+    if interleave and len(arms) + 1 > MAX_INTERLEAVED_ARMS:
+        log.warning("tune --load: %d arms are more servers than it keeps up at once (%d): one server at a time",
+                    len(arms) + 1, MAX_INTERLEAVED_ARMS)
+        interleave = False
     rep = loadbench.run_load(target, draft, clients=clients, answer_tokens=answer_tokens,
                              requests_per_client=requests_per_client, draft_n_max=max(drafting),
                              synthetic_rates=list(synthetic_rates) if synthetic_rates else None, server=server,
