@@ -29,8 +29,9 @@ def merge(paths: list[str]) -> dict[int, dict[int, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", nargs="+")
-    ap.add_argument("--min-gain", type=float, default=MIN_GAIN)
+    ap.add_argument("results", nargs="+", help="tune --load --json outputs")
+    ap.add_argument("--min-gain", type=float, default=MIN_GAIN,
+                    help="a length must beat plain (or the paused arm) by this much (default: tune's)")
     ap.add_argument("--json", help="write the merged ratios and recommendation here")
     a = ap.parse_args(argv)
     ratios = merge(a.results)
