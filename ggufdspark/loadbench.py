@@ -143,7 +143,8 @@ def _s(v: float | None) -> str:
 
 
 def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
-               requests_per_client: int | None, requests: int | None, seed: int, backend: str) -> tr.Shape:
+               requests_per_client: int | None, requests: int | None, seed: int, backend: str,
+               temperature: float = 0.0) -> tr.Shape:
     """The traffic asked for, validated.
 
     Raises:
@@ -152,6 +153,8 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
     """
     if answer_tokens < 1:
         raise InvalidArgumentError(f"--answer-tokens {answer_tokens}: expected at least 1")
+    if not 0 <= temperature <= 100:
+        raise InvalidArgumentError(f"--temperature {temperature:g}: expected 0 (greedy) to 100")
     if rate:
         bad = [r for r in rate if not r > 0 or r == float("inf")]
         if bad:
@@ -167,7 +170,7 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
         cap = clients[0] if clients else None
         if cap is not None and cap < 1:
             raise InvalidArgumentError(f"--clients {cap}: expected at least 1 request in flight")
-        return tr.Shape("poisson", tuple(sorted(set(rate))), answer_tokens, requests=n,
+        return tr.Shape("poisson", tuple(sorted(set(rate))), answer_tokens, requests=n, temperature=temperature,
                         max_in_flight=cap if cap is not None else min(n, 64), seed=seed)
     if requests is not None:
         raise InvalidArgumentError("--requests is for --rate; closed-loop clients take --requests-per-client")
@@ -177,7 +180,8 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
     per = tr.DEFAULT_REQUESTS_PER_CLIENT if requests_per_client is None else requests_per_client
     if per < 1:
         raise InvalidArgumentError(f"--requests-per-client {per}: expected at least 1")
-    return tr.Shape("closed", tuple(levels), answer_tokens, requests_per_client=per, seed=seed)
+    return tr.Shape("closed", tuple(levels), answer_tokens, requests_per_client=per, seed=seed,
+                    temperature=temperature)
 
 
 def check_json_path(path: str | Path, *inputs: str | Path | None, force: bool = False) -> Path:
@@ -230,7 +234,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
              synthetic_rates: list[float] | None = None, server: str | Path | None = None,
              threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
              log_dir: str | Path | None = None, command: str | None = None, draft_cut: str | None = None,
-             draft_arms: list[DraftArm] | None = None, interleave: bool = True,
+             draft_arms: list[DraftArm] | None = None, interleave: bool = True, temperature: float = 0.0,
              progress: Progress | None = None) -> LoadReport:
     """Plain and drafted arms under the same traffic; see the module docstring.
 
@@ -245,6 +249,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
             ``off``; None: serve's for this backend and slot count).
         draft_arms: several drafted arms instead of the one ``serve`` would start, each beside the
             same plain arm (``tune --load``); ``draft_n_max`` and ``draft_cut`` then do not apply.
+        temperature: 0 greedy; above, every request sampled at it (the engine's default chain), each
+            with its own seed, the same on every arm.
         interleave: every arm's server up at once, each level run on every arm in turn (the order
             reversed at every other level), so a machine that slows down for a while slows all arms
             alike; False: one server at a time (arms one after another), for memory that holds one.
@@ -257,13 +263,13 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
     """
     # the options are checked before anything loads; the default levels need the backend, known after
     shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
-                       requests=requests, seed=seed, backend="cpu")
+                       requests=requests, seed=seed, backend="cpu", temperature=temperature)
     devices = None
     if not clients and not rate:  # the default levels are the backend's
         devices = hardware.detect(eng.find_engine(server))
         shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
                            requests_per_client=requests_per_client, requests=None, seed=seed,
-                           backend=devices.backend or "cpu")
+                           backend=devices.backend or "cpu", temperature=temperature)
     # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
     given_cut = launch.parse_draft_cut(draft_cut) if draft_cut and draft_cut.strip().lower() != "off" else None
     info, devices, decision, limits = prepare(target, draft, server=server, concurrency=[shape.slots],
@@ -356,8 +362,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                    "order": ("interleaved: all arms' servers up, each level on every arm in turn, the order "
                              "reversed at every other level") if interleave else "sequential: one arm's server "
                              "and levels after another's",
-                   "requests": "streamed /completion, greedy, prompt cache off, ignore_eos (every answer exactly "
-                               f"{answer_tokens} tokens)"}
+                   "requests": "streamed /completion, " + (f"sampled at temperature {temperature:g} (the engine's "
+                               "default chain, a seed a request)" if temperature > 0 else "greedy")
+                               + f", prompt cache off, ignore_eos (every answer exactly {answer_tokens} tokens)"}
         return LoadReport(
             command=command,
             engine={"commit": info.commit, "version": info.version, "path": info.path, "patches": list(info.patches)},

@@ -116,6 +116,7 @@ class Shape:
     requests: int = DEFAULT_RATE_REQUESTS  # per rate (poisson)
     max_in_flight: int | None = None  # poisson: at most this many at once (None: no limit)
     seed: int = DEFAULT_SEED
+    temperature: float = 0.0  # 0: greedy; above, each request sampled with its own seed (seed, index)
 
     def n_requests(self, level: float) -> int:
         return int(level) * self.requests_per_client if self.mode == "closed" else self.requests
@@ -128,7 +129,8 @@ class Shape:
         return self.max_in_flight or self.requests
 
     def describe(self) -> str:
-        ans = f"{self.answer_tokens}-token answers"
+        ans = f"{self.answer_tokens}-token answers" + (f" sampled at temperature {self.temperature:g}"
+                                                       if self.temperature > 0 else "")
         if self.mode == "closed":
             lv = ",".join(str(int(v)) for v in self.levels)
             return (f"closed loop: {lv} clients, {self.requests_per_client} requests each (each sent when the "
@@ -200,10 +202,14 @@ class RequestRecord:
         return {**asdict(self), "decode_tps": self.decode_tps}
 
 
-def send(client: Client, p: Prompt, answer_tokens: int, *, index: int, who: int, t0: float) -> RequestRecord:
-    """One streamed greedy request of exactly ``answer_tokens`` tokens (``ignore_eos``), timed."""
+def send(client: Client, p: Prompt, answer_tokens: int, *, index: int, who: int, t0: float,
+         temperature: float = 0.0, seed: int | None = None) -> RequestRecord:
+    """One streamed request of exactly ``answer_tokens`` tokens (``ignore_eos``), timed: greedy, or
+    sampled at ``temperature`` with ``seed`` (the engine's default chain: top-k 40, top-p 0.95,
+    min-p 0.05)."""
     start = time.perf_counter() - t0
-    out = client.stream_complete(p.tokens, n_predict=answer_tokens, ignore_eos=True)
+    extra = {"seed": seed} if temperature > 0 and seed is not None else {}
+    out = client.stream_complete(p.tokens, n_predict=answer_tokens, ignore_eos=True, temperature=temperature, **extra)
     t = out.timings
     return RequestRecord(index, who, p.id, p.n_tokens, start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
                          t.prompt_n, t.prompt_ms, t.predicted_per_second, t.draft_n, t.draft_n_accepted, t.passes)
@@ -288,7 +294,7 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
             if failed.is_set():
                 return
             i = j * clients + c
-            _send_recorded(client, prompts[order[i]], shape.answer_tokens, i, c, t0, records, lock, failed)
+            _send_recorded(client, prompts[order[i]], shape, i, c, t0, records, lock, failed)
             if tick:
                 tick(f"{clients} clients")
 
@@ -301,12 +307,13 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
     return summarize_level(clients, records, wall)
 
 
-def _send_recorded(client: Client, prompt: Prompt, answer_tokens: int, index: int, who: int, t0: float,
+def _send_recorded(client: Client, prompt: Prompt, shape: Shape, index: int, who: int, t0: float,
                    records: list[RequestRecord], lock: threading.Lock, failed: threading.Event) -> None:
     """One request of a schedule: its record appended under ``lock``; a failure sets ``failed`` (no
     later request is sent) and is raised."""
     try:
-        r = send(client, prompt, answer_tokens, index=index, who=who, t0=t0)
+        r = send(client, prompt, shape.answer_tokens, index=index, who=who, t0=t0, temperature=shape.temperature,
+                 seed=shape.seed * 1_000_003 + index)
     except BaseException:
         failed.set()
         raise
@@ -332,7 +339,7 @@ def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape
     def one(i: int) -> None:
         if failed.is_set():
             return
-        _send_recorded(client, prompts[order[i]], shape.answer_tokens, i, i, t0, records, lock, failed)
+        _send_recorded(client, prompts[order[i]], shape, i, i, t0, records, lock, failed)
         if tick:
             tick(f"{rate:g} requests/s")
 

@@ -114,6 +114,22 @@ def test_tune_load_arms_side_by_side_with_the_paused_arm(small_pair, ggufdspark_
     assert res["profile"] is None  # --no-save
 
 
+def test_load_sampled_requests(small_pair, ggufdspark_cli, isolated):
+    """--temperature with --load: every request sampled (a seed a request, the same on both arms),
+    the drafted arm still drafting; said in the traffic description; out of range refused."""
+    p = ggufdspark_cli(*_args(small_pair, "--clients", "1", "--answer-tokens", "12", "--requests-per-client", "2",
+                              "--draft-n-max", "3", "--temperature", "0.8", "--json"), env=isolated)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["traffic"]["shape"]["temperature"] == 0.8 and "sampled at temperature 0.8" in rep["traffic"]["requests"]
+    assert "sampled at temperature 0.8" in rep["traffic"]["shape"]["describe"]
+    assert all(lv["drafted"] > 0 for lv in rep["arms"]["drafted"]), rep["arms"]["drafted"]
+    for lv in rep["arms"]["plain"] + rep["arms"]["drafted"]:
+        _check_level(lv, 2, 12)
+    bad = ggufdspark_cli(*_args(small_pair, "--clients", "1", "--temperature", "-1"), env=isolated)
+    assert bad.returncode == 2 and "--temperature -1" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
 def test_load_poisson_with_synthetic_acceptance(small_pair, ggufdspark_cli, isolated, tmp_path):
     p = ggufdspark_cli(*_args(small_pair, "--rate", "20", "--requests", "5", "--clients", "3", "--answer-tokens", "8",
                               "--draft-n-max", "3", "--synthetic-rates", "0.9,0.8,0.7,0.6", "--seed", "5", "--json"),

@@ -74,7 +74,8 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--samples", type=int, default=sb.DEFAULT_SAMPLES, show_default=True,
               help="--sampling-check: seeded completions per arm.")
 @click.option("--temperature", type=float, default=sb.DEFAULT_TEMPERATURE, show_default=True,
-              help="--sampling-check: sampling temperature.")
+              help="--sampling-check: sampling temperature; --load: every request sampled at it (default there: "
+                   "0, greedy).")
 @click.option("--top-k", type=int, default=0, show_default=True, help="--sampling-check: top-k (0: off).")
 @click.option("--alpha", type=float, default=0.01, show_default=True,
               help="--sampling-check: significance level after the Bonferroni correction over positions.")
@@ -105,7 +106,8 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
     if sampling_check:
         _sampling_check(ctx, model, draft, json_file, as_json, force)
         return
-    given = given_options(ctx, sampling_opts)
+    load_temperature = given_options(ctx, ("temperature",)) if load else []
+    given = [o for o in given_options(ctx, sampling_opts) if o not in load_temperature]
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --sampling-check")
     if load:
@@ -119,7 +121,8 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
         report = loadbench.run_load(
             model, draft, clients=clients, rate=rate, answer_tokens=answer_tokens,
             requests_per_client=requests_per_client, requests=requests, seed=seed, draft_n_max=draft_n_max,
-            draft_cut=draft_cut, interleave=not sequential, p_min=p_min, synthetic_len=synthetic_len,
+            draft_cut=draft_cut, interleave=not sequential, temperature=temperature if load_temperature else 0.0,
+            p_min=p_min, synthetic_len=synthetic_len,
             synthetic_rates=synthetic_rates, server=server, threads=threads,
             ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
             command=shlex.join(["ggufdspark", *sys.argv[1:]]), progress=ProgressLine("bench --load"))
