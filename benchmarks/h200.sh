@@ -19,7 +19,8 @@
 #             draft length and its load cut; patch 0025 turns CUDA graphs off above 16 slots),
 #             closed-loop CLIENTS (1,2,4,8,16,32,64), REQUESTS_PER_CLIENT (3) each, answers of
 #             ANSWERS tokens (256; "256 1024": a run each), synthetic acceptance at the published
-#             profile, greedy (TEMPERATURE=0.8: sampled); JSON load-ANSWER.json. A few minutes a run.
+#             profile, greedy (TEMPERATURE=0.8: sampled; LOAD_ARGS: more bench options, e.g.
+#             --server-arg=-bs for the engine's backend sampling); JSON load-ANSWER.json. A few minutes a run.
 #   tune      the draft length for each load: `ggufdspark tune --load` (one plain arm beside a
 #             drafted arm per length of TUNE_LENGTHS (0,5,7; 0: the draft loaded, drafting paused),
 #             closed-loop CLIENTS, REQUESTS_PER_CLIENT (2), ANSWERS tokens (256), synthetic acceptance
@@ -95,7 +96,7 @@ load)
     for ans in ${ANSWERS:-256}; do
         args=(bench --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}"
               --answer-tokens "$ans" --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --synthetic-rates "$rates"
-              ${TEMPERATURE:+--temperature "$TEMPERATURE"})
+              ${TEMPERATURE:+--temperature "$TEMPERATURE"} ${LOAD_ARGS:-})
         echo "== ${args[*]}"
         $py -m ggufdspark "${args[@]}" --json "$OUT/load-$ans.json" --force --log-dir "$W/load-$ans" \
             2>&1 | tee "$OUT/load-$ans.txt" | grep -v "^bench --load: [0-9]*%" | tail -n 40

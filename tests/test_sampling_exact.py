@@ -163,6 +163,32 @@ def test_speculative_sampling_keeps_the_distribution(small_pair, isolated, start
     print(f"  run time {time.monotonic() - t0:.1f} s")
 
 
+def test_a_backend_sampled_verify_keeps_the_distribution(small_pair, start_server, tmp_path):
+    """Issue 27 item 4, the engine's backend sampling (``-bs``): the drafted server samples each
+    verify row inside the target's graph (the whole chain: top-k, temperature, then the draw; only
+    token ids leave the device) and its per-position frequencies agree with a plain server's that
+    samples on the host. The drafted server's log must show the backend chain choosing the verify's
+    tokens, and drafts must be accepted."""
+    common = dict(model=small_pair.target, parallel=4, ctx_size=4 * 512)
+    plain = start_server(**common)
+    seeds = list(range(SAMPLES))
+    want = sample_arm(plain.client(timeout=300), PROMPT, seeds, n_predict=N_PREDICT, temperature=TEMPERATURE,
+                      top_k=TOP_K)
+    plain.stop()
+    spec = start_server(draft=small_pair.draft, draft_n_max=3, extra_args=["-bs", "-v"], **common)
+    got = sample_arm(spec.client(timeout=300), PROMPT, [s + 100_000 for s in seeds], n_predict=N_PREDICT,
+                     temperature=TEMPERATURE, top_k=TOP_K)
+    assert got.draft_n > SAMPLES and got.draft_n_accepted > SAMPLES // 4, (got.draft_n, got.draft_n_accepted)
+    spec.stop()
+    log = spec.log_text()
+    on_backend = log.count("Backend sampler selected token")
+    assert on_backend >= SAMPLES * N_PREDICT // 2, f"only {on_backend} tokens sampled by the backend chain"
+    res = check_samples(want.tokens, got.tokens, alpha=0.01)
+    print(f"\n  -bs drafted against host-sampled plain: {res.describe()}; accepted {got.draft_n_accepted}/"
+          f"{got.draft_n}; {on_backend} tokens chosen on the backend")
+    assert res.tested == N_PREDICT and res.status == "pass", res.describe()
+
+
 def test_bench_sampling_check_command(small_pair, isolated, ggufdspark_cli, tmp_path):
     """``ggufdspark bench --sampling-check``: both arms on the real engine, the JSON report, exit 0."""
     import json
