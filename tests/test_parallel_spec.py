@@ -394,3 +394,59 @@ def test_device_features_draft_as_the_host_path(strong_conv_pair, start_server, 
         f"host {counts['host'][:n]}: the features on the device draft differently")
     for i in range(n):
         assert got["device"][i]["tokens"] == got["host"][i]["tokens"], f"request {i}: the paths' greedy outputs differ"
+
+
+def test_drafting_resumes_after_a_pause_losslessly(strong_conv_pair, start_server):
+    """A request that keeps generating through a pause drafts again once the load falls, and its
+    output stays the plain server's. Two slots, n_max 6, drafts paused while more than 1 generates
+    (--spec-draft-n-max-by-slots 1:0): a long and a short request at once are paused together; when
+    the short one ends the long one drafts on alone. With developer patch 0027 its drafter skipped
+    the paused steps' rows, so its context is started afresh at that point (the drafter's cache takes
+    positions only consecutively: a stale context would fail the draft decode); without it the
+    drafter took them in. Either way: resumed drafts, accepted tokens, the plain output."""
+    common = dict(model=strong_conv_pair.target, parallel=2, ctx_size=2 * 512)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(41)
+    work = [([rng.randrange(16, vocab) for _ in range(120)], 200), ([rng.randrange(16, vocab) for _ in range(60)], 40)]
+    want = _at_once(plain, work)
+    plain.stop()
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(1, 0)],
+                        extra_args=["-v"], **common)
+    got = _at_once(spec, work)
+    spec.wait_for_log(r"drafts paused: 2 slots generating")
+    spec.wait_for_log(r"stop processing", count=2)  # the log trails the responses
+    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
+    for i, (p, s) in enumerate(zip(want, got)):
+        assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
+        assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output across a pause")
+    log = spec.log_text().splitlines()
+    paused_at = max(i for i, line in enumerate(log) if "drafts paused: 2 slots generating" in line)
+    resumed = [i for i, line in enumerate(log) if "drafts no longer cut: 1 slots generating" in line and i > paused_at]
+    assert resumed, "the pause never ended while the long request went on"
+    drafts_after = sum("generate_draft" in line for line in log[resumed[0]:])
+    assert drafts_after >= 10, f"only {drafts_after} drafts after the pause ended: drafting did not resume"
+    assert got[0]["timings"].get("draft_n_accepted", 0) > 0, f"no draft accepted: {got[0]['timings']}"
+    assert not any("inconsistent sequence positions" in line for line in log), "a drafter decode was refused"
+
+
+def _at_once(srv, work) -> list[dict]:
+    """``work`` sent all at once, one thread a request (greedy, n_probs 2 for the near-tie check)."""
+    client = srv.client(timeout=300)
+    out: list[dict | None] = [None] * len(work)
+
+    def one(i: int) -> None:
+        prompt, n = work[i]
+        try:
+            out[i] = client.post_json("/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
+                                                      "ignore_eos": True, "cache_prompt": False,
+                                                      "return_tokens": True, "n_probs": 2})
+        except Exception as e:  # noqa: BLE001 - the assertion names it
+            out[i] = {"error": repr(e)}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out  # type: ignore[return-value]
