@@ -113,10 +113,11 @@ class LoadReport:
                     f"{_f(lv.accept_length, 7, 2)}")
 
         several = len(self.drafted_arms) > 1
+        ratios = {a: self.ratios_of(a) for a in self.drafted_arms}
         for i, p in enumerate(self.arms["plain"]):
             lines.append(row(p, "plain"))
             for a in self.drafted_arms:
-                r = self.ratios_of(a)[i]
+                r = ratios[a][i]
                 lines += [row(self.arms[a][i], a),
                           f"{'':>7} {'ratio' if not several else a + '/pl':>8} {'':>5} {_x(r['aggregate_tps'], 10)} "
                           f"{_x(r['decode_tps_median'], 10)} {_x(r['ttft_p50_s'], 9)} {_x(r['ttft_p95_s'], 9)} "
@@ -290,19 +291,14 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
     with log_directory(log_dir, "ggufdspark-load-") as logs:
         base = base_settings(info, target, decision=decision, parallel=shape.slots, ctx_per_slot=per_slot,
                              threads=threads, extra_args=server_args, draft=draft)
-        # the drafted arm is the server `serve` would start (its length and load cut, launch.decide),
-        # unless --draft-n-max asked for another length (with --draft-n-max-by-slots' cut, if given)
-        if draft_arms:
-            settings = {"plain": arm_settings(base, None)}
-            for arm in draft_arms:
-                settings[arm.name] = arm_settings(base, draft, n_max=arm.n_max or n_max, p_min=p_min, cut=arm.cut,
-                                                  synthetic=_synthetic(synthetic_len, synthetic_rates,
-                                                                       arm.n_max or n_max))
-        else:
-            # (launch.decide gave the base both: the length and the cut, given or serve's)
-            settings = {"plain": arm_settings(base, None),
-                        "drafted": arm_settings(base, draft, n_max=None if base.draft else n_max, p_min=p_min,
-                                                synthetic=synthetic, cut=None if base.draft else given_cut)}
+        # the drafted arm is the server `serve` would start (its length and load cut, launch.decide
+        # gave the base both), unless --draft-n-max asked for another length; several arms: each its own
+        settings = {"plain": arm_settings(base, None)}
+        for arm in draft_arms or [DraftArm("drafted")]:
+            serves = arm.n_max is None and base.draft is not None
+            settings[arm.name] = arm_settings(base, draft, n_max=None if serves else arm.n_max or n_max, p_min=p_min,
+                                              cut=arm.cut if draft_arms else given_cut,
+                                              synthetic=_synthetic(synthetic_len, synthetic_rates, arm.n_max or n_max))
         drafted = settings[next(a for a in settings if a != "plain")]
         total = len(settings) * sum(shape.n_requests(lv) for lv in shape.levels)
         done = [0]

@@ -56,8 +56,9 @@ def recommend_load(ratios: dict[int, dict[int, float]], *, min_gain: float = MIN
         cands = [(r[lv], n) for n, r in ratios.items() if n > 0 and lv in r]
         ratio, n = max(cands, key=lambda c: (c[0], -c[1])) if cands else (0.0, None)
         if paused is not None and lv in paused:  # both carry the drafter: drafting must beat pausing
-            per_level.append({"clients": lv, "best_n_max": n if n and ratio >= paused[lv] * min_gain else 0,
-                              "ratio": round(ratio if n and ratio >= paused[lv] * min_gain else paused[lv], 3)})
+            drafts = bool(n) and ratio >= paused[lv] * min_gain
+            per_level.append({"clients": lv, "best_n_max": n if drafts else 0,
+                              "ratio": round(ratio if drafts else paused[lv], 3)})
         else:
             per_level.append({"clients": lv, "best_n_max": n if ratio >= min_gain else None, "ratio": round(ratio, 3)})
     first = per_level[0]["best_n_max"] if per_level else None
@@ -137,7 +138,8 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
         BenchError, InputNotFoundError, PairMismatchError, EngineError: as ``loadbench.run_load``.
     """
     limits = draft_limits(draft)
-    can_pause = eng.find_engine(server).draft_pause
+    engine = eng.find_engine(server)
+    can_pause = engine.draft_pause
     lengths = sorted(set(draft_lengths if draft_lengths else [*([0] if can_pause else []),
                                                               *range(1, limits.max_n + 1)]))
     bad = [n for n in lengths if not 0 <= n <= limits.max_n]
@@ -150,9 +152,9 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
     drafting = [n for n in lengths if n > 0]
     if not drafting:
         raise BenchOptionError("--draft-lengths: give at least one length above 0 (0 is the paused arm)")
-    arms = [loadbench.DraftArm(f"n{n}", n) for n in drafting]
+    arms = {n: loadbench.DraftArm(f"n{n}", n) for n in drafting}
     if 0 in lengths:
-        arms.append(loadbench.paused_arm(max(drafting)))
+        arms[0] = loadbench.paused_arm(max(drafting))
     log.info("tune --load: draft lengths %s beside one plain arm", ",".join(map(str, lengths)))
     if interleave and len(arms) + 1 > MAX_INTERLEAVED_ARMS:
         log.warning("tune --load: %d arms are more servers than it keeps up at once (%d): one server at a time",
@@ -161,17 +163,15 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
     rep = loadbench.run_load(target, draft, clients=clients, answer_tokens=answer_tokens,
                              requests_per_client=requests_per_client, draft_n_max=max(drafting),
                              synthetic_rates=list(synthetic_rates) if synthetic_rates else None, server=server,
-                             threads=threads, server_args=server_args, log_dir=log_dir, draft_arms=arms,
-                             interleave=interleave, progress=progress)
-    ratios: dict[int, dict[int, float]] = {}
-    for n, arm in zip([*drafting, *([0] if 0 in lengths else [])], arms):
-        ratios[n] = {int(p.level): d.aggregate_tps / p.aggregate_tps if p.aggregate_tps else 0.0
-                     for p, d in zip(rep.arms["plain"], rep.arms[arm.name])}
+                             threads=threads, server_args=server_args, log_dir=log_dir,
+                             draft_arms=list(arms.values()), interleave=interleave, progress=progress)
+    ratios = {n: {int(r["level"]): r["aggregate_tps"] or 0.0 for r in rep.ratios_of(arm.name)}
+              for n, arm in arms.items()}
     traffic = rep.traffic
     rec = recommend_load(ratios, min_gain=min_gain)
     result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic)}, reports=[rep.to_dict()])
     if save:
-        devices = hardware.detect(eng.find_engine(server))  # the pair and engine were checked by run_load
+        devices = hardware.detect(engine)  # the pair and engine were checked by run_load
         data = {"recommendation": {**rec, "measured_with": "tune --load (bench --load traffic)"},
                 "load": {"ratios": result.to_dict()["ratios"], "traffic": _shape_text(traffic)}}
         result.profile_path = str(profiles.save_profile(devices, target, draft, data))

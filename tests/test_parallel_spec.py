@@ -24,25 +24,10 @@ def workload(vocab: int, seed: int = 7) -> list[tuple[list[int], int]]:
 
 def serve_all(srv, work) -> list[dict]:
     """Send ``work`` in waves of SLOTS concurrent greedy requests; every result is kept."""
-    client = srv.client(timeout=300)
-    out: list[dict | None] = [None] * len(work)
-
-    def one(i: int) -> None:
-        prompt, n = work[i]
-        try:
-            out[i] = client.post_json("/completion", {
-                "prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
-                "cache_prompt": False, "return_tokens": True, "n_probs": 2})
-        except Exception as e:  # noqa: BLE001 - the assertion below names it
-            out[i] = {"error": repr(e)}
-
+    out: list[dict] = []
     for wave in range(0, len(work), SLOTS):
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(wave, min(wave + SLOTS, len(work)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    return out  # type: ignore[return-value]
+        out += _at_once(srv, work[wave:wave + SLOTS])
+    return out
 
 
 def assert_same_or_near_tie(plain: dict, tokens: list[int], what: str) -> None:
