@@ -160,6 +160,8 @@ BAD = [
     (["--concurrency", "1,2"], "--concurrency"),
     (["-n", "16"], "--n-predict"),
     (["--max-plain-drift", "1"], "--max-plain-drift"),
+    (["--draft-n-max-by-slots", "8:x"], "'8:x' is not N:L"),
+    (["--temperature", "-1"], "--temperature -1"),
 ]
 
 

@@ -266,7 +266,8 @@ def test_tune_load_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, 
     assert show.returncode == 0 and f"RECOMMENDATION: draft length {n} at 1 client(s)" in show.stdout, show.stderr
     for args, said in ((["--clients", "1,2"], "tune: --clients needs --load"),
                        (["--load", "--concurrency", "1,2"], "tune --load: --concurrency belongs to the lock-step"),
-                       (["--load", "--draft-lengths", "99"], "--draft-lengths: 99 is not a length")):
+                       (["--load", "--draft-lengths", "99"], "--draft-lengths: 99 is not a length"),
+                       (["--load", "--draft-lengths", "0"], "give at least one length above 0")):
         p = ggufdspark_cli("tune", *pair, *args, env=isolated)
         assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
 
