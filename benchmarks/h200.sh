@@ -29,8 +29,10 @@
 #             `ggufdspark bench --load` with it against plain (JSON load-table.json): the table as
 #             served. A few minutes.
 #   prefill   what does the draft cost in prompt processing? benchmarks/prefill_speed.py: one
-#             PREFILL_TOKENS (4096) prompt, then 8 at once, one answer token, plain against drafted:
-#             the server's prompt eval tok/s. About a minute.
+#             PREFILL_TOKENS (4096) prompt, then 8 at once, one answer token, plain against drafted
+#             and the arms of PREFILL_ARMS (';'-separated --arm specs: NAME=plain|drafted KEY=VALUE
+#             ... server args): the server's prompt eval tok/s; JSON prefill-TAG.json. About a minute
+#             (half a minute more an arm).
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
 #             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
@@ -127,8 +129,11 @@ table)
         2>&1 | grep -v "^bench --load: [0-9]*%" | tail -n 30
     ;;
 prefill)
+    arms=(); IFS=';' read -ra specs <<< "${PREFILL_ARMS:-}"
+    for spec in "${specs[@]}"; do [ -n "$spec" ] && arms+=(--arm "$spec"); done
     $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" \
-        --concurrency 8 --json "$OUT/prefill.json" --log-dir "$W/prefill" 2>&1 | tee "$OUT/prefill.txt" | tail -n 8
+        --concurrency 8 "${arms[@]}" --json "$OUT/prefill-${TAG:-a}.json" --log-dir "$W/prefill-${TAG:-a}" 2>&1 \
+        | tee "$OUT/prefill-${TAG:-a}.txt" | tail -n $((8 + ${#arms[@]} / 2))
     ;;
 bench)
     "$(dirname "$(BIN)")/llama-bench" -m "$T" -ngl 99 -fa 1 -p "${PP:-1,2,4,8,10,512}" -n 128 -r 5 -o md 2>/dev/null \

@@ -33,16 +33,16 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # Measured on one H200 with the patched engine (docs/benchmarks.md), full-size LFM2.5-VL-3B-shaped
     # pair, published acceptance profile. Length 7: at one request it beat 5 in four runs (2.01-2.09x
     # against 1.80-1.90x, engine 0001-0024). The load cut, under bench --load's traffic (closed-loop
-    # clients, prompts of 35-2705 tokens, 256-token answers; product series with 0026, 2026-12-02,
-    # benchmarks/results/0c1e570-product-19/): drafting at 7 against the draft loaded with drafting
-    # paused, at 16 / 32 / 64 clients 0.95x / 0.85x / 0.62x against 0.78x / 0.85x / 0.79x of plain (one
-    # run; 32 clients alone: 0.74x against 0.93x), so drafts pause above 16 generating slots; below
-    # that, 5 above 8 (7 beat 5 at 8 at once, 5 beat 7 at 32 at once in four lock-step runs, engine
-    # 0001-0024). The pause needs 0021 with L = 0 (EngineInfo.draft_pause); an engine without it keeps
-    # 8:5. A paused drafter still costs 10-20% (it takes in every row): no table reaches plain above 16.
+    # clients, prompts of 35-2705 tokens, 256-token answers; product-21: 0027 and 0028 joined, 2026-12-02,
+    # benchmarks/results/0c1e570-product-21/): tune --load put drafting at 7 against the draft loaded
+    # and paused at 1.79/1.59/1.29/1.49/1.25/0.99/0.69x against 0.96-0.99x of plain at 1-64 clients,
+    # and at 4-32 clients length 5 below 7 everywhere (1.07x against 1.29x at 8); so 7, paused above
+    # 16 generating slots. The pause needs 0021 with L = 0 (EngineInfo.draft_pause); an engine without
+    # it gets no cut. Served as the table (two runs): 1.69-1.72x at 1 client, 1.28-1.70x at 8, 1.13-1.27x
+    # at 16, 0.84-1.00x at 32, 0.87-0.88x at 64.
     # Families (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5.
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
-                            draft_cut=((8, 5), (16, 0))),
+                            draft_cut=((16, 0),)),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core

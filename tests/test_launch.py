@@ -67,9 +67,9 @@ def test_bench_drafted_arm_is_serves_server_on_cpu(ggufdspark_cli, small_pair, i
 
 def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isolated):
     """Deciding for an H200 with the real engine's patch list: bench's arms and serve's plan at -np 32
-    carry the same flags, the table's load cut among them (8:5, and the pause above 16 the engine's
-    0021 can make); --draft-n-max drops the cut in both."""
-    for extra, cut in (({}, "8:5,16:0"), ({"draft_n_max": 4}, None)):
+    carry the same flags, the table's load cut among them (the pause above 16 the engine's 0021 can
+    make); --draft-n-max drops the cut in both."""
+    for extra, cut in (({}, "16:0"), ({"draft_n_max": 4}, None)):
         p = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, **extra)
         info, _devices, decision, _limits = ms.prepare(small_pair.target, small_pair.draft, concurrency=[1, 8, 32],
                                                        devices=H200, **extra)
@@ -92,11 +92,11 @@ def test_decision_is_final_and_engine_aware():
     given cut the engine cannot run is a warning, never a flag; a tune profile's limit turns drafting off."""
     from ggufdspark.engine import EngineInfo
 
-    patched = EngineInfo(path="llama-server", source="explicit", dspark=True,
+    patched = EngineInfo(path="llama-server", source="explicit", dspark=True, draft_pause=True,
                          patches=["0021-server-spec-draft-n-max-by-slots.patch"])
     bare = EngineInfo(path="llama-server", source="explicit", dspark=True)
-    assert launch.decide(H200, patched, parallel=32).draft_cut == [(8, 5)]
-    assert launch.decide(H200, patched, parallel=8).draft_cut is None  # never more than 8 generate
+    assert launch.decide(H200, patched, parallel=32).draft_cut == [(16, 0)]
+    assert launch.decide(H200, patched, parallel=16).draft_cut is None  # never more than 16 generate
     assert launch.decide(H200, bare, parallel=32).draft_cut is None
     assert launch.decide(H200, patched, parallel=32, draft_cut="off").draft_cut is None
     d = launch.decide(H200, bare, parallel=32, draft_cut="2:5")
@@ -112,7 +112,7 @@ def test_decision_is_final_and_engine_aware():
                                                 "max_concurrency_for_draft": 0}}
     assert not launch.decide(H200, patched, profile=off, parallel=32).draft_enabled
     d = launch.decide(H200, patched, profile=off, parallel=32, measuring=True)
-    assert d.draft_enabled and d.draft_n_max == 7 and d.draft_cut == [(8, 5)]
+    assert d.draft_enabled and d.draft_n_max == 7 and d.draft_cut == [(16, 0)]
     assert [r for r in d.reasons if "measured with the draft all the same" in r] == [d.reasons[1]]
     with pytest.raises(InvalidArgumentError, match="'8:x' is not N:L"):
         launch.decide(H200, patched, draft_cut="8:x")
@@ -130,9 +130,9 @@ def test_a_pause_step_needs_an_engine_that_pauses():
                          patches=["0021-server-spec-draft-n-max-by-slots.patch"])
     assert launch.parse_draft_cut("2:5,16:0") == [(2, 5), (16, 0)]
     d = launch.decide(H200, pausing, parallel=64)
-    assert d.draft_cut == [(8, 5), (16, 0)] and not [w for w in d.warnings if "pause" in w], d.warnings
+    assert d.draft_cut == [(16, 0)] and not [w for w in d.warnings if "pause" in w], d.warnings
     assert any("paused above 16 generating slots" in r for r in d.reasons), d.reasons
-    assert launch.decide(H200, old, parallel=64).draft_cut == [(8, 5)]
+    assert launch.decide(H200, old, parallel=64).draft_cut is None  # the table's one step is a pause
     d = launch.decide(H200, old, parallel=64, draft_cut="4:3,16:0")
     assert d.draft_cut == [(4, 3)] and any("old-server cannot pause drafting" in w for w in d.warnings), d.warnings
     d = launch.decide(H200, old, parallel=64, draft_cut="16:0")

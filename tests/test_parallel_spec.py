@@ -435,3 +435,71 @@ def _at_once(srv, work) -> list[dict]:
     for t in threads:
         t.join()
     return out  # type: ignore[return-value]
+
+
+CHECKPOINT = re.compile(r"created context checkpoint \d+ of \d+ \(pos_min = (-?\d+), pos_max = (-?\d+), "
+                        r"n_tokens = (\d+), size = ([\d.]+) MiB\)")
+
+
+def test_a_prompt_checkpoint_restores_the_drafter_without_copying_it(strong_conv_pair, start_server, monkeypatch):
+    """Patch 0028: the server's prompt checkpoints (the hybrid target's recurrent state, taken near a
+    prompt's end) no longer copy the drafter's K/V, which a plain KV cache ignored the "partial only"
+    flag for (a 4096-token prompt: its whole cache to the host, twice). A drafter whose cache drops
+    any tail keeps its cells across a restore: the slot's seq_rm trims them. So: on one slot, a
+    prompt, then a second prompt that shares its first 175 tokens (the target restores the
+    checkpoint taken at n - 36 and processes on from there): the drafted server's checkpoints are as
+    small as the plain server's, and the second request drafts exactly as with the copy
+    (LLAMA_SPEC_CKPT_DFT=1: the drafter's K/V copied and loaded back), its output the plain one."""
+    common = dict(model=strong_conv_pair.target, parallel=1, ctx_size=1024,
+                  extra_args=["-b", "128", "-ub", "32", "-v"])  # checkpoints at n - 36 and n - 4; -v: their lines
+    rng = random.Random(53)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    first = [rng.randrange(16, vocab) for _ in range(190)]
+    second = first[:175] + [rng.randrange(16, vocab) for _ in range(70)]
+
+    def both(srv) -> list[dict]:
+        c = srv.client(timeout=300)
+        return [c.post_json("/completion", {"prompt": p, "n_predict": 48, "temperature": 0.0, "ignore_eos": True,
+                                            "cache_prompt": True, "return_tokens": True, "n_probs": 2})
+                for p in (first, second)]
+
+    def checkpoints(srv) -> list[tuple[int, float]]:
+        srv.wait_for_log(r"stop processing", count=2)  # the log trails the responses
+        return [(int(m.group(3)), float(m.group(4))) for m in CHECKPOINT.finditer(srv.log_text())]
+
+    want = both(plain)
+    plain_ckpts = checkpoints(plain)
+    assert "restored context checkpoint" in plain.log_text(), "the second prompt restored no checkpoint"
+    plain.stop()
+    assert plain_ckpts, "the plain server made no prompt checkpoint"
+    got: dict[str, list[dict]] = {}
+    sizes: dict[str, list[tuple[int, float]]] = {}
+    monkeypatch.delenv("LLAMA_SPEC_CKPT_DFT", raising=False)
+    for way in ("trimmed", "copied"):
+        if way == "copied":
+            monkeypatch.setenv("LLAMA_SPEC_CKPT_DFT", "1")  # the server inherits the environment
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+        got[way] = both(spec)
+        sizes[way] = checkpoints(spec)
+        log = spec.log_text()
+        assert spec.alive(), f"{way}: the engine died:\n{log[-2000:]}"
+        assert "restored context checkpoint" in log, f"{way}: the second prompt restored no checkpoint"
+        assert "inconsistent sequence positions" not in log, f"{way}: a drafter decode was refused"
+        for i, (p, s) in enumerate(zip(want, got[way])):
+            assert "tokens" in s, f"{way}, request {i}: {s.get('error', 'no tokens in the response')}"
+            assert_same_or_near_tie(p, s["tokens"], f"{way}, request {i}, greedy output")
+        spec.stop()
+
+    assert [n for n, _ in sizes["trimmed"]] == [n for n, _ in plain_ckpts], (sizes["trimmed"], plain_ckpts)
+    for (n, mib), (_, plain_mib) in zip(sizes["trimmed"], plain_ckpts):
+        assert mib <= plain_mib + 0.01, f"checkpoint at {n} tokens: {mib} MiB with the draft, {plain_mib} plain"
+    assert all(mib > plain_mib + 0.01 for (_, mib), (_, plain_mib) in zip(sizes["copied"], plain_ckpts)), (
+        f"LLAMA_SPEC_CKPT_DFT=1 copied no drafter state: {sizes['copied']} against plain {plain_ckpts}")
+    counts = {way: [(g["timings"].get("draft_n", 0), g["timings"].get("draft_n_accepted", 0)) for g in got[way]]
+              for way in got}
+    assert counts["trimmed"][1][0] > 0, f"the second request never drafted: {counts['trimmed']}"
+    assert counts["trimmed"] == counts["copied"], (
+        f"(drafted, accepted) per request: trimmed {counts['trimmed']}, copied {counts['copied']}: the drafter's "
+        "context after the restore differs")
+    assert got["trimmed"][1]["tokens"] == got["copied"][1]["tokens"]

@@ -265,16 +265,18 @@ def test_serve_has_no_slot_limit_option(ggufdspark_cli, small_pair):
 
 
 def test_the_cuda_load_cut_goes_with_the_table_length_only():
-    """CUDA's table cuts drafts to 5 above 8 generating slots (measured with its length 7), on an
-    engine with patch 0021; a tune profile's length or --draft-n-max replaces the cut too; CPU has none."""
+    """CUDA's table pauses drafts above 16 generating slots (measured with its length 7), on an
+    engine whose patch 0021 pauses; a tune profile's length or --draft-n-max replaces the cut too; CPU
+    has none."""
     from ggufdspark import launch
     from ggufdspark.devices import DeviceReport
     from ggufdspark.engine import EngineInfo
 
-    engine = EngineInfo(path="llama-server", source="explicit", patches=["0021-spec-draft-n-max-by-slots.patch"])
+    engine = EngineInfo(path="llama-server", source="explicit", draft_pause=True,
+                        patches=["0021-spec-draft-n-max-by-slots.patch"])
     cuda = DeviceReport(backend="cuda", source="none")
     d = launch.decide(cuda, engine, parallel=32)
-    assert d.draft_n_max == 7 and d.draft_cut == [(8, 5)], d
+    assert d.draft_n_max == 7 and d.draft_cut == [(16, 0)], d
     prof = {"path": "p.json", "recommendation": {"draft_enabled": True, "draft_n_max": 4}}
     assert launch.decide(cuda, engine, profile=prof, parallel=32).draft_cut is None
     assert launch.decide(cuda, engine, draft_n_max=6, parallel=32).draft_cut is None
