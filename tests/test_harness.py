@@ -42,25 +42,39 @@ def test_an_arm_is_measured_plain_and_drafted_and_checked_lossless(small_pair, i
 
 
 def test_prefill_speed_reports_prompt_processing_plain_and_drafted(small_pair, isolated, tmp_path):
+    """prefill_speed.py: plain and drafted arms, and an --arm variant with an engine variable and a
+    server argument (here the drafter's checkpoint copy of patch 0028 and -ctxcp 0) started with
+    them; every arm's ratio is against plain; a malformed --arm is refused in one line."""
     out = tmp_path / "prefill.json"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "prefill_speed.py"), "-m", str(small_pair.target),
                         "-md", str(small_pair.draft), "--prompt-tokens", "96", "--concurrency", "2", "--trials", "1",
+                        "--arm", "copied=drafted LLAMA_SPEC_CKPT_DFT=1 -ctxcp 0",
                         "--json", str(out), "--log-dir", str(tmp_path / "logs")],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads(out.read_text())
-    assert [a["arm"] for a in rep["arms"]] == ["plain", f"draft-n{rep['draft_n_max']}"]
+    assert [a["arm"] for a in rep["arms"]] == ["plain", f"draft-n{rep['draft_n_max']}", "copied"]
     for a in rep["arms"]:
         assert a["one"]["prompt_n"] == 96 and a["one"]["prompt_tps"] > 0, a
         assert a["at_once"]["requests"] == 2 and a["at_once"]["prompt_tokens"] == 2 * 96, a
         assert a["at_once"]["aggregate_prompt_tps"] > 0, a
-    assert "draft/plain" in p.stdout, p.stdout
+        assert a["ratio"]["one"] == a["one"]["prompt_tps"] / rep["arms"][0]["one"]["prompt_tps"], a
+        assert a["arm"] in p.stdout
+    copied = rep["arms"][2]
+    assert copied["env"] == {"LLAMA_SPEC_CKPT_DFT": "1"} and copied["cmd"].endswith("-ctxcp 0"), copied
+    assert "/plain (1)" in p.stdout and rep["ratio"] == rep["arms"][1]["ratio"], p.stdout
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "prefill_speed.py"), "-m", str(small_pair.target),
+                          "-md", str(small_pair.draft), "--arm", "x=neither -ctxcp 0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--arm 'x=neither -ctxcp 0': expected NAME=plain|drafted" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, ggufdspark_cli):
     """crash_hunt's default drafted arm (harness.serve_drafted) is serve's drafted server for the
-    backend, decided with the real engine: on CUDA at 32 slots draft length 7 and the 16:0 load cut (drafts paused above 16 generating slots)
-    (the engine has patch 0021), as `serve`'s plan for an H200 has them; on this CPU, serve's own
+    backend, decided with the real engine: on CUDA at 32 slots draft length 7 and the 16:0 load cut
+    (drafts paused above 16 generating slots; the engine has patch 0021), as `serve`'s plan for an
+    H200 has them; on this CPU, serve's own
     --dry-run. Synthetic rates truncated to the length."""
     from benchmarks import harness
     from ggufdspark.devices import Device, DeviceReport
