@@ -25,6 +25,9 @@
 #             drafted arm per length of TUNE_LENGTHS (0,5,7; 0: the draft loaded, drafting paused),
 #             closed-loop CLIENTS, REQUESTS_PER_CLIENT (2), ANSWERS tokens (256), synthetic acceptance
 #             at the published profile, profile not saved); JSON tune-TAG.json. A minute an arm.
+#   arms      named drafted arms side by side against one plain arm (benchmarks/load_arms.py):
+#             LOAD_ARMS (';'-separated NAME=N_MAX [CUT] [KEY=VALUE ...], e.g. "table=7 16:0;busy=7 16:0
+#             LLAMA_SPEC_CUT_BUSY=1"), CLIENTS, REQUESTS_PER_CLIENT (3), ANSWERS (256); JSON arms-TAG.json.
 #   table     serve's load table from every tune-*.json in OUT (benchmarks/tune_merge.py), then
 #             `ggufdspark bench --load` with it against plain (JSON load-table.json): the table as
 #             served. A few minutes.
@@ -118,6 +121,13 @@ tune)
 print(R(d['recommendation'], {int(n): {int(k): v for k, v in r.items()} for n, r in d['ratios'].items()}, d['traffic']).text())" \
         "$OUT/tune-${TAG:-a}.json"
     ;;
+arms)
+    arms=(); IFS=';' read -ra specs <<< "${LOAD_ARMS:?LOAD_ARMS: the arms to run}"
+    for spec in "${specs[@]}"; do [ -n "$spec" ] && arms+=(--arm "$spec"); done
+    $py benchmarks/load_arms.py -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" \
+        --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --answer-tokens "${ANSWERS:-256}" "${arms[@]}" \
+        --json "$OUT/arms-${TAG:-a}.json" --log-dir "$W/arms-${TAG:-a}" 2>&1 | tee "$OUT/arms-${TAG:-a}.txt" | tail -n 40
+    ;;
 table)
     read -r n cut < <($py benchmarks/tune_merge.py "$OUT"/tune-*.json --json "$OUT/table.json")
     rates=$($py -c "from ggufdspark.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))")
@@ -159,6 +169,6 @@ kernels)
             | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([a-z0-9]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
     done
     ;;
-*) echo "unknown stage $stage (setup speed slots sanitize load tune table prefill bench kernels)" ;;
+*) echo "unknown stage $stage (setup speed slots sanitize load arms tune table prefill bench kernels)" ;;
 esac
 done

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,11 +42,14 @@ log = logging.getLogger(__name__)
 class DraftArm:
     """One drafted arm of a load run: its name, draft length (None: serve's, with serve's load cut)
     and load cut (``[(N, L), ...]``; None: none, or serve's with ``n_max`` None). ``tune --load``
-    runs several (``n7``, ``n5``, ..., ``n0``: the draft loaded and drafting paused at every load)."""
+    runs several (``n7``, ``n5``, ..., ``n0``: the draft loaded and drafting paused at every load);
+    ``env``: engine environment variables of this arm's server (``benchmarks/load_arms.py``: the same
+    table with and without an engine switch, side by side)."""
 
     name: str
     n_max: int | None = None
     cut: list[tuple[int, int]] | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def paused_arm(n_max: int) -> DraftArm:
@@ -299,6 +302,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
             settings[arm.name] = arm_settings(base, draft, n_max=None if serves else arm.n_max or n_max, p_min=p_min,
                                               cut=arm.cut if draft_arms else given_cut,
                                               synthetic=_synthetic(synthetic_len, synthetic_rates, arm.n_max or n_max))
+            settings[arm.name] = replace(settings[arm.name], env=dict(arm.env))
         drafted = settings[next(a for a in settings if a != "plain")]
         total = len(settings) * sum(shape.n_requests(lv) for lv in shape.levels)
         done = [0]
@@ -381,7 +385,8 @@ def _arm_text(arm: DraftArm, s) -> str:
     cut = s.draft_n_max_by_slots
     if cut == [(0, 0)]:
         return "the draft loaded, drafting paused at every load (--spec-draft-n-max-by-slots 0:0)"
-    return f"draft length {s.draft_n_max}" + (f", cut {','.join(f'{n}:{k}' for n, k in cut)}" if cut else "")
+    env = "".join(f", {k}={v}" for k, v in sorted(s.env.items()))
+    return f"draft length {s.draft_n_max}" + (f", cut {','.join(f'{n}:{k}' for n, k in cut)}" if cut else "") + env
 
 
 def _check_fits(prompts: list[tr.Prompt], per_slot: int, answer_tokens: int) -> None:

@@ -219,3 +219,40 @@ def test_one_request_bench_writes_its_json_file_too(small_pair, ggufdspark_cli, 
     rep = json.loads(out.read_text())
     assert rep["gate"]["status"] == "pass" and rep["load_shape"].startswith("lock-step micro-benchmark")
     assert f"json: {out}" in p.stderr
+
+
+def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, isolated, dspark_engine, tmp_path):
+    """benchmarks/load_arms.py (h200.sh's `arms` stage): two drafted arms of the same table beside one
+    plain arm, one of them with an engine variable that only its server gets. The variable is
+    patch 0025's limit, which the server logs when -np exceeds it (on every backend): only that arm's
+    log says so. Both arms' levels are complete, each has its ratios against plain, the report names
+    the variable; a malformed arm is refused in one line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out, logs = tmp_path / "arms.json", tmp_path / "logs"
+    env = {**os.environ, **isolated}
+    script = [sys.executable, str(repo / "benchmarks" / "load_arms.py"), "-m", str(small_pair.target),
+              "-md", str(small_pair.draft), "--server", dspark_engine.path]
+    p = subprocess.run([*script, "--clients", "1,2", "--requests-per-client", "1", "--answer-tokens", "8",
+                        "--arm", "table=3 1:0", "--arm", "flagged=3 1:0 LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS=1",
+                        "--json", str(out), "--log-dir", str(logs)], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert list(rep["arms"]) == ["plain", "table", "flagged"]
+    for arm in rep["arms"].values():
+        for lv in arm:
+            _check_level(lv, int(lv["level"]), 8)
+    assert set(rep["ratios_by_arm"]) == {"table", "flagged"}
+    assert rep["settings"]["drafted_arms"] == {"table": "draft length 3, cut 1:0",
+                                               "flagged": "draft length 3, cut 1:0, LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS=1"}
+    said = {a: "more than 1: CUDA graphs off" in (logs / f"{a}.log").read_text() for a in rep["arms"]}
+    assert said == {"plain": False, "table": False, "flagged": True}, said
+    assert "flagged/pl" in p.stdout and "table/pl" in p.stdout, p.stdout
+    bad = subprocess.run([*script, "--arm", "x=seven"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--arm 'x=seven': expected NAME=N_MAX" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr

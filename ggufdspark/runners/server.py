@@ -81,6 +81,9 @@ class ServerSettings:
     synth_len: float | None = None
     synth_rates: list[float] | None = None
     extra_args: list[str] = field(default_factory=list)
+    # environment variables the engine gets on top of this process's (not flags: an engine switch,
+    # e.g. a patch's, for one arm of a comparison); never a secret (they show in reports)
+    env: dict[str, str] = field(default_factory=dict)
 
     def api_keys(self) -> list[str]:
         """The API keys: ``api_key`` and any ``--api-key K`` / ``--api-key=K`` in ``extra_args``
@@ -247,7 +250,8 @@ class ServerProcess:
             args = s.args(key_file=key_dir / "api-key" if key_dir else None)
             try:
                 self.proc, self._lifeline = lifeline.spawn(args, stdout=fd, stderr=subprocess.STDOUT,
-                                                           stdin=subprocess.DEVNULL)
+                                                           stdin=subprocess.DEVNULL,
+                                                           env={**os.environ, **s.env} if s.env else None)
             except OSError as e:
                 raise EngineError(f"{s.server}: cannot start llama-server: {e.strerror}") from None
             finally:
