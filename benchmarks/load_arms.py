@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from benchmarks.cli_args import split_env  # noqa: E402
 from ggufdspark import launch, loadbench  # noqa: E402
 from ggufdspark.acceptance import PROFILES  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
-
-ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*=")
-
 
 def parse_arm(spec: str) -> loadbench.DraftArm:
     """``NAME=N_MAX [CUT] [KEY=VALUE ...]`` -> a drafted arm."""
@@ -41,8 +38,7 @@ def parse_arm(spec: str) -> loadbench.DraftArm:
     bad = f"--arm {spec!r}: expected NAME=N_MAX [N:L,...] [KEY=VALUE ...]"
     if not sep or not name or name == "plain" or not words or not words[0].isdigit() or int(words[0]) < 1:
         raise ValueError(bad)
-    env = dict(w.split("=", 1) for w in words[1:] if ENV_NAME.match(w))
-    rest_words = [w for w in words[1:] if not ENV_NAME.match(w)]
+    env, rest_words = split_env(words[1:])
     if len(rest_words) > 1:
         raise ValueError(bad)
     try:

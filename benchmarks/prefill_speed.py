@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import statistics
 import sys
@@ -36,13 +35,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.cli_args import add_pair_arguments  # noqa: E402
+from benchmarks.cli_args import add_pair_arguments, split_env  # noqa: E402
 from ggufdspark import hardware  # noqa: E402
 from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
-
-
-ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*=")
 
 
 def parse_arm(spec: str) -> tuple[str, str, dict[str, str], list[str]]:
@@ -51,8 +47,8 @@ def parse_arm(spec: str) -> tuple[str, str, dict[str, str], list[str]]:
     words = shlex.split(rest)
     if not sep or not name or not words or words[0] not in ("plain", "drafted"):
         raise ValueError(f"--arm {spec!r}: expected NAME=plain|drafted [KEY=VALUE ...] [server args ...]")
-    env = dict(w.split("=", 1) for w in words[1:] if ENV_NAME.match(w))
-    return name, words[0], env, [w for w in words[1:] if not ENV_NAME.match(w)]
+    env, args = split_env(words[1:])
+    return name, words[0], env, args
 
 
 def measure(name: str, settings: ServerSettings, prompts: list[list[int]], a: argparse.Namespace,
