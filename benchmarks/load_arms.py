@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arm", action="append", required=True, metavar="NAME=N_MAX [CUT] [KEY=VALUE ...]",
                     help="a drafted arm (repeatable)")
     ap.add_argument("--clients", default="1,8,32", help="closed-loop client counts (default 1,8,32)")
-    ap.add_argument("--requests-per-client", type=int, default=2)
-    ap.add_argument("--answer-tokens", type=int, default=256)
+    ap.add_argument("--requests-per-client", type=int, default=2,
+                    help="requests each client sends, one after another (default 2)")
+    ap.add_argument("--answer-tokens", type=int, default=256, help="tokens of every answer (default 256)")
     ap.add_argument("--real", action="store_true", help="real acceptance instead of the published profile")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep the server logs here")

@@ -144,8 +144,15 @@ def test_output_argmax_server_falls_back_to_rows_where_ids_cannot_answer(strong_
     for i, (w, g) in enumerate(zip(want, got)):
         assert g["tokens"] == w["tokens"], f"request {i} ({json.dumps(bodies[i])[:120]}): argmax on vs off"
     assert want[0]["tokens"] != plain[0]["tokens"], "a +8 bias on 3 tokens did not change the output: the case tests nothing"
-    probs = lambda r: [[(p["id"], round(p["logprob"], 4)) for p in c["top_logprobs"]] for c in r["completion_probabilities"]]
-    assert probs(got[2]) == probs(want[2]), "n_probs with the argmax on differ from the rows copied after each decode"
+    # the same ids in the same order, the same log-probabilities up to the CPU's batch-shape noise: the
+    # 4 requests join the batch as their threads arrive, and a row computed in a batch of another
+    # shape can differ in the third decimal (seen: -3.1074 against -3.111); rows read from elsewhere
+    # would differ in the ids
+    ids = lambda r: [[p["id"] for p in c["top_logprobs"]] for c in r["completion_probabilities"]]
+    lps = lambda r: [p["logprob"] for c in r["completion_probabilities"] for p in c["top_logprobs"]]
+    assert ids(got[2]) == ids(want[2]), "n_probs with the argmax on differ from the rows copied after each decode"
+    worst = max(abs(a - b) for a, b in zip(lps(got[2]), lps(want[2])))
+    assert worst < 0.02, f"n_probs log-probabilities with the argmax on differ by up to {worst:.4f}"
 
 
 def test_server_turns_cuda_graphs_off_above_16_slots(small_pair, start_server, monkeypatch):
