@@ -158,7 +158,13 @@ def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple
     has_patch = hardware.has_patch(engine, hardware.DRAFT_CUT_BY_LOAD)
     can_pause = bool(engine and engine.draft_pause)
     if not given:
-        table = [st for st in table or () if st[1] or can_pause]
+        steps = [st for st in table or () if st[1] or can_pause]
+        if has_patch and len(steps) < len(table or ()) and (table or [(parallel, 0)])[0][0] < parallel:
+            where = engine.path if engine else "this llama-server"
+            d.warnings.append(f"the {d.backend} default pauses drafts under load ({_cut_text(table)}), but {where} "
+                              "cannot pause (its patch 0021 predates L = 0: ggufdspark build-engine), so drafts go on "
+                              "at every load")
+        table = steps
         if not (table and table[0][0] < parallel and has_patch):
             return None
         d.reasons.append(f"default for {d.backend}: drafts cut by load {_cut_text(table)} "

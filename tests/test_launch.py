@@ -132,7 +132,10 @@ def test_a_pause_step_needs_an_engine_that_pauses():
     d = launch.decide(H200, pausing, parallel=64)
     assert d.draft_cut == [(16, 0)] and not [w for w in d.warnings if "pause" in w], d.warnings
     assert any("paused above 16 generating slots" in r for r in d.reasons), d.reasons
-    assert launch.decide(H200, old, parallel=64).draft_cut is None  # the table's one step is a pause
+    d = launch.decide(H200, old, parallel=64)
+    assert d.draft_cut is None, d  # the table's one step is a pause
+    assert any("old-server cannot pause" in w and "drafts go on at every load" in w for w in d.warnings), d.warnings
+    assert not [w for w in launch.decide(H200, old, parallel=16).warnings if "pause" in w]  # never above 16 here
     d = launch.decide(H200, old, parallel=64, draft_cut="4:3,16:0")
     assert d.draft_cut == [(4, 3)] and any("old-server cannot pause drafting" in w for w in d.warnings), d.warnings
     d = launch.decide(H200, old, parallel=64, draft_cut="16:0")
