@@ -4,16 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import re
-
-ENV_WORD = re.compile(r"[A-Z][A-Z0-9_]*=")
-
-
-def split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
-    """An arm spec's words: the ``KEY=VALUE`` ones (upper-case KEY: an engine environment variable)
-    as a dict, and the others in their order."""
-    env = dict(w.split("=", 1) for w in words if ENV_WORD.match(w))
-    return env, [w for w in words if not ENV_WORD.match(w)]
 
 
 def add_pair_arguments(ap: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from typing import Iterator
 
 
@@ -34,3 +35,13 @@ def parse_env(text: str) -> dict[str, str]:
     if bad:
         raise ValueError(f"{bad[0]!r} is not NAME=VALUE")
     return dict(kv.split("=", 1) for kv in pairs)
+
+
+ENV_WORD = re.compile(r"[A-Z][A-Z0-9_]*=")
+
+
+def split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """An arm spec's words: the ``KEY=VALUE`` ones (upper-case KEY: an engine environment variable)
+    as a dict, and the others in their order."""
+    env = dict(w.split("=", 1) for w in words if ENV_WORD.match(w))
+    return env, [w for w in words if not ENV_WORD.match(w)]

@@ -26,10 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from benchmarks.cli_args import split_env  # noqa: E402
+from benchmarks.engine_env import split_env  # noqa: E402
 from ggufdspark import launch, loadbench  # noqa: E402
 from ggufdspark.acceptance import PROFILES  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
+
 
 def parse_arm(spec: str) -> loadbench.DraftArm:
     """``NAME=N_MAX [CUT] [KEY=VALUE ...]`` -> a drafted arm."""

@@ -25,8 +25,8 @@ Every arm's ratio is against ``plain``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -35,7 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.cli_args import add_pair_arguments, split_env  # noqa: E402
+from benchmarks.cli_args import add_pair_arguments  # noqa: E402
+from benchmarks.engine_env import split_env  # noqa: E402
 from ggufdspark import hardware  # noqa: E402
 from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
@@ -51,38 +52,22 @@ def parse_arm(spec: str) -> tuple[str, str, dict[str, str], list[str]]:
     return name, words[0], env, args
 
 
-def measure(name: str, settings: ServerSettings, prompts: list[list[int]], a: argparse.Namespace,
-            env: dict[str, str] | None = None) -> dict:
-    """One arm: single prompts, then ``a.concurrency`` at once (``ms.measure_load``, one round),
-    the server started with ``env`` added to this process's environment."""
-    res: dict = {"arm": name, "cmd": " ".join(settings.redacted()), "env": env or {}}
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
-        with ms.running(settings, a.log_dir / f"{name}.log") as c:
-            _measure_in(c, res, prompts, a)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def measure(name: str, settings: ServerSettings, prompts: list[list[int]], a: argparse.Namespace) -> dict:
+    """One arm: single prompts, then ``a.concurrency`` at once (``ms.measure_load``, one round)."""
+    res: dict = {"arm": name, "cmd": " ".join(settings.redacted()), "env": dict(settings.env)}
+    with ms.running(settings, a.log_dir / f"{name}.log") as c:
+        ms.warm(c)
+        ms.request(c, prompts[0], 1)  # the first long prompt allocates the compute buffers
+        one = [ms.request(c, prompts[0], 1).timings for _ in range(a.trials)]
+        res["one"] = {"prompt_tps": statistics.median(t.prompt_per_second for t in one),
+                      "prompt_tps_all": [t.prompt_per_second for t in one], "prompt_n": one[0].prompt_n}
+        outs: list[ms.Outcome] = []
+        point = ms.measure_load(c, prompts, a.concurrency, 1, rounds=1, outcomes=outs)
+        tokens = sum(o.timings.prompt_n or 0 for o in outs)
+        res["at_once"] = {"requests": point.requests, "prompt_tokens": tokens, "wall_s": point.wall_s,
+                          "aggregate_prompt_tps": tokens / point.wall_s if point.wall_s else None,
+                          "prompt_tps_median": statistics.median(o.timings.prompt_per_second for o in outs)}
     return res
-
-
-def _measure_in(c: ms.Client, res: dict, prompts: list[list[int]], a: argparse.Namespace) -> None:
-    """Fills ``res`` from the running server ``c``."""
-    ms.warm(c)
-    ms.request(c, prompts[0], 1)  # the first long prompt allocates the compute buffers
-    one = [ms.request(c, prompts[0], 1).timings for _ in range(a.trials)]
-    res["one"] = {"prompt_tps": statistics.median(t.prompt_per_second for t in one),
-                  "prompt_tps_all": [t.prompt_per_second for t in one], "prompt_n": one[0].prompt_n}
-    outs: list[ms.Outcome] = []
-    point = ms.measure_load(c, prompts, a.concurrency, 1, rounds=1, outcomes=outs)
-    tokens = sum(o.timings.prompt_n or 0 for o in outs)
-    res["at_once"] = {"requests": point.requests, "prompt_tokens": tokens, "wall_s": point.wall_s,
-                      "aggregate_prompt_tps": tokens / point.wall_s if point.wall_s else None,
-                      "prompt_tps_median": statistics.median(o.timings.prompt_per_second for o in outs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     drafted = harness.drafted(base, a.draft, n_max, None)
     rows = [measure("plain", base, prompts, a), measure(f"draft-n{n_max}", drafted, prompts, a)]
     for name, kind, env, args in variants:
-        rows.append(measure(name, harness.with_args(base if kind == "plain" else drafted, args), prompts, a, env))
+        arm = dataclasses.replace(harness.with_args(base if kind == "plain" else drafted, args), env=env)
+        rows.append(measure(name, arm, prompts, a))
     plain = rows[0]
     width = max(12, *(len(r["arm"]) + 2 for r in rows))
     print(f"prompt processing, {a.prompt_tokens}-token prompts, one answer token; drafted arm n_max {n_max}\n")

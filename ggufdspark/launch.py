@@ -159,7 +159,7 @@ def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple
     can_pause = bool(engine and engine.draft_pause)
     if not given:
         steps = [st for st in table or () if st[1] or can_pause]
-        if has_patch and len(steps) < len(table or ()) and (table or [(parallel, 0)])[0][0] < parallel:
+        if has_patch and table and len(steps) < len(table) and table[0][0] < parallel:
             where = engine.path if engine else "this llama-server"
             d.warnings.append(f"the {d.backend} default pauses drafts under load ({_cut_text(table)}), but {where} "
                               "cannot pause (its patch 0021 predates L = 0: ggufdspark build-engine), so drafts go on "

@@ -299,10 +299,10 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         settings = {"plain": arm_settings(base, None)}
         for arm in draft_arms or [DraftArm("drafted")]:
             serves = arm.n_max is None and base.draft is not None
-            settings[arm.name] = arm_settings(base, draft, n_max=None if serves else arm.n_max or n_max, p_min=p_min,
-                                              cut=arm.cut if draft_arms else given_cut,
-                                              synthetic=_synthetic(synthetic_len, synthetic_rates, arm.n_max or n_max))
-            settings[arm.name] = replace(settings[arm.name], env=dict(arm.env))
+            s = arm_settings(base, draft, n_max=None if serves else arm.n_max or n_max, p_min=p_min,
+                             cut=arm.cut if draft_arms else given_cut,
+                             synthetic=_synthetic(synthetic_len, synthetic_rates, arm.n_max or n_max))
+            settings[arm.name] = replace(s, env=dict(arm.env))
         drafted = settings[next(a for a in settings if a != "plain")]
         total = len(settings) * sum(shape.n_requests(lv) for lv in shape.levels)
         done = [0]
