@@ -40,8 +40,9 @@ DRAFT_N_MAX_RANGE = (1, 64)
 
 
 def parse_draft_cut(text: str) -> list[tuple[int, int]]:
-    """``"2:5,8:3,16:0"`` -> ``[(2, 5), (8, 3), (16, 0)]``: with more than N slots generating, drafts of
-    at most L tokens, L = 0 no new drafts (``--spec-draft-n-max-by-slots``, engine patch 0021).
+    """``"2:5,8:3,16:0"`` -> ``[(2, 5), (8, 3), (16, 0)]``: with more than N slots busy (processing a
+    prompt or generating: engine patch 0030), drafts of at most L tokens, L = 0 no new drafts
+    (``--spec-draft-n-max-by-slots``, engine patch 0021).
 
     Raises:
         InvalidArgumentError: not N:L pairs of integers, N not ascending from 0, or L outside
@@ -63,7 +64,7 @@ def parse_draft_cut(text: str) -> list[tuple[int, int]]:
 
 
 def _cut_text(cut: list[tuple[int, int]]) -> str:
-    return ", ".join(f"to {k} above {n} generating slots" if k else f"paused above {n} generating slots"
+    return ", ".join(f"to {k} above {n} busy slots" if k else f"paused above {n} busy slots"
                      for n, k in cut)
 
 
@@ -185,7 +186,7 @@ def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple
             return None
     if given[0][0] >= parallel:
         if source == "--draft-n-max-by-slots":  # a profile's cut that cannot engage at this -np is no mistake
-            d.warnings.append(f"{what}: never more than {parallel} slots generate (-np), so no draft is ever cut")
+            d.warnings.append(f"{what}: never more than {parallel} slots are busy (-np), so no draft is ever cut")
         return None
     d.reasons.append(f"drafts cut by load ({source}): {_cut_text(given)}")
     return given

@@ -84,7 +84,7 @@ _RECOMMENDATION: dict[str, tuple[tuple[type, ...], object, str]] = {
     "draft_n_max": ((int,), lambda v: 1 <= v <= 64, "an integer 1..64"),
     "max_concurrency_for_draft": ((int,), lambda v: v >= 0, "an integer >= 0"),
     "why": ((str,), lambda v: True, "a string"),
-    # tune --load: drafts cut to L while more than N slots generate (engine patch 0021)
+    # tune --load: drafts cut to L while more than N slots are busy (engine patches 0021, 0030)
     "load_cut": ((list,), lambda v: all(isinstance(x, list) and len(x) == 2 and all(
         isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in x) for x in v), "a list of [N, L] pairs"),
 }

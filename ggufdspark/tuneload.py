@@ -10,7 +10,7 @@ arms carry the drafter: the choice the engine makes step by step). The profile
 ``serve`` reads keeps:
 
 * ``draft_n_max``: the winner at the lowest level;
-* ``load_cut``: ``[[N, L], ...]``, drafts cut to L while more than N slots generate, where a
+* ``load_cut``: ``[[N, L], ...]``, drafts cut to L while more than N slots are busy, where a
   higher level's winner is shorter, L = 0 where drafting pauses (``--spec-draft-n-max-by-slots``,
   engine patch 0021);
 * ``max_concurrency_for_draft``: without a paused arm, the last level that still paid (the highest
@@ -83,8 +83,8 @@ def recommend_load(ratios: dict[int, dict[int, float]], *, min_gain: float = MIN
         cap = levels[-1]
     why = f"draft length {first} at {levels[0]} client(s) ({per_level[0]['ratio']:.2f}x)"
     if cut:
-        why += "; " + ", ".join(f"{length} above {n} generating slots" if length else
-                                f"paused above {n} generating slots" for n, length in cut)
+        why += "; " + ", ".join(f"{length} above {n} busy slots" if length else
+                                f"paused above {n} busy slots" for n, length in cut)
     if cap is None:
         why += f"; measured up to {levels[-1]} client(s), the pause (if any) holds beyond"
     else:

@@ -129,6 +129,26 @@ def strong_conv_pair(pairs_root):
 
 
 @pytest.fixture(scope="session")
+def hidden_conf_pair(pairs_root):
+    """The strong-conv target with a drafter whose draft lengths follow its hidden state, so that
+    wrong target features (injected into its context) show in what a client sees. The small
+    drafter's Markov head still picks the tokens (repeat the last one: some get accepted), but its
+    confidence head is centred on 0.5 with logits about N(0, 1) (``DrafterSpec.confidence_bias`` 0,
+    ``confidence_std`` 0.1), and its attention picks a few context positions (``qk_norm_gain`` 2.5)
+    instead of averaging the features away. Served with ``--spec-draft-p-min 0.5`` (the engine's
+    default, 0, never reads the confidence), drafts stop wherever the confidence falls below 0.5."""
+    from dataclasses import replace
+
+    from ggufdspark.synthetic import synth
+    from ggufdspark.synthetic.pairs import build_pair
+
+    return build_pair(pairs_root, target_spec=replace(synth.SMALL_TARGET, conv_std=(1.0, 1.0)),
+                      drafter_spec=replace(synth.SMALL_DRAFTER, confidence_bias=0.0, confidence_std=0.1,
+                                           qk_norm_gain=2.5),
+                      name="hidden-conf-lfm2")
+
+
+@pytest.fixture(scope="session")
 def other_pair(pairs_root):
     """A pair made for a different target (hidden 96, vocabulary 1100)."""
     from ggufdspark.synthetic.pairs import build_other_pair

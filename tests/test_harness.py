@@ -73,7 +73,7 @@ def test_prefill_speed_reports_prompt_processing_plain_and_drafted(small_pair, i
 def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, ggufdspark_cli):
     """crash_hunt's default drafted arm (harness.serve_drafted) is serve's drafted server for the
     backend, decided with the real engine: on CUDA at 32 slots draft length 7 and the 16:0 load cut
-    (drafts paused above 16 generating slots; the engine has patch 0021), as `serve`'s plan for an
+    (drafts paused above 16 busy slots; the engine has patch 0021), as `serve`'s plan for an
     H200 has them; on this CPU, serve's own
     --dry-run. Synthetic rates truncated to the length."""
     from benchmarks import harness

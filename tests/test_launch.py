@@ -119,7 +119,7 @@ def test_decision_is_final_and_engine_aware():
 
 
 def test_a_pause_step_needs_an_engine_that_pauses():
-    """L = 0 (drafts paused above N generating slots, 0021 since 0026 joined the series): the table's
+    """L = 0 (drafts paused above N busy slots, 0021 since 0026 joined the series): the table's
     pause step goes only to an engine whose help says it pauses; a given pause step with any other
     engine is dropped with a warning naming it, the other steps kept; parse_draft_cut takes 0."""
     from ggufdspark.engine import EngineInfo
@@ -131,7 +131,7 @@ def test_a_pause_step_needs_an_engine_that_pauses():
     assert launch.parse_draft_cut("2:5,16:0") == [(2, 5), (16, 0)]
     d = launch.decide(H200, pausing, parallel=64)
     assert d.draft_cut == [(16, 0)] and not [w for w in d.warnings if "pause" in w], d.warnings
-    assert any("paused above 16 generating slots" in r for r in d.reasons), d.reasons
+    assert any("paused above 16 busy slots" in r for r in d.reasons), d.reasons
     d = launch.decide(H200, old, parallel=64)
     assert d.draft_cut is None, d  # the table's one step is a pause
     assert any("old-server cannot pause" in w and "drafts go on at every load" in w for w in d.warnings), d.warnings

@@ -9,6 +9,7 @@ import math
 import random
 import re
 import threading
+from collections import Counter
 
 from ggufdspark.gate import top_logprobs_by_position
 
@@ -116,14 +117,14 @@ def _drafted_per_step(timings: list[dict]) -> float:
 
 
 def test_drafts_are_cut_while_more_slots_generate(strong_conv_pair, start_server):
-    """Patch 0021 (--spec-draft-n-max-by-slots 2:2): while more than 2 slots generate, drafts are cut
+    """Patch 0021 (--spec-draft-n-max-by-slots 2:2): while more than 2 slots are busy, drafts are cut
     to 2 tokens (n_max 6); a request alone drafts 6 again; output stays the plain server's."""
     common, work, alone, want = wave_then_alone(strong_conv_pair, start_server, seed=13, first=60)
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, 2)], **common)
     got = serve_all(spec, work)
     last = serve_all(spec, [alone])[0]
-    spec.wait_for_log(r"drafts cut to 2 tokens: [3-8] slots generating \(--spec-draft-n-max-by-slots\)")
-    spec.wait_for_log(r"drafts no longer cut: [0-2] slots generating")
+    spec.wait_for_log(r"drafts cut to 2 tokens: [3-8] slots busy \(--spec-draft-n-max-by-slots\)")
+    spec.wait_for_log(r"drafts no longer cut: [0-2] slots busy")
     assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
     for i, (p, s) in enumerate(zip(want, got + [last])):
         assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
@@ -304,8 +305,8 @@ def test_drafts_pause_while_more_slots_generate(strong_conv_pair, start_server):
                         extra_args=["-v"], **common)
     got = serve_all(spec, work)
     last = serve_all(spec, [alone])[0]
-    spec.wait_for_log(r"drafts paused: [3-8] slots generating \(--spec-draft-n-max-by-slots\)")
-    spec.wait_for_log(r"drafts no longer cut: [0-2] slots generating \(--spec-draft-n-max-by-slots\)")
+    spec.wait_for_log(r"drafts paused: [3-8] slots busy \(--spec-draft-n-max-by-slots\)")
+    spec.wait_for_log(r"drafts no longer cut: [0-2] slots busy \(--spec-draft-n-max-by-slots\)")
     spec.wait_for_log(r"stop processing", count=SLOTS + 1)  # the log trails the responses
     assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
     for i, (p, s) in enumerate(zip(want, got + [last])):
@@ -327,7 +328,21 @@ def test_drafts_pause_while_more_slots_generate(strong_conv_pair, start_server):
     assert "N:L needs" in str(e.value) and "'2:-1'" in str(e.value), f"a negative L, not refused by name: {e.value}"
 
 
-def test_device_features_draft_as_the_host_path(strong_conv_pair, start_server, monkeypatch):
+def drafts_and_room(log: str) -> list[tuple[int, int]]:
+    """Every non-empty draft in a ``-v`` server log, as (tokens drafted, room): the room is what the
+    slot had left for a draft (of n_predict and of the context), logged as "max possible draft"
+    before each draft ("generate_draft: ... #draft=N"). Slots are told apart by their id."""
+    room: dict[str, int] = {}
+    out: list[tuple[int, int]] = []
+    for line in log.splitlines():
+        if m := re.search(r"\bid +(\d+) \| task +\d+ \| max possible draft: (-?\d+)", line):
+            room[m[1]] = int(m[2])
+        elif m := re.search(r"\bid +(\d+) \| task +\d+ \| generate_draft: .*#draft=(\d+)", line):
+            out.append((int(m[2]), room.get(m[1], -1)))
+    return out
+
+
+def test_device_features_draft_as_the_host_path(hidden_conf_pair, start_server, monkeypatch):
     """Patch 0026: the target's tapped layers stay on the device (written with SET_ROWS into one
     persistent tensor, read by the drafter's injection with GET_ROWS) instead of going through the
     host; LLAMA_SPEC_FEATURES_HOST=1 keeps the host path. The features are the same numbers either
@@ -335,10 +350,17 @@ def test_device_features_draft_as_the_host_path(strong_conv_pair, start_server, 
     accepted counts and tokens are identical on both paths. With -b 128 -ub 32 a prompt of 200 or 330
     tokens reaches the target in several batches and the drafter in several injection chunks (rows
     from an offset into the tensor); a wave of 4 slots with mixed prompt lengths mixes sequences in
-    one chunk. Every output stays the plain server's (or departs from it at a near-tie)."""
-    slots = 4
-    common = dict(model=strong_conv_pair.target, parallel=slots, ctx_size=slots * 512,
-                  extra_args=["-b", "128", "-ub", "32", "-v"])  # -v: the engine's context lines
+    one chunk. Every output stays the plain server's (or departs from it at a near-tie).
+
+    The counts can tell wrong features only if the drafts depend on them. The small pair's drafter
+    drafts whole blocks of "repeat the last token" whatever its hidden state: a developer build whose
+    device path never wrote the features (LLAMA_SPEC_TAP=noset: the drafter read zeros) passed here
+    with it. hidden_conf_pair's confidence head follows the hidden state, which follows the injected
+    features; with --spec-draft-p-min 0.5 it cuts some drafts short and not others (asserted: drafts
+    the slot's room left whole come both whole and cut), and noset changes every request's counts."""
+    slots, n_max, p_min = 4, 6, 0.5
+    common = dict(model=hidden_conf_pair.target, parallel=slots, ctx_size=slots * 512,
+                  extra_args=["-b", "128", "-ub", "32", "-v"])  # -v: the engine's context and draft lines
     plain = start_server(spec_type=None, **common)
     vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
     rng = random.Random(29)
@@ -358,7 +380,7 @@ def test_device_features_draft_as_the_host_path(strong_conv_pair, start_server, 
     for path in ("device", "host"):
         if path == "host":
             monkeypatch.setenv("LLAMA_SPEC_FEATURES_HOST", "1")  # the server inherits the environment
-        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+        spec = start_server(draft=hidden_conf_pair.draft, draft_n_max=n_max, draft_p_min=p_min, **common)
         got[path] = one_by_one(spec) + serve_all(spec, wave)
         spec.wait_for_log(r"stop processing", count=len(seq) + len(wave))  # the log trails the responses
         assert spec.alive(), f"{path} path: the engine died:\n{spec.log_text()[-2000:]}"
@@ -368,6 +390,10 @@ def test_device_features_draft_as_the_host_path(strong_conv_pair, start_server, 
         for i, (p, s) in enumerate(zip(want, got[path])):
             assert "tokens" in s, f"{path} path, request {i}: {s.get('error', 'no tokens in the response')}"
             assert_same_or_near_tie(p, s["tokens"], f"{path} path, request {i}, greedy output")
+        roomy = Counter(k for k, room in drafts_and_room(spec.log_text()) if room >= n_max)
+        assert roomy[n_max] > 0 and sum(roomy.values()) > roomy[n_max], (
+            f"{path} path: drafts with room for {n_max} tokens, by length: {dict(sorted(roomy.items()))}: "
+            f"not both whole and cut by the confidence head, so the counts cannot tell wrong features")
         spec.stop()
 
     counts = {path: [(g["timings"].get("draft_n", 0), g["timings"].get("draft_n_accepted", 0)) for g in got[path]]
@@ -383,7 +409,7 @@ def test_device_features_draft_as_the_host_path(strong_conv_pair, start_server, 
 
 def test_drafting_resumes_after_a_pause_losslessly(strong_conv_pair, start_server):
     """A request that keeps generating through a pause drafts again once the load falls, and its
-    output stays the plain server's. Two slots, n_max 6, drafts paused while more than 1 generates
+    output stays the plain server's. Two slots, n_max 6, drafts paused while more than 1 is busy
     (--spec-draft-n-max-by-slots 1:0): a long and a short request at once are paused together; when
     the short one ends the long one drafts on alone. With developer patch 0027 its drafter skipped
     the paused steps' rows, so its context is started afresh at that point (the drafter's cache takes
@@ -399,20 +425,77 @@ def test_drafting_resumes_after_a_pause_losslessly(strong_conv_pair, start_serve
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(1, 0)],
                         extra_args=["-v"], **common)
     got = _at_once(spec, work)
-    spec.wait_for_log(r"drafts paused: 2 slots generating")
+    spec.wait_for_log(r"drafts paused: 2 slots busy")
     spec.wait_for_log(r"stop processing", count=2)  # the log trails the responses
     assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
     for i, (p, s) in enumerate(zip(want, got)):
         assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
         assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output across a pause")
     log = spec.log_text().splitlines()
-    paused_at = max(i for i, line in enumerate(log) if "drafts paused: 2 slots generating" in line)
-    resumed = [i for i, line in enumerate(log) if "drafts no longer cut: 1 slots generating" in line and i > paused_at]
+    paused_at = max(i for i, line in enumerate(log) if "drafts paused: 2 slots busy" in line)
+    resumed = [i for i, line in enumerate(log) if "drafts no longer cut: 1 slots busy" in line and i > paused_at]
     assert resumed, "the pause never ended while the long request went on"
     drafts_after = sum("generate_draft" in line for line in log[resumed[0]:])
     assert drafts_after >= 10, f"only {drafts_after} drafts after the pause ended: drafting did not resume"
     assert got[0]["timings"].get("draft_n_accepted", 0) > 0, f"no draft accepted: {got[0]['timings']}"
     assert not any("inconsistent sequence positions" in line for line in log), "a drafter decode was refused"
+
+
+def test_the_load_cut_counts_a_slot_processing_its_prompt(strong_conv_pair, start_server, monkeypatch):
+    """Patch 0030: --spec-draft-n-max-by-slots counts every busy slot, a prompt being processed as
+    much as a slot generating, so a long prompt that arrives while one request drafts pauses it
+    (1:0, two slots) for as long as the prompt takes; LLAMA_SPEC_CUT_GENERATING=1 counts only the
+    generating slots, as 0021 did, and the same traffic never pauses: the newcomer asks for one token
+    and never generates. Request A (a short prompt, a long answer) starts drafting alone; then B, a
+    600-token prompt in 32-token batches (about 20 steps beside A). Both outputs stay the plain
+    server's either way."""
+    common = dict(model=strong_conv_pair.target, parallel=2, ctx_size=2 * 1024,
+                  extra_args=["-b", "32", "-ub", "32", "-v"])
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(53)
+    a = ([rng.randrange(16, vocab) for _ in range(20)], 700)
+    b = ([rng.randrange(16, vocab) for _ in range(600)], 1)
+    want = _at_once(plain, [a]) + _at_once(plain, [b])
+    plain.stop()
+
+    def a_then_b(srv) -> list[dict]:
+        out: list[dict] = []
+        first = threading.Thread(target=lambda: out.extend(_at_once(srv, [a])))
+        first.start()
+        srv.wait_for_log(r"generate_draft: id=", timeout=120, count=3)  # A drafts alone
+        second = _at_once(srv, [b])
+        first.join()
+        return out + second
+
+    got: dict[str, list[dict]] = {}
+    logs: dict[str, list[str]] = {}
+    for count in ("busy", "generating"):
+        if count == "generating":
+            monkeypatch.setenv("LLAMA_SPEC_CUT_GENERATING", "1")  # the server inherits the environment
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(1, 0)], **common)
+        got[count] = a_then_b(spec)
+        spec.wait_for_log(r"stop processing", count=2)  # the log trails the responses
+        assert spec.alive(), f"{count}: the engine died:\n{spec.log_text()[-2000:]}"
+        for i, (p, r) in enumerate(zip(want, got[count])):
+            assert "tokens" in r, f"{count}, request {'AB'[i]}: {r.get('error', 'no tokens in the response')}"
+            assert_same_or_near_tie(p, r["tokens"], f"{count} count, request {'AB'[i]}")
+        logs[count] = spec.log_text().splitlines()
+        spec.stop()
+
+    log = logs["busy"]
+    paused = [i for i, line in enumerate(log) if "drafts paused: 2 slots busy" in line]
+    assert paused, "a prompt processed beside a drafting slot did not pause drafts (1:0, two slots busy)"
+    resumed = [i for i, line in enumerate(log) if "drafts no longer cut: 1 slots busy" in line and i > paused[0]]
+    assert resumed, "drafts never resumed after the newcomer's prompt"
+    during = sum("generate_draft" in line for line in log[paused[0]:resumed[0]])
+    assert during == 0, f"{during} drafts made while the pause held"
+    assert not any("slots generating" in line for line in log), "the busy count logged a generating one"
+    assert not any("drafts paused" in line for line in logs["generating"]), (
+        "counting only generating slots, a prompt being processed paused drafts")
+    drafted = {count: got[count][0]["timings"].get("draft_n", 0) for count in got}
+    assert drafted["busy"] < drafted["generating"], (
+        f"request A drafted {drafted}: the pause during B's prompt should cost it drafts")
 
 
 def _at_once(srv, work) -> list[dict]:

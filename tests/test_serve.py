@@ -243,10 +243,10 @@ def test_serve_cuts_drafts_by_load(ggufdspark_cli, small_pair):
     p = ggufdspark_cli(*base, "-np", "8", "--draft-n-max-by-slots", "2:2,4:1")
     assert p.returncode == 0, p.stderr
     assert "--spec-draft-n-max-by-slots 2:2,4:1" in p.stdout and "-np 8" in p.stdout
-    assert "drafts cut by load (--draft-n-max-by-slots): to 2 above 2 generating slots, to 1 above 4" in p.stderr
+    assert "drafts cut by load (--draft-n-max-by-slots): to 2 above 2 busy slots, to 1 above 4" in p.stderr
     p = ggufdspark_cli(*base, "-np", "2", "--draft-n-max-by-slots", "2:2")
     assert p.returncode == 0 and "--spec-draft-n-max-by-slots" not in p.stdout, p.stdout
-    assert "never more than 2 slots generate (-np), so no draft is ever cut" in p.stderr
+    assert "never more than 2 slots are busy (-np), so no draft is ever cut" in p.stderr
     for bad in ("2:-1", "4:2,2:1", "2", "a:b", "2:65"):
         p = ggufdspark_cli(*base, "-np", "8", "--draft-n-max-by-slots", bad)
         lines = [x for x in p.stderr.splitlines() if x.strip()]
@@ -265,7 +265,7 @@ def test_serve_has_no_slot_limit_option(ggufdspark_cli, small_pair):
 
 
 def test_the_cuda_load_cut_goes_with_the_table_length_only():
-    """CUDA's table pauses drafts above 16 generating slots (measured with its length 7), on an
+    """CUDA's table pauses drafts above 16 busy slots (measured with its length 7), on an
     engine whose patch 0021 pauses; a tune profile's length or --draft-n-max replaces the cut too; CPU
     has none."""
     from ggufdspark import launch

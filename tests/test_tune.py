@@ -230,7 +230,7 @@ def test_load_recommendation_pauses_where_the_paused_arm_wins():
             7: {1: 1.44, 2: 1.28, 4: 1.01, 8: 1.06, 16: 0.95, 32: 0.85, 64: 0.62}}
     rec = recommend_load(h200, min_gain=1.02)
     assert rec["draft_enabled"] and rec["draft_n_max"] == 7 and rec["load_cut"] == [[16, 0]], rec
-    assert rec["max_concurrency_for_draft"] is None and "paused above 16 generating slots" in rec["why"]
+    assert rec["max_concurrency_for_draft"] is None and "paused above 16 busy slots" in rec["why"]
     assert [p["best_n_max"] for p in rec["per_level"]] == [7, 7, 7, 7, 7, 0, 0]
     rec = recommend_load({**h200, 5: {1: 1.3, 2: 1.2, 4: 1.1, 8: 1.12, 16: 1.0, 32: 0.8, 64: 0.6}}, min_gain=1.02)
     assert rec["load_cut"] == [[2, 5], [16, 0]], rec  # 5 beats 7 from 4 clients, then the pause
@@ -287,7 +287,7 @@ def test_serve_applies_a_tune_load_cut(small_pair, ggufdspark_cli, isolated, dsp
     s = ggufdspark_cli("serve", *pair, "-np", "8", env=isolated)
     assert s.returncode == 0, s.stderr
     assert "--spec-draft-n-max 3" in s.stdout and "--spec-draft-n-max-by-slots 2:1" in s.stdout, s.stdout
-    assert "drafts cut by load (tune --load): to 1 above 2 generating slots" in s.stderr
+    assert "drafts cut by load (tune --load): to 1 above 2 busy slots" in s.stderr
     s = ggufdspark_cli("serve", *pair, "-np", "8", "--draft-n-max", "2", env=isolated)
     assert "--spec-draft-n-max 2" in s.stdout and "--spec-draft-n-max-by-slots" not in s.stdout, s.stdout
     s = ggufdspark_cli("serve", *pair, "-np", "1", env=isolated)

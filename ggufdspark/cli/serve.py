@@ -32,7 +32,7 @@ from ggufdspark.errors import InvalidArgumentError
               help="Require this key (or $GGUFDSPARK_API_KEY); the engine reads it from a private file.")
 @click.option("--draft-n-max", type=click.IntRange(*launch.DRAFT_N_MAX_RANGE), help="Override the draft length.")
 @click.option("--draft-n-max-by-slots", metavar="N:L[,N:L...]",
-              help="Cut drafts to L tokens while more than N slots generate, L = 0: no drafts, e.g. 2:5,8:3,16:0 "
+              help="Cut drafts to L tokens while more than N slots are busy (a prompt or generating), L = 0: no drafts, e.g. 2:5,8:3,16:0 "
                    "(engine patch 0021; default: measured per backend, on CUDA with its default length; 'off': "
                    "no cut).")
 @click.option("--no-draft", is_flag=True, help="Serve the target alone.")

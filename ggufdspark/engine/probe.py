@@ -52,7 +52,7 @@ class EngineInfo:
     lib_dir: str | None = None
     backend: str | None = None  # from the cache record when known
     patches: list[str] = field(default_factory=list)  # the patch series it was built with (cache record)
-    # --spec-draft-n-max-by-slots takes L = 0, no new drafts above N generating slots (engine patch 0021
+    # --spec-draft-n-max-by-slots takes L = 0, no new drafts above N busy slots (engine patch 0021
     # since the series that keeps the tapped layers on the device, 0026); older builds refuse it
     draft_pause: bool = False
 

@@ -67,7 +67,7 @@ class ServerSettings:
     draft_n_min: int | None = 0
     draft_p_min: float | None = None
     # new drafts pause while more slots than this generate (engine patch 0011; None: no limit)
-    # drafts cut to L tokens while more than N slots generate, as (N, L) pairs (engine patch 0021)
+    # drafts cut to L tokens while more than N slots are busy, as (N, L) pairs (engine patches 0021, 0030)
     draft_n_max_by_slots: list[tuple[int, int]] | None = None
     n_gpu_layers: int | str | None = None
     n_gpu_layers_draft: int | str | None = None

@@ -85,9 +85,11 @@ class Weights:
             m = min(self.CHUNK, n - i)
             yield self._encode(self.rng.standard_normal(m, dtype=np.float32) * np.float32(std))
 
-    def around_one(self, shape: tuple[int, ...], spread: float = 0.1) -> bytes:
+    def around_one(self, shape: tuple[int, ...], spread: float = 0.1, scale: float = 1.0) -> bytes:
+        """Norm weights: 1 + N(0, spread), times ``scale`` (1: the values unchanged, bit for bit)."""
         n = int(np.prod(shape))
-        return self._encode(1.0 + self.rng.standard_normal(n, dtype=np.float32) * np.float32(spread))
+        x = 1.0 + self.rng.standard_normal(n, dtype=np.float32) * np.float32(spread)
+        return self._encode(x * np.float32(scale))
 
     def fixed(self, x: np.ndarray) -> bytes:
         return self._encode(x.astype(np.float32).reshape(-1))
@@ -258,8 +260,8 @@ def make_drafter(out: Path, target_dir: Path, spec: DrafterSpec = SMALL_DRAFTER,
                   (p + "self_attn.k_proj.weight", dtype, (kv * hd, h), w.normal((kv * hd, h), 1 / np.sqrt(h))),
                   (p + "self_attn.v_proj.weight", dtype, (kv * hd, h), w.normal((kv * hd, h), 1 / np.sqrt(h))),
                   (p + "self_attn.o_proj.weight", dtype, (h, nh * hd), w.normal((h, nh * hd), 0.5 / np.sqrt(h))),
-                  (p + "self_attn.q_norm.weight", dtype, (hd,), w.around_one((hd,))),
-                  (p + "self_attn.k_norm.weight", dtype, (hd,), w.around_one((hd,))),
+                  (p + "self_attn.q_norm.weight", dtype, (hd,), w.around_one((hd,), scale=spec.qk_norm_gain)),
+                  (p + "self_attn.k_norm.weight", dtype, (hd,), w.around_one((hd,), scale=spec.qk_norm_gain)),
                   (p + "input_layernorm.weight", dtype, (h,), w.around_one((h,))),
                   (p + "post_attention_layernorm.weight", dtype, (h,), w.around_one((h,))),
                   (p + "mlp.gate_proj.weight", dtype, (ff, h), w.normal((ff, h), 1 / np.sqrt(h))),
@@ -280,8 +282,9 @@ def make_drafter(out: Path, target_dir: Path, spec: DrafterSpec = SMALL_DRAFTER,
         items += [(prefix + "markov_head.markov_w1.weight", dtype, (vocab, r), w.normal((vocab, r), 0.05)),
                   (prefix + "markov_head.markov_w2.weight", dtype, (vocab, r), w.normal((vocab, r), 0.05))]
     if spec.confidence_head:
-        bias = np.array([4.0], dtype=np.float32)  # confident: keep drafting the whole block
-        items += [(prefix + "confidence_head.proj.weight", dtype, (1, h + r), w.normal((1, h + r), 0.01)),
+        # the defaults (bias 4, std 0.01) are confident: keep drafting the whole block
+        bias = np.array([spec.confidence_bias], dtype=np.float32)
+        items += [(prefix + "confidence_head.proj.weight", dtype, (1, h + r), w.normal((1, h + r), spec.confidence_std)),
                   (prefix + "confidence_head.proj.bias", dtype, (1,), w.fixed(bias))]
     _write_weights(out, items, shards)
     return out
