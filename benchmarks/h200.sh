@@ -26,8 +26,8 @@
 #             closed-loop CLIENTS, REQUESTS_PER_CLIENT (2), ANSWERS tokens (256), synthetic acceptance
 #             at the published profile, profile not saved); JSON tune-TAG.json. A minute an arm.
 #   arms      named drafted arms side by side against one plain arm (benchmarks/load_arms.py):
-#             LOAD_ARMS (';'-separated NAME=N_MAX [CUT] [KEY=VALUE ...], e.g. "table=7 16:0;busy=7 16:0
-#             LLAMA_SPEC_CUT_BUSY=1"), CLIENTS, REQUESTS_PER_CLIENT (3), ANSWERS (256); JSON arms-TAG.json.
+#             LOAD_ARMS (';'-separated NAME=N_MAX [CUT] [KEY=VALUE ...], e.g. "table=7 16:0;generating=7 16:0
+#             LLAMA_SPEC_CUT_GENERATING=1"), CLIENTS, REQUESTS_PER_CLIENT (3), ANSWERS (256); JSON arms-TAG.json.
 #   table     serve's load table from every tune-*.json in OUT (benchmarks/tune_merge.py), then
 #             `ggufdspark bench --load` with it against plain (JSON load-table.json): the table as
 #             served. A few minutes.

@@ -8,7 +8,7 @@ engine environment variables, so that an engine switch is measured against the s
 it, under the same traffic and the same plain arm:
 
     python benchmarks/load_arms.py -m T.gguf -md D.gguf --clients 16,32,64 \\
-        --arm "table=7 16:0" --arm "busy=7 16:0 LLAMA_SPEC_CUT_BUSY=1" --json out.json
+        --arm "table=7 16:0" --arm "generating=7 16:0 LLAMA_SPEC_CUT_GENERATING=1" --json out.json
 
 An arm is ``NAME=N_MAX [CUT] [KEY=VALUE ...]``: CUT as ``--draft-n-max-by-slots`` takes it
 (``16:0``, ``8:5,16:0``), KEY=VALUE an environment variable of that arm's server only. Every ratio
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep the server logs here")
     a = ap.parse_args(argv)
+    # each level's result on stderr as it ends: a run cut short by a time limit still shows what it measured
+    logging.basicConfig(level=logging.INFO, format="load_arms: %(message)s", stream=sys.stderr)
     try:
         arms = [parse_arm(spec) for spec in a.arm]
         clients = [int(c) for c in a.clients.split(",")]

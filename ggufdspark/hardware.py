@@ -37,9 +37,11 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # benchmarks/results/0c1e570-product-21/): tune --load put drafting at 7 against the draft loaded
     # and paused at 1.79/1.59/1.29/1.49/1.25/0.99/0.69x against 0.96-0.99x of plain at 1-64 clients,
     # and at 4-32 clients length 5 below 7 everywhere (1.07x against 1.29x at 8); so 7, paused above
-    # 16 generating slots. The pause needs 0021 with L = 0 (EngineInfo.draft_pause); an engine without
-    # it gets no cut. Served as the table (two runs): 1.69-1.72x at 1 client, 1.28-1.70x at 8, 1.13-1.27x
-    # at 16, 0.84-1.00x at 32, 0.87-0.88x at 64.
+    # 16 slots. The pause needs 0021 with L = 0 (EngineInfo.draft_pause); an engine without it gets no
+    # cut. Served as the table (two runs): 1.69-1.72x at 1 client, 1.28-1.70x at 8, 1.13-1.27x at 16,
+    # 0.84-1.00x at 32, 0.87-0.88x at 64. Product-22's engine counts busy slots, not generating ones
+    # (0030; benchmarks/results/0c1e570-product-22/load-busy.json, three runs): 0.94-1.01x at 32
+    # clients against 0.91-0.94x, 0.92-0.98x at 64 against 0.92-0.96x.
     # Families (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5.
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
                             draft_cut=((16, 0),)),

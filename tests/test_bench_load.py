@@ -5,6 +5,7 @@ the mechanics and the result's internal consistency, not speed."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -253,6 +254,9 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
     said = {a: "more than 1: CUDA graphs off" in (logs / f"{a}.log").read_text() for a in rep["arms"]}
     assert said == {"plain": False, "table": False, "flagged": True}, said
     assert "flagged/pl" in p.stdout and "table/pl" in p.stdout, p.stdout
+    # every level's result reaches stderr as it ends, so a run cut short still shows what it measured
+    levels = re.findall(r"^load_arms: (plain|table|flagged), ([12]) clients: [\d.]+ tok/s aggregate", p.stderr, re.M)
+    assert sorted(levels) == sorted((a, c) for a in ("plain", "table", "flagged") for c in ("1", "2")), p.stderr[-2000:]
     bad = subprocess.run([*script, "--arm", "x=seven"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--arm 'x=seven': expected NAME=N_MAX" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
