@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
 from collections import Counter
 
@@ -187,6 +188,49 @@ def test_a_backend_sampled_verify_keeps_the_distribution(small_pair, start_serve
     print(f"\n  -bs drafted against host-sampled plain: {res.describe()}; accepted {got.draft_n_accepted}/"
           f"{got.draft_n}; {on_backend} tokens chosen on the backend")
     assert res.tested == N_PREDICT and res.status == "pass", res.describe()
+
+
+def test_the_top_k_pass_samples_what_the_candidate_array_sampled(small_pair, start_server, monkeypatch):
+    """Patch 0032: a chain whose first real sampler is a top-k (the logit bias aside) takes its k
+    candidates from one pass over the logits row instead of an n_vocab candidate array and its
+    partial sort. Same candidates in the same order, so every seeded draw must give the same token:
+    a top-k 40 chain with top-p 0.95 and min-p 0.05 after it (the temperature before them here, as
+    the small pair's rows are too peaked for them otherwise) and a top-k 8 chain with a logit bias
+    lifting one token into the candidates, each on a plain and a drafted
+    one-slot server (one request at a time: the same batches on both), with the pass and with
+    LLAMA_SAMPLER_NO_FAST_TOPK=1. The verbose log shows which path each server took."""
+    common = dict(model=small_pair.target, parallel=1, ctx_size=1024, extra_args=["-v"])
+    seeds = list(range(7, 19))
+    chains = {"default": dict(temperature=TEMPERATURE, top_k=40, extra={
+                  "top_p": 0.95, "min_p": 0.05, "samplers": ["top_k", "temperature", "top_p", "min_p"]}),
+              "top-k 8, biased": dict(temperature=TEMPERATURE, top_k=8, extra={"logit_bias": [[300, 30.0]]})}
+    got: dict[tuple[str, str, str], object] = {}
+    for path in ("pass", "array"):
+        if path == "array":
+            monkeypatch.setenv("LLAMA_SAMPLER_NO_FAST_TOPK", "1")  # the server inherits the environment
+        for arm in ("plain", "drafted"):
+            srv = start_server(**common) if arm == "plain" else start_server(draft=small_pair.draft, draft_n_max=4,
+                                                                              **common)
+            for name, chain in chains.items():
+                got[path, arm, name] = sample_arm(srv.client(timeout=300), PROMPT, seeds, n_predict=24,
+                                                  concurrency=1, **chain)
+            srv.stop()
+            said = re.findall(r"top-k (\d+) from one pass over each logits row", srv.log_text())
+            if path == "pass":
+                # (a drafted server's drafter has a sampler of its own, which may take the pass too)
+                assert {"40", "8"} <= set(said), f"{arm}: the pass was not taken for both chains: {sorted(set(said))}"
+            else:
+                assert not said, f"{arm}: the pass was taken with LLAMA_SAMPLER_NO_FAST_TOPK=1"
+    for arm in ("plain", "drafted"):
+        for name in chains:
+            a, b = got["pass", arm, name], got["array", arm, name]
+            assert a.tokens == b.tokens, f"{arm}, {name}: seeded tokens differ between the pass and the array"
+            assert (a.draft_n, a.draft_n_accepted) == (b.draft_n, b.draft_n_accepted), (arm, name)
+            assert len({tuple(t) for t in a.tokens}) > len(seeds) // 2, f"{arm}, {name}: the seeds hardly differ"
+    drafted = got["pass", "drafted", "default"]
+    assert drafted.draft_n > 0 and drafted.draft_n_accepted > 0, (drafted.draft_n, drafted.draft_n_accepted)
+    biased = [t for seq in got["pass", "plain", "top-k 8, biased"].tokens for t in seq]
+    assert 300 in biased, "the biased token never came up: the bias did not reach the candidates"
 
 
 def test_bench_sampling_check_command(small_pair, isolated, ggufdspark_cli, tmp_path):

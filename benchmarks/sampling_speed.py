@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""What host sampling costs a sampled request, with and without engine patch 0032.
+
+A sampled request (temperature > 0, the server's default chain: top-k 40, top-p 0.95, min-p 0.05,
+temperature, a seeded draw) samples each position on the host from its logits row. Before patch
+0032 that built an n_vocab-entry candidate array (128000 entries for LFM2) and partially sorted it
+for every position, on a plain server and at every verified position of a drafted one; with 0032
+the top-k comes from one scan of the row and the rest of the chain runs on those k candidates
+(``LLAMA_SAMPLER_NO_FAST_TOPK=1`` restores the old path). Same seeds on both paths, so the tokens
+must be identical: the script checks that too. Besides the decode speed (noisy on a small machine)
+it reads the engine's own account of the host sampling time, ``tgt_sample`` in ms per target decode
+of patch 0004's step profile (``LLAMA_SPEC_PROFILE=1``, on in every arm).
+
+Arms: plain and drafted (real acceptance), each with the fast path and without it, one server
+each; ``--trials`` seeded requests of ``--n-predict`` tokens at ``--temperature``, median decode
+tok/s. Without ``-m``/``-md`` it generates a small pair with the published vocabulary size
+(``--vocab``, 128000: the host work scales with it, the model's own compute here is small), so that
+the sampling cost stands out on a CPU:
+
+    python benchmarks/sampling_speed.py --json out.json          # generated pair, CPU
+    python benchmarks/sampling_speed.py -m T.gguf -md D.gguf --gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.engine_env import environ  # noqa: E402
+from ggufdspark import measure as ms  # noqa: E402
+from ggufdspark.errors import GgufdsparkError  # noqa: E402
+
+OFF = {"LLAMA_SAMPLER_NO_FAST_TOPK": "1"}
+PROFILE = {"LLAMA_SPEC_PROFILE": "1"}
+SAMPLE_MS = re.compile(r"spec profile: (\d+) target decodes, ms per decode: .*?tgt_sample ([\d.]+)")
+
+
+def generated_pair(root: Path, vocab: int) -> tuple[Path, Path]:
+    """A small LFM2 pair (the test pair's layers) with a ``vocab``-token vocabulary, converted."""
+    from ggufdspark.synthetic import synth
+    from ggufdspark.synthetic.pairs import build_pair
+
+    pair = build_pair(root, target_spec=replace(synth.SMALL_TARGET, vocab_size=vocab), name=f"vocab{vocab}-lfm2")
+    return Path(pair.target), Path(pair.draft)
+
+
+def run_arm(name: str, settings, env: dict[str, str], log_dir: Path, *, trials: int, n_predict: int,
+            temperature: float) -> dict:
+    log = log_dir / f"{name}.log"
+    with environ({**PROFILE, **env}), ms.running(settings, log) as c:
+        prompt = c.tokenize(harness.PROMPT)
+        ms.warm(c)
+        outs = [c.complete(prompt, n_predict=n_predict, temperature=temperature, seed=harness.TRIAL_SEED + i,
+                           ignore_eos=True) for i in range(trials)]
+    tps = [o.timings.decode_tps for o in outs]
+    prof = SAMPLE_MS.findall(log.read_text(errors="replace"))  # every 128 decodes, running means
+    return {"arm": name, "env": env, "decode_tps": statistics.median(tps), "runs": tps,
+            "sample_ms": float(prof[-1][1]) if prof else None, "profiled_decodes": int(prof[-1][0]) if prof else 0,
+            "tokens": [list(o.tokens or []) for o in outs],
+            "drafted": sum(o.timings.draft_n or 0 for o in outs),
+            "accepted": sum(o.timings.draft_n_accepted or 0 for o in outs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--target", "--model", dest="target", type=Path, help="target GGUF (default: generated)")
+    ap.add_argument("-md", "--draft", dest="draft", type=Path, help="DSpark draft GGUF (with -m)")
+    ap.add_argument("--vocab", type=int, default=128000, help="vocabulary of the generated pair (default 128000)")
+    ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
+    ap.add_argument("--gpu", action="store_true", help="offload everything (CUDA/Metal)")
+    ap.add_argument("--n-max", type=int, default=7, help="the drafted arm's draft length (default 7)")
+    ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    ap.add_argument("--trials", type=int, default=3, help="seeded requests an arm (default 3)")
+    ap.add_argument("--n-predict", type=int, default=128, help="tokens a request (default 128)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--log-dir", type=Path, help="keep the server logs here")
+    a = ap.parse_args(argv)
+    if (a.target is None) != (a.draft is None):
+        print("sampling_speed.py: give -m and -md together, or neither (a generated pair)", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="ggufdspark-sampling-"))
+    log_dir = a.log_dir or work
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        target, draft = (a.target, a.draft) if a.target else generated_pair(work / "pair", a.vocab)
+        base = harness.base_settings(a.server, target, gpu=a.gpu, parallel=1, n_predict=a.n_predict)
+        arms = {"plain": base, f"drafted-n{a.n_max}": harness.drafted(base, draft, a.n_max, None)}
+        results = []
+        for name, settings in arms.items():
+            for path, env in (("fast", {}), ("old", OFF)):
+                results.append(run_arm(f"{name}-{path}", settings, env, log_dir, trials=a.trials,
+                                       n_predict=a.n_predict, temperature=a.temperature))
+                print(f"{results[-1]['arm']:<22} {results[-1]['decode_tps']:8.1f} tok/s", file=sys.stderr, flush=True)
+    except GgufdsparkError as e:
+        print(f"sampling_speed.py: {e}", file=sys.stderr)
+        return 1
+    print(f"\nsampled decode, temperature {a.temperature}, the server's default chain (top-k 40), "
+          f"{a.trials} seeded requests of {a.n_predict} tokens, median\n")
+    print(f"{'arm':<16} {'fast tok/s':>10} {'old tok/s':>10} {'fast/old':>9}  {'sampling ms a decode, fast / old':>33}"
+          f"  same tokens  drafted/accepted")
+    same_all = True
+    for fast, old in zip(results[::2], results[1::2]):
+        same = fast["tokens"] == old["tokens"] and (fast["drafted"], fast["accepted"]) == (old["drafted"], old["accepted"])
+        same_all &= same
+        name = fast["arm"].removesuffix("-fast")
+        ms_text = (f"{fast['sample_ms']:.3f} / {old['sample_ms']:.3f} ({fast['sample_ms'] / old['sample_ms']:.2f}x)"
+                   if fast["sample_ms"] and old["sample_ms"] else "no profile in the log")
+        print(f"{name:<16} {fast['decode_tps']:>10.1f} {old['decode_tps']:>10.1f} "
+              f"{fast['decode_tps'] / old['decode_tps']:>8.2f}x  {ms_text:>33}  {'yes' if same else 'NO':<11}  "
+              f"{fast['drafted']}/{fast['accepted']}")
+    plain = results[0]["decode_tps"], results[1]["decode_tps"]
+    drafted = results[2]["decode_tps"], results[3]["decode_tps"]
+    print(f"\ndrafted / plain: {drafted[0] / plain[0]:.2f}x with the fast path, {drafted[1] / plain[1]:.2f}x without")
+    if a.json:
+        a.json.write_text(json.dumps({"command": sys.argv, "temperature": a.temperature, "trials": a.trials,
+                                      "n_predict": a.n_predict, "n_max": a.n_max, "arms": results,
+                                      "same_tokens": same_all}, indent=1))
+    if not same_all:
+        print("sampling_speed.py: the fast path sampled other tokens than the old one", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
