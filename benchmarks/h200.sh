@@ -36,6 +36,11 @@
 #             and the arms of PREFILL_ARMS (';'-separated --arm specs: NAME=plain|drafted KEY=VALUE
 #             ... server args): the server's prompt eval tok/s; JSON prefill-TAG.json. About a minute
 #             (half a minute more an arm).
+#   sampling  what host sampling costs a sampled request: benchmarks/sampling_speed.py, plain and
+#             drafted (N_MAX, 7) one-slot servers, with patch 0032 and without it
+#             (LLAMA_SAMPLER_NO_FAST_TOPK=1), TRIALS (3) seeded requests at temperature 0.8, the
+#             engine's own sampling time; synthetic acceptance at the published profile; JSON
+#             sampling.json. A minute or two.
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
 #             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
@@ -144,6 +149,11 @@ prefill)
     $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" \
         --concurrency 8 "${arms[@]}" --json "$OUT/prefill-${TAG:-a}.json" --log-dir "$W/prefill-${TAG:-a}" 2>&1 \
         | tee "$OUT/prefill-${TAG:-a}.txt" | tail -n $((8 + ${#arms[@]} / 2))
+    ;;
+sampling)
+    $py benchmarks/sampling_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-max "${N_MAX:-7}" --synthetic \
+        --trials "${TRIALS:-3}" --n-predict 256 --json "$OUT/sampling.json" --log-dir "$W/sampling" 2>&1 \
+        | tee "$OUT/sampling.txt" | tail -n 8
     ;;
 bench)
     "$(dirname "$(BIN)")/llama-bench" -m "$T" -ngl 99 -fa 1 -p "${PP:-1,2,4,8,10,512}" -n 128 -r 5 -o md 2>/dev/null \

@@ -11,7 +11,7 @@ must be identical: the script checks that too. Besides the decode speed (noisy o
 it reads the engine's own account of the host sampling time, ``tgt_sample`` in ms per target decode
 of patch 0004's step profile (``LLAMA_SPEC_PROFILE=1``, on in every arm).
 
-Arms: plain and drafted (real acceptance), each with the fast path and without it, one server
+Arms: plain and drafted (real acceptance, or ``--synthetic``: the published profile), each with the fast path and without it, one server
 each; ``--trials`` seeded requests of ``--n-predict`` tokens at ``--temperature``, median decode
 tok/s. Without ``-m``/``-md`` it generates a small pair with the published vocabulary size
 (``--vocab``, 128000: the host work scales with it, the model's own compute here is small), so that
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
     ap.add_argument("--gpu", action="store_true", help="offload everything (CUDA/Metal)")
     ap.add_argument("--n-max", type=int, default=7, help="the drafted arm's draft length (default 7)")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="the drafted arm at llama.cpp's synthetic acceptance, the published profile (default: real)")
     ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     ap.add_argument("--trials", type=int, default=3, help="seeded requests an arm (default 3)")
     ap.add_argument("--n-predict", type=int, default=128, help="tokens a request (default 128)")
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target, draft = (a.target, a.draft) if a.target else generated_pair(work / "pair", a.vocab)
         base = harness.base_settings(a.server, target, gpu=a.gpu, parallel=1, n_predict=a.n_predict)
-        arms = {"plain": base, f"drafted-n{a.n_max}": harness.drafted(base, draft, a.n_max, None)}
+        rates = harness.published_rates(draft) if a.synthetic else None
+        arms = {"plain": base, f"drafted-n{a.n_max}": harness.drafted(base, draft, a.n_max, rates)}
         results = []
         for name, settings in arms.items():
             for path, env in (("fast", {}), ("old", OFF)):
