@@ -35,7 +35,8 @@
 #             PREFILL_TOKENS (4096) prompt, then 8 at once, one answer token, plain against drafted
 #             and the arms of PREFILL_ARMS (';'-separated --arm specs: NAME=plain|drafted KEY=VALUE
 #             ... server args): the server's prompt eval tok/s; JSON prefill-TAG.json. About a minute
-#             (half a minute more an arm).
+#             (half a minute more an arm). With LLAMA_SPEC_PROFILE=1 each server's profile lines go to
+#             prefill-TAG-profile.txt (DEV=1: every context's decode phases).
 #   sampling  what host sampling costs a sampled request: benchmarks/sampling_speed.py, plain and
 #             drafted (N_MAX, 7) one-slot servers, with patch 0032 and without it
 #             (LLAMA_SAMPLER_NO_FAST_TOPK=1), TRIALS (3) seeded requests at temperature 0.8, the
@@ -149,6 +150,9 @@ prefill)
     $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" \
         --concurrency 8 "${arms[@]}" --json "$OUT/prefill-${TAG:-a}.json" --log-dir "$W/prefill-${TAG:-a}" 2>&1 \
         | tee "$OUT/prefill-${TAG:-a}.txt" | tail -n $((8 + ${#arms[@]} / 2))
+    # with LLAMA_SPEC_PROFILE=1 (and DEV=1: every context's decode phases, printed at the end too)
+    grep -H "decode profile\|spec profile" "$W/prefill-${TAG:-a}"/*.log 2>/dev/null | sed "s|$W/||" \
+        > "$OUT/prefill-${TAG:-a}-profile.txt" || rm -f "$OUT/prefill-${TAG:-a}-profile.txt"
     ;;
 sampling)
     $py benchmarks/sampling_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-max "${N_MAX:-7}" --synthetic \
