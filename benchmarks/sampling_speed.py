@@ -35,9 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.engine_env import environ  # noqa: E402
 from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
+from ggufdspark.runners.server import ServerSettings  # noqa: E402
 
 OFF = {"LLAMA_SAMPLER_NO_FAST_TOPK": "1"}
 PROFILE = {"LLAMA_SPEC_PROFILE": "1"}
@@ -53,10 +53,11 @@ def generated_pair(root: Path, vocab: int) -> tuple[Path, Path]:
     return Path(pair.target), Path(pair.draft)
 
 
-def run_arm(name: str, settings, env: dict[str, str], log_dir: Path, *, trials: int, n_predict: int,
-            temperature: float) -> dict:
+def run_arm(name: str, settings: ServerSettings, env: dict[str, str], log_dir: Path, *, trials: int,
+            n_predict: int, temperature: float) -> dict:
+    """``settings``' server with ``env`` and the step profile on: ``trials`` seeded requests."""
     log = log_dir / f"{name}.log"
-    with environ({**PROFILE, **env}), ms.running(settings, log) as c:
+    with ms.running(replace(settings, env={**settings.env, **PROFILE, **env}), log) as c:
         prompt = c.tokenize(harness.PROMPT)
         ms.warm(c)
         outs = [c.complete(prompt, n_predict=n_predict, temperature=temperature, seed=harness.TRIAL_SEED + i,
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if (a.target is None) != (a.draft is None):
         print("sampling_speed.py: give -m and -md together, or neither (a generated pair)", file=sys.stderr)
         return 2
-    work = Path(tempfile.mkdtemp(prefix="ggufdspark-sampling-"))
+    work = None if a.target and a.log_dir else Path(tempfile.mkdtemp(prefix="ggufdspark-sampling-"))
     log_dir = a.log_dir or work
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
