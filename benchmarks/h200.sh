@@ -8,7 +8,8 @@
 #             meanwhile (skipped when present). About 5 minutes.
 #   speed     how much faster is one request with the draft? benchmarks/dspark_speed.py: plain
 #             against draft lengths LENGTHS (5,7), TRIALS (5) requests each, synthetic acceptance at
-#             the published profile. A few minutes.
+#             the published profile; SPEED_ENVS: engine environments measured beside the default
+#             (dspark_speed.py --env-variants, e.g. "LLAMA_CONV_SNAPSHOT_ROWS=0"). A few minutes.
 #   slots     does the engine survive many slots under mixed-length prompts? crash_hunt.py --traffic
 #             mixed: SLOTS (32) x ARMS (plain,draft) x ENVS (';'-separated engine environments, '-'
 #             as it is) x RUNS (3) fresh servers, 2 x slots closed-loop requests, prompts PROMPTS
@@ -86,7 +87,8 @@ setup)
     ;;
 speed)
     $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-predict 256 --trials "${TRIALS:-5}" \
-        --lengths "${LENGTHS:-5,7}" --concurrency "" --json "$OUT/speed.json" --log-dir "$W/speed" 2>&1 \
+        --lengths "${LENGTHS:-5,7}" --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} \
+        --json "$OUT/speed.json" --log-dir "$W/speed" 2>&1 \
         | tee "$OUT/speed.txt" | tail -n 8
     ;;
 slots)
@@ -150,6 +152,10 @@ prefill)
     $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" \
         --concurrency 8 "${arms[@]}" --json "$OUT/prefill-${TAG:-a}.json" --log-dir "$W/prefill-${TAG:-a}" 2>&1 \
         | tee "$OUT/prefill-${TAG:-a}.txt" | tail -n $((8 + ${#arms[@]} / 2))
+    # each request's "graphs replanned" (patch 0033: the target's allocation planned again), per arm
+    for f in "$W/prefill-${TAG:-a}"/*.log; do
+        [ -e "$f" ] && echo "$(basename "$f" .log): $(grep -o 'graphs replanned = *[0-9]*' "$f" | awk '{print $4}' | tr '\n' ' ')"
+    done > "$OUT/prefill-${TAG:-a}-replanned.txt"
     # with LLAMA_SPEC_PROFILE=1 (and DEV=1: every context's decode phases, printed at the end too)
     grep -H "decode profile\|spec profile" "$W/prefill-${TAG:-a}"/*.log 2>/dev/null | sed "s|$W/||" \
         > "$OUT/prefill-${TAG:-a}-profile.txt" || rm -f "$OUT/prefill-${TAG:-a}-profile.txt"

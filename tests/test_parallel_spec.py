@@ -498,6 +498,47 @@ def test_the_load_cut_counts_a_slot_processing_its_prompt(strong_conv_pair, star
         f"request A drafted {drafted}: the pause during B's prompt should cost it drafts")
 
 
+REPLANNED = re.compile(r"graphs replanned = +(\d+)")
+
+
+def test_a_drafted_targets_graphs_keep_the_reserved_plan(strong_conv_pair, start_server, monkeypatch):
+    """Patch 0033: a drafted LFM2 target builds graphs of one node count at every batch size (its
+    conv-state snapshots by SET_ROWS for a one-token decode too), so ggml-alloc keeps the plan the
+    scheduler reserved for the worst case and never plans again, as a plain target's graphs never
+    make it. Traffic that mixes prompt chunks, verifies and one-token decodes (two slots, prompts of
+    5-300 tokens in 32-token batches): the server's "graphs replanned" stays 0 for every request;
+    with the old snapshot path (LLAMA_CONV_SNAPSHOT_ROWS=0: one CPY a slot, so a decode of one or
+    two tokens has fewer nodes) the same traffic re-plans. Outputs are the plain server's either way."""
+    common = dict(model=strong_conv_pair.target, parallel=2, ctx_size=2 * 1024, extra_args=["-b", "32", "-ub", "32"])
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(61)
+    waves = [[([rng.randrange(16, vocab) for _ in range(n)], k) for n, k in wave]
+             for wave in ([(20, 48), (300, 8)], [(5, 24)], [(150, 16), (40, 32)])]
+    want = [r for wave in waves for r in _at_once(plain, wave)]
+    # the log trails the responses: one timings block a request
+    plain_counts = [int(REPLANNED.search(line)[1]) for line in plain.wait_for_log(REPLANNED.pattern, count=len(want))]
+    plain.stop()
+    assert set(plain_counts) == {0}, f"the plain target re-planned: {plain_counts}"
+
+    counts: dict[str, list[int]] = {}
+    for path in ("rows", "cpy"):
+        if path == "cpy":
+            monkeypatch.setenv("LLAMA_CONV_SNAPSHOT_ROWS", "0")  # the server inherits the environment
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=4, **common)
+        got = [r for wave in waves for r in _at_once(spec, wave)]
+        lines = spec.wait_for_log(REPLANNED.pattern, count=len(want))
+        for i, (p, r) in enumerate(zip(want, got)):
+            assert "tokens" in r, f"{path}, request {i}: {r.get('error', 'no tokens in the response')}"
+            assert_same_or_near_tie(p, r["tokens"], f"{path} snapshots, request {i}")
+        assert sum(r["timings"].get("draft_n_accepted", 0) for r in got) > 0, f"{path}: nothing drafted was accepted"
+        counts[path] = [int(REPLANNED.search(line)[1]) for line in lines]
+        spec.stop()
+    assert len(counts["rows"]) == len(want) and set(counts["rows"]) == {0}, (
+        f"the drafted target re-planned its graphs: {counts['rows']}")
+    assert max(counts["cpy"]) > 0, f"the old snapshot path did not re-plan: {counts['cpy']} (does the count work?)"
+
+
 def _at_once(srv, work) -> list[dict]:
     """``work`` sent all at once, one thread a request (greedy, n_probs 2 for the near-tie check)."""
     client = srv.client(timeout=300)

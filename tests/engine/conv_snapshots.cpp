@@ -1,5 +1,5 @@
-// Engine patch 0018 (ggufdspark): an LFM2 verify's conv-state snapshots written by d_conv SET_ROWS a
-// layer must leave the conv state exactly as the pinned one CPY a slot does. This builds both ways
+// Engine patches 0018 and 0033 (ggufdspark): an LFM2 verify's (0033: any batch's) conv-state snapshots
+// written by d_conv SET_ROWS a layer must leave the conv state exactly as the pinned one CPY a slot does. This builds both ways
 // with the engine's own ggml (the same views as src/models/lfm2.cpp) on random inputs and compares
 // the states. With --reversed the SET_ROWS side gets the slot order reversed, which must differ: the
 // comparison can fail. Prints "N cases, M mismatches"; exit 1 on a mismatch (0 with --reversed only
@@ -56,9 +56,11 @@ int main(int argc, char ** argv) {
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-1, 1);
     int bad = 0, cases = 0;
-    for (int d_conv : {2, 3}) for (int n_tok : {3, 6, 9, 64}) for (int n_seqs : {1, 3}) for (int K : {4, 7}) {
+    // every batch size, one token too (patch 0033: the SET_ROWS path whenever there are snapshots);
+    // reversing one slot changes nothing, so --reversed leaves those cases out
+    for (int d_conv : {2, 3}) for (int n_tok : {1, 2, 3, 6, 9, 64}) for (int n_seqs : {1, 3}) for (int K : {4, 7}) {
         const int n_embd = 16, mem_size = 5, kv_head = mem_size - n_seqs;
-        if (std::min(n_tok, K) <= d_conv) continue;
+        if (reversed && std::min(n_tok, K) == 1) continue;
         std::vector<float> bxv((size_t) (d_conv + n_tok) * n_embd * n_seqs);
         for (auto & v : bxv) v = u(rng);
         auto a = run(false, false, d_conv, n_tok, n_embd, n_seqs, K, mem_size, kv_head, bxv);
