@@ -1,9 +1,9 @@
-// Engine patches 0018 and 0033 (ggufdspark): an LFM2 verify's (0033: any batch's) conv-state snapshots
-// written by d_conv SET_ROWS a layer must leave the conv state exactly as the pinned one CPY a slot does. This builds both ways
-// with the engine's own ggml (the same views as src/models/lfm2.cpp) on random inputs and compares
-// the states. With --reversed the SET_ROWS side gets the slot order reversed, which must differ: the
-// comparison can fail. Prints "N cases, M mismatches"; exit 1 on a mismatch (0 with --reversed only
-// when every case differs).
+// Engine patches 0018 and 0033 (ggufdspark): an LFM2 verify's (since 0033 any batch's) conv-state
+// snapshots written by d_conv SET_ROWS a layer must leave the conv state exactly as the pinned one CPY
+// a slot does. This builds both ways with the engine's own ggml (the same views as
+// src/models/lfm2.cpp) on random inputs and compares the states. With --reversed the SET_ROWS side
+// gets the slot order reversed, which must differ: the comparison can fail. Prints "N cases, M
+// mismatches"; exit 1 on a mismatch (0 with --reversed only when every case differs).
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include <cstdio>
