@@ -107,6 +107,21 @@ def test_output_argmax_ids_and_rows_left_on_the_device(dspark_engine, strong_con
     assert int(m[2]) == rows and int(m[3]) == 0, p.stdout
 
 
+def test_layers_kept_on_the_device_have_no_host_rows(dspark_engine, strong_conv_pair, tmp_path):
+    """Patch 0034: a context whose tapped layer inputs stay on the device (a DSpark target's, 0026)
+    keeps no host rows for them, where it used to keep a pinned n_layers x n_embd x n_batch buffer
+    that nothing wrote: llama_get_embeddings_layer_inp gives NULL; taps through the host give the
+    layer's rows, and again, equal, once the device path is turned off."""
+    exe = _compiled(dspark_engine, HERE / "layer_inp_host.cpp", tmp_path / "layer_inp_host", llama=True)
+    p = subprocess.run([str(exe), str(strong_conv_pair.target)], capture_output=True, text=True, timeout=300)
+    m = re.search(r"host (\d) device (\d) again (\d) differing (\d+) nonzero (\d+)", p.stdout)
+    assert p.returncode == 0 and m, p.stdout[-1000:] + p.stderr[-2000:]
+    host, device, again, differing, nonzero = map(int, m.groups())
+    assert host == 1 and nonzero > 0, f"the host path gave no rows: {p.stdout}"
+    assert device == 0, f"a context with its taps on the device still hands out host rows: {p.stdout}"
+    assert again == 1 and differing == 0, f"the host rows after the device path differ: {p.stdout}"
+
+
 def test_output_argmax_server_falls_back_to_rows_where_ids_cannot_answer(strong_conv_pair, start_server, monkeypatch):
     """Patch 0023 in llama-server: greedy requests with a positive logit bias (which can lift a token
     over the graph's argmax), with a negative bias on the token the graph picks, and with n_probs
