@@ -35,11 +35,7 @@ static std::vector<float> rows(llama_context * ctx, uint32_t lid, int n_embd) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s TARGET.gguf\n", argv[0]);
-        return 2;
-    }
-    llama_model * model = load_test_model(argv[1]);
+    llama_model * model = load_test_model_from_args(argc, argv);
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     const int n_embd  = llama_model_n_embd(model);
     llama_context * ctx = new_test_context(model, 3, 1024);

@@ -64,3 +64,13 @@ static llama_model * load_test_model(const char * path) {
     }
     return model;
 }
+
+// the model named by argv[1] (load_test_model); without one, the usage line ("TARGET.gguf" and
+// more_args) on stderr and exit 2
+static llama_model * load_test_model_from_args(int argc, char ** argv, const char * more_args = "") {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s TARGET.gguf%s\n", argv[0], more_args);
+        exit(2);
+    }
+    return load_test_model(argv[1]);
+}

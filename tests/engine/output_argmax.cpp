@@ -28,11 +28,7 @@ static llama_context * new_context(llama_model * model, const char * output_argm
 }
 
 int main(int argc, char ** argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s TARGET.gguf [0: the context under test without the argmax too]\n", argv[0]);
-        return 2;
-    }
-    llama_model * model = load_test_model(argv[1]);
+    llama_model * model = load_test_model_from_args(argc, argv, " [0: the context under test without the argmax too]");
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     llama_context * ctx = new_context(model, argc > 2 ? argv[2] : "1");

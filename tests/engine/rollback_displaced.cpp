@@ -49,11 +49,7 @@ static llama_context * new_context(llama_model * model, int n_seq_max) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s TARGET.gguf\n", argv[0]);
-        return 2;
-    }
-    llama_model * model = load_test_model(argv[1]);
+    llama_model * model = load_test_model_from_args(argc, argv);
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     const int n_prompt = 24;
