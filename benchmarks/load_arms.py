@@ -11,8 +11,9 @@ it, under the same traffic and the same plain arm:
         --arm "table=7 16:0" --arm "generating=7 16:0 LLAMA_SPEC_CUT_GENERATING=1" --json out.json
 
 An arm is ``NAME=N_MAX [CUT] [KEY=VALUE ...]``: CUT as ``--draft-n-max-by-slots`` takes it
-(``16:0``, ``8:5,16:0``), KEY=VALUE an environment variable of that arm's server only. Every ratio
-is against the plain arm. Synthetic acceptance at the published profile unless ``--real``. The
+(``16:0``, ``8:5,16:0``), KEY=VALUE an environment variable of that arm's server only; or
+``NAME=plain KEY=VALUE ...``: another plain server, with those variables (an engine switch that
+would act on both servers, measured on both). Every ratio is against the plain arm. Synthetic acceptance at the published profile unless ``--real``. The
 servers are ``serve``'s for the backend the engine reports (everything offloaded on CUDA).
 """
 
@@ -34,10 +35,15 @@ from ggufdspark.errors import GgufdsparkError  # noqa: E402
 
 
 def parse_arm(spec: str) -> loadbench.DraftArm:
-    """``NAME=N_MAX [CUT] [KEY=VALUE ...]`` -> a drafted arm."""
+    """``NAME=N_MAX [CUT] [KEY=VALUE ...]`` -> a drafted arm; ``NAME=plain KEY=VALUE ...`` -> a plain one."""
     name, sep, rest = spec.partition("=")
     words = shlex.split(rest)
-    bad = f"--arm {spec!r}: expected NAME=N_MAX [N:L,...] [KEY=VALUE ...]"
+    bad = f"--arm {spec!r}: expected NAME=N_MAX [N:L,...] [KEY=VALUE ...] or NAME=plain KEY=VALUE ..."
+    if sep and name and name != "plain" and words[:1] == ["plain"]:
+        env, rest_words = split_env(words[1:])
+        if rest_words or not env:
+            raise ValueError(bad)
+        return loadbench.DraftArm(name, None, None, env, drafted=False)
     if not sep or not name or name == "plain" or not words or not words[0].isdigit() or int(words[0]) < 1:
         raise ValueError(bad)
     env, rest_words = split_env(words[1:])
@@ -56,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-md", "--draft", dest="draft", required=True, help="DSpark draft GGUF")
     ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
     ap.add_argument("--arm", action="append", required=True, metavar="NAME=N_MAX [CUT] [KEY=VALUE ...]",
-                    help="a drafted arm (repeatable)")
+                    help="a drafted arm, or NAME=plain KEY=VALUE ... another plain one (repeatable)")
     ap.add_argument("--clients", default="1,8,32", help="closed-loop client counts (default 1,8,32)")
     ap.add_argument("--requests-per-client", type=int, default=2,
                     help="requests each client sends, one after another (default 2)")

@@ -50,6 +50,7 @@ class DraftArm:
     n_max: int | None = None
     cut: list[tuple[int, int]] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    drafted: bool = True  # False: another plain server (an engine switch both servers would get)
 
 
 def paused_arm(n_max: int) -> DraftArm:
@@ -280,7 +281,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                                               draft_n_max=draft_n_max, draft_cut=draft_cut, devices=devices)
     n_max = draft_n_max or decision.draft_n_max or limits.max_n
     for arm in draft_arms or [DraftArm("drafted", n_max)]:
-        if (arm.n_max or n_max) > limits.max_n:
+        if arm.drafted and (arm.n_max or n_max) > limits.max_n:
             raise BenchError(f"draft length {arm.n_max or n_max} exceeds what {Path(draft).name} can draft "
                              f"({limits.max_n}, block size {limits.block_size})")
     if given_cut and not decision.draft_cut and not draft_arms:
@@ -298,12 +299,17 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         # gave the base both), unless --draft-n-max asked for another length; several arms: each its own
         settings = {"plain": arm_settings(base, None)}
         for arm in draft_arms or [DraftArm("drafted")]:
+            if not arm.drafted:
+                settings[arm.name] = replace(arm_settings(base, None), env=dict(arm.env))
+                continue
             serves = arm.n_max is None and base.draft is not None
             s = arm_settings(base, draft, n_max=None if serves else arm.n_max or n_max, p_min=p_min,
                              cut=arm.cut if draft_arms else given_cut,
                              synthetic=_synthetic(synthetic_len, synthetic_rates, arm.n_max or n_max))
             settings[arm.name] = replace(s, env=dict(arm.env))
-        drafted = settings[next(a for a in settings if a != "plain")]
+        named = {a.name: a for a in draft_arms or []}
+        drafted = settings[next((a for a in settings if a != "plain" and named.get(a, DraftArm(a)).drafted),
+                                "plain")]
         total = len(settings) * sum(shape.n_requests(lv) for lv in shape.levels)
         done = [0]
 
@@ -382,10 +388,12 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
 
 
 def _arm_text(arm: DraftArm, s) -> str:
+    env = "".join(f", {k}={v}" for k, v in sorted(s.env.items()))
+    if not arm.drafted:
+        return "plain" + env
     cut = s.draft_n_max_by_slots
     if cut == [(0, 0)]:
         return "the draft loaded, drafting paused at every load (--spec-draft-n-max-by-slots 0:0)"
-    env = "".join(f", {k}={v}" for k, v in sorted(s.env.items()))
     return f"draft length {s.draft_n_max}" + (f", cut {','.join(f'{n}:{k}' for n, k in cut)}" if cut else "") + env
 
 
