@@ -23,7 +23,7 @@
 #             profile, greedy (TEMPERATURE=0.8: sampled; LOAD_ARGS: more bench options, e.g.
 #             --server-arg=-bs for the engine's backend sampling); JSON load-ANSWER.json. A few minutes a run.
 #   tune      the draft length for each load: `ggufdspark tune --load` (one plain arm beside a
-#             drafted arm per length of TUNE_LENGTHS (0,5,7; 0: the draft loaded, drafting paused),
+#             drafted arm per length of TUNE_LENGTHS (0,3,5,7; 0: the draft loaded, drafting paused),
 #             closed-loop CLIENTS, REQUESTS_PER_CLIENT (2), ANSWERS tokens (256), synthetic acceptance
 #             at the published profile, profile not saved); JSON tune-TAG.json. A minute an arm.
 #   arms      named drafted arms side by side against one plain arm (benchmarks/load_arms.py):
@@ -122,7 +122,7 @@ load)
 tune)
     $py -m ggufdspark tune --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" \
         --answer-tokens "${ANSWERS:-256}" --requests-per-client "${REQUESTS_PER_CLIENT:-2}" --acceptance published \
-        --draft-lengths "${TUNE_LENGTHS:-0,5,7}" --no-save --json --log-dir "$W/tune-${TAG:-a}" \
+        --draft-lengths "${TUNE_LENGTHS:-0,3,5,7}" --no-save --json --log-dir "$W/tune-${TAG:-a}" \
         > "$OUT/tune-${TAG:-a}.json" 2> "$W/tune-${TAG:-a}.err"
     echo "tune rc=$?"; grep -v "^tune --load: [0-9]*%" "$W/tune-${TAG:-a}.err" | tail -n 5
     $py -c "import json,sys; from ggufdspark.tuneload import TuneLoadResult as R; d=json.load(open(sys.argv[1]));

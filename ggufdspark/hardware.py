@@ -26,6 +26,9 @@ class BackendDefaults:
     # drafts cut to L tokens while more than N slots are busy (engine patches 0021 and 0030,
     # --spec-draft-n-max-by-slots), with the table's draft length only. None: no cut.
     draft_cut: tuple[tuple[int, int], ...] | None = None
+    # the drafter's n_ubatch (engine patch 0037, --spec-draft-ubatch): a server step's processed rows
+    # go into the drafter in one decode. None: the target's -ub.
+    draft_ubatch: int | None = None
 
 
 # The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
@@ -42,9 +45,16 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # 0.84-1.00x at 32, 0.87-0.88x at 64. Product-22's engine counts busy slots, not generating ones
     # (0030; benchmarks/results/0c1e570-product-22/load-busy.json, three runs): 0.94-1.01x at 32
     # clients against 0.91-0.94x, 0.92-0.98x at 64 against 0.92-0.96x.
+    # Product-27 (0036: the injection ordered by device events; 0037: one injection decode a step,
+    # --spec-draft-ubatch 2048; benchmarks/results/0c1e570-product-25/arms-cut*.json, measured on the
+    # developer build where both were switches): drafts cut to 3 above 16 busy slots instead of paused,
+    # with both, 1.31x of plain at 32 clients (the pause 1.03x, the cut to 3 without them 1.08x and, in
+    # another run, 1.21x), 1.05x and 1.06x at 64 (two runs; the pause 0.95x), 1.11x at 16, 1.58x at 8;
+    # a cut to 2 ran below 3 at 32 and 64. The time to first token at 64 clients pays for it: p50
+    # 1.25x and 1.95x of plain's (drafts paused above 48 as well, 16:3,48:0: 1.01x, TTFT 1.09x).
     # Families (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5.
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
-                            draft_cut=((16, 0),)),
+                            draft_cut=((16, 3),), draft_ubatch=2048),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core
@@ -59,6 +69,8 @@ OTHER_GPU = BackendDefaults(8, True, "on", "other GPU backend: Metal's value, un
 AMX_BATCH_FIX = "ggml-cpu-amx-batched-mul_mat-offsets"
 # The patch that gives llama-server --spec-draft-n-max-by-slots (docs/engine-patches.md, 0021).
 DRAFT_CUT_BY_LOAD = "spec-draft-n-max-by-slots"  # patch 0021
+# The patch that gives llama-server --spec-draft-ubatch (docs/engine-patches.md, 0037).
+DRAFT_UBATCH = "spec-draft-ubatch"  # patch 0037
 # Patch 0025: llama-server turns CUDA graphs off above this many slots. On one H200 with mixed-length
 # prompts the engine died replaying a CUDA graph at 32 and 64 slots (5 of 8 and 3 of 4 servers), and
 # never with the graphs off (0 of 10); at 8 slots the graphs are worth 1.11x (drafted, one request)
@@ -116,6 +128,7 @@ class Decision:
     """What a server will run with, and why (``ggufdspark.launch.decide`` makes it, final).
 
     ``draft_cut``: the --spec-draft-n-max-by-slots (N, L) steps the engine gets (None: no cut).
+    ``draft_ubatch``: the --spec-draft-ubatch the engine gets with a draft (None: not given).
     ``warnings``: options asked for that this engine or load cannot honour (not in ``to_dict``:
     ``serve``'s plan lists them with its own).
     """
@@ -129,6 +142,7 @@ class Decision:
     devices: list[dict] = field(default_factory=list)
     draft_cut: list[tuple[int, int]] | None = None
     warnings: list[str] = field(default_factory=list)
+    draft_ubatch: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

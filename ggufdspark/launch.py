@@ -132,6 +132,10 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
     if d.draft_enabled and not cut_off:
         d.draft_cut = _load_cut(d, engine, given_cut, draft_cut, list(base.draft_cut or ()) if table_length else None,
                                 parallel or 1, source=cut_source)
+    if d.draft_enabled and base.draft_ubatch and hardware.has_patch(engine, hardware.DRAFT_UBATCH):
+        d.draft_ubatch = base.draft_ubatch
+        d.reasons.append(f"default for {d.backend}: the drafter takes up to {base.draft_ubatch} processed rows a step "
+                         f"in one decode (--spec-draft-ubatch {base.draft_ubatch}, engine patch 0037)")
     if d.backend == "cuda" and (parallel or 1) > hardware.CUDA_GRAPHS_MAX_SLOTS:
         _cuda_graphs_note(d, engine, parallel or 1)
     return d
@@ -329,6 +333,7 @@ def server_settings(decision: hardware.Decision, engine: EngineInfo | None, *, s
         ctx_size=ctx.total if ctx else None, parallel=parallel, threads=threads, metrics=metrics,
         extra_args=hardware.engine_workarounds(decision.backend, parallel, engine, quantized=quantized)
         + list(extra_args or []))
+    s = dataclasses.replace(s, draft_ubatch=decision.draft_ubatch)  # said only with a draft
     if not drafting:
         return s
     return with_draft(s, draft, decision.draft_n_max, hf_draft=hfd, cut=decision.draft_cut)
@@ -338,7 +343,7 @@ def with_draft(settings: ServerSettings, draft: str | Path | None, n_max: int | 
                hf_draft: str | None = None, cut: list[tuple[int, int]] | None = None) -> ServerSettings:
     """``settings`` with the DSpark draft at length ``n_max`` (and the load ``cut``, if any): the
     draft flags as ``serve`` writes them (``--spec-type draft-dspark``, ``--spec-draft-n-min 0``,
-    ``-ngld`` when the target is offloaded)."""
+    ``-ngld`` when the target is offloaded, ``--spec-draft-ubatch`` where ``settings`` has one)."""
     return dataclasses.replace(
         settings, draft=draft, hf_draft=hf_draft, spec_type="draft-dspark", draft_n_max=n_max, draft_n_min=0,
         draft_n_max_by_slots=list(cut) if cut else None,

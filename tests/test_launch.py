@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from ggufdspark import bench, launch
+from dataclasses import replace
+
+from ggufdspark import bench, hardware, launch
 from ggufdspark import measure as ms
 from ggufdspark.devices import Device, DeviceReport
 from ggufdspark.engine.probe import DRAFT_PAUSE_HELP
@@ -67,9 +69,10 @@ def test_bench_drafted_arm_is_serves_server_on_cpu(ggufdspark_cli, small_pair, i
 
 def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isolated):
     """Deciding for an H200 with the real engine's patch list: bench's arms and serve's plan at -np 32
-    carry the same flags, the table's load cut among them (the pause above 16 the engine's 0021 can
-    make); --draft-n-max drops the cut in both."""
-    for extra, cut in (({}, "16:0"), ({"draft_n_max": 4}, None)):
+    carry the same flags, the table's load cut among them (drafts cut to 3 above 16 busy slots, the
+    engine's 0021) and the drafter's n_ubatch (--spec-draft-ubatch 2048, its 0037); --draft-n-max drops
+    the cut in both and keeps the n_ubatch."""
+    for extra, cut in (({}, "16:3"), ({"draft_n_max": 4}, None)):
         p = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, **extra)
         info, _devices, decision, _limits = ms.prepare(small_pair.target, small_pair.draft, concurrency=[1, 8, 32],
                                                        devices=H200, **extra)
@@ -77,11 +80,13 @@ def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isol
         argv = p.to_dict()["argv"]  # what serve --dry-run --json prints
         assert engine_args(spec.args()) == engine_args(argv), (spec.args(), argv)
         assert _value(argv, "--spec-draft-n-max-by-slots") == cut
+        assert _value(argv, "--spec-draft-ubatch") == "2048"
         assert _value(argv, "--spec-draft-n-max") == str(extra.get("draft_n_max", 7))
         assert {"-ngl", "-ngld", "-fa"} <= set(argv) and _value(argv, "-c") == str(32 * launch.CTX_PER_SLOT)
         alone = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, no_draft=True)
         assert engine_args(plain.args()) == engine_args(alone.settings.args())
         assert "-md" not in plain.args() and "-ngld" not in plain.args() and "-ngl" in plain.args()
+        assert "--spec-draft-ubatch" not in plain.args()
     # tune's drafted arms: each length as 'serve --draft-n-max N' runs it (no cut), the plain one serve's without draft
     base = ms.base_settings(info, small_pair.target, decision=decision, parallel=32, draft=small_pair.draft)
     assert ms.arm_settings(base, small_pair.draft, n_max=7).draft_n_max_by_slots is None
@@ -95,7 +100,8 @@ def test_decision_is_final_and_engine_aware():
     patched = EngineInfo(path="llama-server", source="explicit", dspark=True, draft_pause=True,
                          patches=["0021-server-spec-draft-n-max-by-slots.patch"])
     bare = EngineInfo(path="llama-server", source="explicit", dspark=True)
-    assert launch.decide(H200, patched, parallel=32).draft_cut == [(16, 0)]
+    assert launch.decide(H200, patched, parallel=32).draft_cut == [(16, 3)]
+    assert launch.decide(H200, patched, parallel=32).draft_ubatch is None  # no patch 0037 in its list
     assert launch.decide(H200, patched, parallel=16).draft_cut is None  # never more than 16 generate
     assert launch.decide(H200, bare, parallel=32).draft_cut is None
     assert launch.decide(H200, patched, parallel=32, draft_cut="off").draft_cut is None
@@ -112,13 +118,13 @@ def test_decision_is_final_and_engine_aware():
                                                 "max_concurrency_for_draft": 0}}
     assert not launch.decide(H200, patched, profile=off, parallel=32).draft_enabled
     d = launch.decide(H200, patched, profile=off, parallel=32, measuring=True)
-    assert d.draft_enabled and d.draft_n_max == 7 and d.draft_cut == [(16, 0)]
+    assert d.draft_enabled and d.draft_n_max == 7 and d.draft_cut == [(16, 3)]
     assert [r for r in d.reasons if "measured with the draft all the same" in r] == [d.reasons[1]]
     with pytest.raises(InvalidArgumentError, match="'8:x' is not N:L"):
         launch.decide(H200, patched, draft_cut="8:x")
 
 
-def test_a_pause_step_needs_an_engine_that_pauses():
+def test_a_pause_step_needs_an_engine_that_pauses(monkeypatch):
     """L = 0 (drafts paused above N busy slots, 0021 since 0026 joined the series): the table's
     pause step goes only to an engine whose help says it pauses; a given pause step with any other
     engine is dropped with a warning naming it, the other steps kept; parse_draft_cut takes 0."""
@@ -129,6 +135,13 @@ def test_a_pause_step_needs_an_engine_that_pauses():
     pausing = EngineInfo(path="llama-server", source="explicit", dspark=True, draft_pause=True,
                          patches=["0021-server-spec-draft-n-max-by-slots.patch"])
     assert launch.parse_draft_cut("2:5,16:0") == [(2, 5), (16, 0)]
+    # the CUDA table cuts to 3 above 16 (no pause): every engine with 0021 takes it
+    for engine in (pausing, old):
+        d = launch.decide(H200, engine, parallel=64)
+        assert d.draft_cut == [(16, 3)] and not [w for w in d.warnings if "pause" in w], d.warnings
+        assert any("to 3 above 16 busy slots" in r for r in d.reasons), d.reasons
+    # a table whose step pauses (as CUDA's did before 0036 and 0037): only the pausing engine gets it
+    monkeypatch.setitem(hardware.DEFAULTS, "cuda", replace(hardware.DEFAULTS["cuda"], draft_cut=((16, 0),)))
     d = launch.decide(H200, pausing, parallel=64)
     assert d.draft_cut == [(16, 0)] and not [w for w in d.warnings if "pause" in w], d.warnings
     assert any("paused above 16 busy slots" in r for r in d.reasons), d.reasons

@@ -350,7 +350,11 @@ def test_device_features_draft_as_the_host_path(hidden_conf_pair, start_server, 
     accepted counts and tokens are identical on both paths. With -b 128 -ub 32 a prompt of 200 or 330
     tokens reaches the target in several batches and the drafter in several injection chunks (rows
     from an offset into the tensor); a wave of 4 slots with mixed prompt lengths mixes sequences in
-    one chunk. Every output stays the plain server's (or departs from it at a near-tie).
+    one chunk. Every output stays the plain server's (or departs from it at a near-tie). The device
+    path runs twice: with --spec-draft-ubatch 128 (patch 0037, as serve runs CUDA: a step's rows in one
+    injection decode) and without (the drafter's n_ubatch is the target's 32: several chunks a step,
+    rows from an offset). Where the rows' device has events (patch 0036: CUDA) the injection is
+    ordered by them and the server says so; on the CPU backend it must not (host synchronisation).
 
     The counts can tell wrong features only if the drafts depend on them. The small pair's drafter
     drafts whole blocks of "repeat the last token" whatever its hidden state: a developer build whose
@@ -377,16 +381,24 @@ def test_device_features_draft_as_the_host_path(hidden_conf_pair, start_server, 
     plain.stop()
     monkeypatch.delenv("LLAMA_SPEC_FEATURES_HOST", raising=False)
     got: dict[str, list[dict]] = {}
-    for path in ("device", "host"):
+    for path in ("device", "chunked", "host"):
         if path == "host":
             monkeypatch.setenv("LLAMA_SPEC_FEATURES_HOST", "1")  # the server inherits the environment
-        spec = start_server(draft=hidden_conf_pair.draft, draft_n_max=n_max, draft_p_min=p_min, **common)
+        one_decode = ["--spec-draft-ubatch", "128"] if path == "device" else []
+        spec = start_server(draft=hidden_conf_pair.draft, draft_n_max=n_max, draft_p_min=p_min,
+                            **{**common, "extra_args": common["extra_args"] + one_decode})
         got[path] = one_by_one(spec) + serve_all(spec, wave)
         spec.wait_for_log(r"stop processing", count=len(seq) + len(wave))  # the log trails the responses
         assert spec.alive(), f"{path} path: the engine died:\n{spec.log_text()[-2000:]}"
-        assert len(spec.wait_for_log(r"n_ubatch\s+= 32\s*$")) >= 2, f"{path} path: -ub 32 not in force"
-        on_device = re.findall(r"tapped layer inputs stay on \S+", spec.log_text())
-        assert bool(on_device) == (path == "device"), f"{path} path, yet the engine logged: {on_device}"
+        ubatches = [int(u) for u in re.findall(r"n_ubatch\s+= (\d+)\s*$", spec.log_text(), re.M)]
+        want_ub = (32, 128 if path == "device" else 32)  # the target's context first, the drafter's last
+        assert len(ubatches) >= 2 and (ubatches[0], ubatches[-1]) == want_ub, (
+            f"{path} path: contexts' n_ubatch {ubatches}, expected the target's {want_ub[0]} and the drafter's {want_ub[1]}")
+        on_device = re.findall(r"tapped layer inputs stay on (\S+)", spec.log_text())
+        assert bool(on_device) == (path != "host"), f"{path} path, yet the engine logged: {on_device}"
+        events = re.findall(r"injections ordered on (\S+) by events", spec.log_text())
+        assert events == ([] if path == "host" or on_device[0].startswith("CPU") else on_device[:1]), (
+            f"{path} path, rows on {on_device}: the engine logged {events} for the injections' events")
         for i, (p, s) in enumerate(zip(want, got[path])):
             assert "tokens" in s, f"{path} path, request {i}: {s.get('error', 'no tokens in the response')}"
             assert_same_or_near_tie(p, s["tokens"], f"{path} path, request {i}, greedy output")
@@ -399,12 +411,14 @@ def test_device_features_draft_as_the_host_path(hidden_conf_pair, start_server, 
     counts = {path: [(g["timings"].get("draft_n", 0), g["timings"].get("draft_n_accepted", 0)) for g in got[path]]
               for path in got}
     n = len(seq)
-    assert all(d > 0 for d, _ in counts["device"]), f"the draft did not engage on every request: {counts['device']}"
-    assert counts["device"][:n] == counts["host"][:n], (
-        f"one request at a time, (drafted, accepted) per request: device {counts['device'][:n]}, "
-        f"host {counts['host'][:n]}: the features on the device draft differently")
-    for i in range(n):
-        assert got["device"][i]["tokens"] == got["host"][i]["tokens"], f"request {i}: the paths' greedy outputs differ"
+    for path in ("device", "chunked"):
+        assert all(d > 0 for d, _ in counts[path]), f"{path}: the draft did not engage on every request: {counts[path]}"
+        assert counts[path][:n] == counts["host"][:n], (
+            f"one request at a time, (drafted, accepted) per request: {path} {counts[path][:n]}, "
+            f"host {counts['host'][:n]}: the features on the device draft differently")
+        for i in range(n):
+            assert got[path][i]["tokens"] == got["host"][i]["tokens"], (
+                f"{path}, request {i}: the paths' greedy outputs differ")
 
 
 def test_drafting_resumes_after_a_pause_losslessly(strong_conv_pair, start_server):

@@ -265,8 +265,8 @@ def test_serve_has_no_slot_limit_option(ggufdspark_cli, small_pair):
 
 
 def test_the_cuda_load_cut_goes_with_the_table_length_only():
-    """CUDA's table pauses drafts above 16 busy slots (measured with its length 7), on an
-    engine whose patch 0021 pauses; a tune profile's length or --draft-n-max replaces the cut too; CPU
+    """CUDA's table cuts drafts to 3 above 16 busy slots (measured with its length 7), on an
+    engine with patch 0021; a tune profile's length or --draft-n-max replaces the cut too; CPU
     has none."""
     from ggufdspark import launch
     from ggufdspark.devices import DeviceReport
@@ -276,7 +276,7 @@ def test_the_cuda_load_cut_goes_with_the_table_length_only():
                         patches=["0021-spec-draft-n-max-by-slots.patch"])
     cuda = DeviceReport(backend="cuda", source="none")
     d = launch.decide(cuda, engine, parallel=32)
-    assert d.draft_n_max == 7 and d.draft_cut == [(16, 0)], d
+    assert d.draft_n_max == 7 and d.draft_cut == [(16, 3)], d
     prof = {"path": "p.json", "recommendation": {"draft_enabled": True, "draft_n_max": 4}}
     assert launch.decide(cuda, engine, profile=prof, parallel=32).draft_cut is None
     assert launch.decide(cuda, engine, draft_n_max=6, parallel=32).draft_cut is None

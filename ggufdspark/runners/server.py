@@ -69,6 +69,9 @@ class ServerSettings:
     # new drafts pause while more slots than this generate (engine patch 0011; None: no limit)
     # drafts cut to L tokens while more than N slots are busy, as (N, L) pairs (engine patches 0021, 0030)
     draft_n_max_by_slots: list[tuple[int, int]] | None = None
+    # the draft context's n_ubatch (engine patch 0037, --spec-draft-ubatch; None: the target's), given
+    # only with a draft: a DSpark drafter takes a step's processed rows in chunks of this many
+    draft_ubatch: int | None = None
     n_gpu_layers: int | str | None = None
     n_gpu_layers_draft: int | str | None = None
     flash_attn: str | None = None
@@ -127,6 +130,8 @@ class ServerSettings:
                 a += ["--spec-draft-p-min", str(self.draft_p_min)]
             if self.draft_n_max_by_slots:
                 a += ["--spec-draft-n-max-by-slots", ",".join(f"{n}:{k}" for n, k in self.draft_n_max_by_slots)]
+            if self.draft_ubatch is not None:
+                a += ["--spec-draft-ubatch", str(self.draft_ubatch)]
             if self.n_gpu_layers_draft is not None:
                 a += ["-ngld", str(self.n_gpu_layers_draft)]
             if self.synth_len is not None:
