@@ -78,12 +78,13 @@ def drafted(base: ServerSettings, draft: str | Path, n_max: int, rates: list[flo
 
 def serve_drafted(base: ServerSettings, draft: str | Path, *, gpu: bool, rates: list[float] | None) -> ServerSettings:
     """``base`` with the draft as ``serve`` runs it on this backend with ``base``'s engine and slots
-    (``launch.decide``: the table's length, and its load cut where the engine has patch 0021),
+    (``launch.decide``: the table's length, its load cut where the engine has patch 0021, and its
+    drafter n_ubatch where it has 0037),
     synthetic acceptance at ``rates`` truncated to that length (or real acceptance for None)."""
     devices = DeviceReport(backend="cuda" if gpu else "cpu")
     decision = launch.decide(devices, engine.find_engine(base.server), parallel=base.parallel, measuring=True)
     n_max = decision.draft_n_max or 1
-    with_serves_draft = launch.with_draft(base, draft, n_max, cut=decision.draft_cut)
+    with_serves_draft = launch.with_draft(base, draft, n_max, cut=decision.draft_cut, ubatch=decision.draft_ubatch)
     syn = ms.Synthetic(rates=list(rates[:n_max])) if rates else None
     return ms.arm_settings(with_serves_draft, draft, synthetic=syn)  # n_max None: that draft as serve runs it
 

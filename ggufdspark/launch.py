@@ -331,22 +331,25 @@ def server_settings(decision: hardware.Decision, engine: EngineInfo | None, *, s
         host=host, port=port, api_key=api_key, spec_type=None, draft_n_min=None,
         n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None, flash_attn=decision.flash_attn,
         ctx_size=ctx.total if ctx else None, parallel=parallel, threads=threads, metrics=metrics,
+        draft_ubatch=decision.draft_ubatch,  # on the command line only with a draft
         extra_args=hardware.engine_workarounds(decision.backend, parallel, engine, quantized=quantized)
         + list(extra_args or []))
-    s = dataclasses.replace(s, draft_ubatch=decision.draft_ubatch)  # said only with a draft
     if not drafting:
         return s
     return with_draft(s, draft, decision.draft_n_max, hf_draft=hfd, cut=decision.draft_cut)
 
 
 def with_draft(settings: ServerSettings, draft: str | Path | None, n_max: int | None, *,
-               hf_draft: str | None = None, cut: list[tuple[int, int]] | None = None) -> ServerSettings:
+               hf_draft: str | None = None, cut: list[tuple[int, int]] | None = None,
+               ubatch: int | None = None) -> ServerSettings:
     """``settings`` with the DSpark draft at length ``n_max`` (and the load ``cut``, if any): the
     draft flags as ``serve`` writes them (``--spec-type draft-dspark``, ``--spec-draft-n-min 0``,
-    ``-ngld`` when the target is offloaded, ``--spec-draft-ubatch`` where ``settings`` has one)."""
+    ``-ngld`` when the target is offloaded, ``--spec-draft-ubatch`` as ``ubatch`` or ``settings``
+    give it)."""
     return dataclasses.replace(
         settings, draft=draft, hf_draft=hf_draft, spec_type="draft-dspark", draft_n_max=n_max, draft_n_min=0,
         draft_n_max_by_slots=list(cut) if cut else None,
+        draft_ubatch=ubatch if ubatch is not None else settings.draft_ubatch,
         n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if settings.n_gpu_layers is not None else None,
         extra_args=list(settings.extra_args))
 
