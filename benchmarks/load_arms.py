@@ -13,8 +13,9 @@ it, under the same traffic and the same plain arm:
 An arm is ``NAME=N_MAX [CUT] [KEY=VALUE ...]``: CUT as ``--draft-n-max-by-slots`` takes it
 (``16:0``, ``8:5,16:0``), KEY=VALUE an environment variable of that arm's server only; or
 ``NAME=plain KEY=VALUE ...``: another plain server, with those variables (an engine switch that
-would act on both servers, measured on both). Every ratio is against the plain arm. Synthetic acceptance at the published profile unless ``--real``. The
-servers are ``serve``'s for the backend the engine reports (everything offloaded on CUDA).
+would act on both servers, measured on both). Every ratio is against the plain arm. Synthetic
+acceptance at the published profile unless ``--real``. The servers are ``serve``'s for the backend
+the engine reports (everything offloaded on CUDA).
 """
 
 from __future__ import annotations

@@ -354,7 +354,8 @@ def test_device_features_draft_as_the_host_path(hidden_conf_pair, start_server, 
     path runs twice: with --spec-draft-ubatch 128 (patch 0037, as serve runs CUDA: a step's rows in one
     injection decode) and without (the drafter's n_ubatch is the target's 32: several chunks a step,
     rows from an offset). Where the rows' device has events (patch 0036: CUDA) the injection is
-    ordered by them and the server says so; on the CPU backend it must not (host synchronisation).
+    ordered by them and the server says so (on CUDA by default; LLAMA_SPEC_INJECT_EVENTS=1 elsewhere);
+    on the CPU backend, which has no events, it must not, even when asked (host synchronisation).
 
     The counts can tell wrong features only if the drafts depend on them. The small pair's drafter
     drafts whole blocks of "repeat the last token" whatever its hidden state: a developer build whose
@@ -380,6 +381,8 @@ def test_device_features_draft_as_the_host_path(hidden_conf_pair, start_server, 
     want = one_by_one(plain) + serve_all(plain, wave)
     plain.stop()
     monkeypatch.delenv("LLAMA_SPEC_FEATURES_HOST", raising=False)
+    monkeypatch.delenv("LLAMA_SPEC_INJECT_SYNC", raising=False)
+    monkeypatch.setenv("LLAMA_SPEC_INJECT_EVENTS", "1")  # asked for on any backend: taken only where there are events
     got: dict[str, list[dict]] = {}
     for path in ("device", "chunked", "host"):
         if path == "host":
