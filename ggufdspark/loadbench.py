@@ -298,6 +298,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         # the drafted arm is the server `serve` would start (its length and load cut, launch.decide
         # gave the base both), unless --draft-n-max asked for another length; several arms: each its own
         settings = {"plain": arm_settings(base, None)}
+        drafted = None  # the first drafted arm's settings, which the report names
         for arm in draft_arms or [DraftArm("drafted")]:
             if not arm.drafted:
                 settings[arm.name] = replace(arm_settings(base, None), env=dict(arm.env))
@@ -307,9 +308,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                              cut=arm.cut if draft_arms else given_cut,
                              synthetic=_synthetic(synthetic_len, synthetic_rates, arm.n_max or n_max))
             settings[arm.name] = replace(s, env=dict(arm.env))
-        named = {a.name: a for a in draft_arms or []}
-        drafted = settings[next((a for a in settings if a != "plain" and named.get(a, DraftArm(a)).drafted),
-                                "plain")]
+            drafted = drafted or settings[arm.name]
+        drafted = drafted or settings["plain"]
         total = len(settings) * sum(shape.n_requests(lv) for lv in shape.levels)
         done = [0]
 
