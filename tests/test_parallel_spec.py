@@ -556,6 +556,69 @@ def test_a_drafted_targets_graphs_keep_the_reserved_plan(strong_conv_pair, start
     assert max(counts["cpy"]) > 0, f"the old snapshot path did not re-plan: {counts['cpy']} (does the count work?)"
 
 
+def test_first_token_goes_out_before_the_drafter_takes_in_the_prompt(hidden_conf_pair, start_server, monkeypatch):
+    """Patch 0038: the slots whose prompt a sub-batch finished send their first token before the
+    drafter takes in that sub-batch, so the drafter's prefill is not in the client's time to first
+    token; LLAMA_SPEC_FIRST_TOKEN_LATE=1 keeps the old order. The drafter takes in the same rows
+    either way and begins each slot after it has, so every request drafts exactly the same in both
+    orders: (drafted, accepted) and tokens request by request, and no "process() did not run on
+    every prefill ubatch" warning from the drafter's begin. With -b 128 prompts of 200 and 330
+    tokens reach the target in several sub-batches. A request for two completions (n_cmpl 2) keeps
+    the old order for its prompt (its children copy the parent's finished state, the drafter's too)
+    and both completions are the plain server's. With -v the server logs each early first token
+    ("sent 1 first token(s) ...") and then the drafter's sub-batch: that order is asserted too."""
+    n_max, p_min = 6, 0.5
+    common = dict(model=hidden_conf_pair.target, parallel=4, ctx_size=4 * 512,
+                  extra_args=["-b", "128", "-ub", "32", "-v"])
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(40)
+    prompts = [[rng.randrange(16, vocab) for _ in range(n)] for n in (40, 200, 330, 90)]
+
+    def run(srv) -> list[dict]:
+        c = srv.client(timeout=300)
+        body = {"n_predict": 40, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False,
+                "return_tokens": True, "n_probs": 2}
+        out = [c.post_json("/completion", {**body, "prompt": p}) for p in prompts[:3]]
+        two = c.post_json("/completion", {**body, "prompt": prompts[3], "n_cmpl": 2})
+        assert isinstance(two, list) and len(two) == 2, f"n_cmpl 2: expected two completions, got {str(two)[:300]}"
+        return out + two
+
+    want = run(plain)
+    plain.stop()
+    got: dict[str, list[dict]] = {}
+    events = r"sent (\d+) first token\(s\) before the drafter|the drafter had the sub-batch \((\d+) rows\)"
+    for order in ("early", "late"):
+        if order == "late":
+            monkeypatch.setenv("LLAMA_SPEC_FIRST_TOKEN_LATE", "1")
+        spec = start_server(draft=hidden_conf_pair.draft, draft_n_max=n_max, draft_p_min=p_min, **common)
+        got[order] = run(spec)
+        spec.wait_for_log(r"stop processing", count=len(want))  # the log trails the responses
+        log = spec.log_text()
+        assert spec.alive(), f"{order}: the engine died:\n{log[-2000:]}"
+        assert "did not run on every prefill ubatch" not in log, (
+            f"{order}: a slot began drafting before the drafter had its whole prompt:\n{log[-2000:]}")
+        seen = [(m[1] is not None, m[0]) for m in re.finditer(events, log)]
+        early = [i for i, (first, _) in enumerate(seen) if first]
+        if order == "early":
+            assert len(early) == 3, f"early first tokens logged {len(early)} times, expected one per single request (3)"
+            assert all(i + 1 < len(seen) and not seen[i + 1][0] for i in early), (
+                f"a first token sent early was not followed by the drafter's sub-batch: {seen}")
+        else:
+            assert not early, f"LLAMA_SPEC_FIRST_TOKEN_LATE=1, yet first tokens went out early: {[seen[i] for i in early]}"
+        for i, (p, g) in enumerate(zip(want, got[order])):
+            assert "tokens" in g, f"{order}, request {i}: {g.get('error', 'no tokens in the response')}"
+            assert_same_or_near_tie(p, g["tokens"], f"{order}, request {i}, greedy output")
+        spec.stop()
+
+    counts = {o: [(g["timings"].get("draft_n", 0), g["timings"].get("draft_n_accepted", 0)) for g in got[o]]
+              for o in got}
+    assert all(d > 0 for d, _ in counts["early"]), f"the draft did not engage on every request: {counts['early']}"
+    assert counts["early"] == counts["late"], (
+        f"(drafted, accepted) per request: first token early {counts['early']}, late {counts['late']}")
+    assert [g["tokens"] for g in got["early"]] == [g["tokens"] for g in got["late"]], "the orders' outputs differ"
+
+
 def _at_once(srv, work) -> list[dict]:
     """``work`` sent all at once, one thread a request (greedy, n_probs 2 for the near-tie check)."""
     client = srv.client(timeout=300)
