@@ -560,11 +560,11 @@ def test_first_token_goes_out_before_the_drafter_takes_in_the_prompt(hidden_conf
     """Patch 0038: where the drafter's injection runs on the host's time (no device events: the CPU
     backend), the slots whose prompt a sub-batch finished send their first token before the drafter
     takes in that sub-batch, so the drafter's prefill is not in the client's time to first token;
-    where the injection is ordered by events (0036, CUDA) it stays first. LLAMA_SPEC_FIRST_TOKEN_EARLY=1
-    and _LATE=1 force either order; all three runs (default, early, late) must draft alike. The drafter takes in the same rows
-    either way and begins each slot after it has, so every request drafts exactly the same in both
-    orders: (drafted, accepted) and tokens request by request, and no "process() did not run on
-    every prefill ubatch" warning from the drafter's begin. With -b 128 prompts of 200 and 330
+    where the injection is ordered by events (0036, CUDA) the drafter stays first.
+    LLAMA_SPEC_FIRST_TOKEN_EARLY=1 and _LATE=1 force either order. The drafter takes in the same rows
+    in every order and begins each slot after it has, so the default, early and late runs draft
+    exactly alike: (drafted, accepted) and tokens request by request, and no "process() did not run
+    on every prefill ubatch" warning from the drafter's begin. With -b 128 prompts of 200 and 330
     tokens reach the target in several sub-batches. A request for two completions (n_cmpl 2) keeps
     the old order for its prompt (its children copy the parent's finished state, the drafter's too)
     and both completions are the plain server's. With -v the server logs each early first token
