@@ -1,0 +1,82 @@
+"""Engine patch 0040: when idle slots reach the host prompt cache.
+
+Upstream's server saves every idle slot to the host prompt cache (``--cache-ram``, on by default)
+when a task launches, before that task's prompt starts: fresh host memory faulted in and cleared,
+then the state copied, on the main loop. On the H200 that was 18-33 ms of every request's time to
+first token (45-60 ms at one client). Without a unified KV cache the slots' KV stays on the device
+and clearing frees nothing, so 0040 publishes them during the next step of generating slots only.
+These tests drive the real server with ``-v`` (its prompt-cache trace) on a drafted pair.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from tests.test_parallel_spec import assert_same_or_near_tie
+
+
+def _lines(log: str, pattern: str) -> list[int]:
+    return [i for i, line in enumerate(log.splitlines()) if re.search(pattern, line)]
+
+
+@pytest.mark.parametrize("order", ["default", "launch"])
+def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(small_pair, start_server, monkeypatch, order):
+    """Two slots, no unified KV cache, the draft on. Request A fills one slot; request B takes the
+    other. By default (0040) A's slot is saved to the prompt cache only once B's prompt has been
+    taken in (B's "new prompt" line comes first, then "publishing idle slots ... during a generation
+    step", then the save of A's length); with LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1 (upstream's
+    order) the save comes before B's prompt. Either way the saved state is whole: request D, pinned
+    to A's slot, overwrites it (a pinned launch saves nothing), and A sent again is restored from
+    the cache ("found better prompt"), processes only a few tokens, and answers A's greedy tokens
+    (the drafter's state came back with the target's)."""
+    if order == "launch":
+        monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH", "1")
+    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=2,
+                       ctx_size=2 * 512, extra_args=["-v", "--no-kv-unified"])
+    c = srv.client(timeout=300)
+    vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(11)
+    a, b, d = ([rng.randrange(16, vocab) for _ in range(n)] for n in (120, 90, 70))
+    body = {"n_predict": 16, "temperature": 0.0, "ignore_eos": True, "cache_prompt": True, "return_tokens": True,
+            "n_probs": 2}
+
+    first = c.post_json("/completion", {**body, "prompt": a})
+    slot_a = first["id_slot"]
+    second = c.post_json("/completion", {**body, "prompt": b})
+    assert second["id_slot"] != slot_a, f"B should take the other slot, both went to slot {slot_a}"
+    srv.wait_for_log(r"stop processing", count=2)
+    log = srv.log_text()
+    # the slot keeps the prompt and every answer token but the last
+    saved_a = _lines(log, rf"saving prompt with length {len(a) + 15}\b")
+    assert saved_a, f"A's slot ({len(a)} prompt tokens + 15) was never saved to the prompt cache:\n{log[-3000:]}"
+    b_prompts = _lines(log, rf"new prompt, .*task\.n_tokens = {len(b)}\b")
+    assert len(b_prompts) == 1, f"B's prompt ({len(b)} tokens) started {len(b_prompts)} times:\n{log[-3000:]}"
+    b_prompt = b_prompts[0]
+    published = _lines(log, r"publishing idle slots to the prompt cache during a generation step")
+    if order == "default":
+        assert saved_a[0] > b_prompt, (
+            f"A's slot was saved (log line {saved_a[0]}) before B's prompt started (line {b_prompt})")
+        assert published and b_prompt < published[0] < saved_a[0], (
+            f"no publish during a generation step between B's prompt ({b_prompt}) and A's save ({saved_a[0]}): {published}")
+    else:
+        assert saved_a[0] < b_prompt, (
+            f"upstream's order: A's slot should be saved (line {saved_a[0]}) before B's prompt (line {b_prompt})")
+        assert not published, f"LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1, yet a deferred publish was logged: {published}"
+
+    third = c.post_json("/completion", {**body, "prompt": d, "id_slot": slot_a})
+    assert third["id_slot"] == slot_a, f"D was pinned to slot {slot_a}, went to {third['id_slot']}"
+    n_found = len(_lines(srv.log_text(), r"found better prompt"))
+    again = c.post_json("/completion", {**body, "prompt": a})
+    srv.wait_for_log(r"stop processing", count=4)
+    log = srv.log_text()
+    assert srv.alive(), f"the engine died:\n{log[-2000:]}"
+    assert len(_lines(log, r"found better prompt")) > n_found, (
+        f"A sent again was not restored from the prompt cache:\n{log[-3000:]}")
+    assert again["timings"]["prompt_n"] < len(a) // 2, (
+        f"A restored from the cache still processed {again['timings']['prompt_n']} of its {len(a)} prompt tokens")
+    assert_same_or_near_tie(first, again["tokens"], "A after the restore from the prompt cache")
+    assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"
