@@ -23,18 +23,22 @@ def _lines(log: str, pattern: str) -> list[int]:
     return [i for i, line in enumerate(log.splitlines()) if re.search(pattern, line)]
 
 
-@pytest.mark.parametrize("order", ["default", "launch"])
+@pytest.mark.parametrize("order", ["default", "sync", "launch"])
 def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(small_pair, start_server, monkeypatch, order):
     """Two slots, no unified KV cache, the draft on. Request A fills one slot; request B takes the
-    other. By default (0040) A's slot is saved to the prompt cache only once B's prompt has been
-    taken in (B's "new prompt" line comes first, then "publishing idle slots ... during a generation
-    step", then the save of A's length); with LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1 (upstream's
-    order) the save comes before B's prompt. Either way the saved state is whole: request D, pinned
+    other. By default A's slot is saved to the prompt cache only once B's prompt has been taken in
+    (0040), its host memory faulted in by a helper thread meanwhile (0041): B's "new prompt" line
+    comes first, then the save of A's length and "publishing idle slots ... during a generation
+    step"; the same with LLAMA_SERVER_IDLE_PUBLISH_SYNC=1 (0040 alone: the memory allocated on the
+    main loop, at the publish); with LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1 (upstream's order) the
+    save comes before B's prompt. Either way the saved state is whole: request D, pinned
     to A's slot, overwrites it (a pinned launch saves nothing), and A sent again is restored from
     the cache ("found better prompt"), processes only a few tokens, and answers A's greedy tokens
     (the drafter's state came back with the target's)."""
     if order == "launch":
         monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH", "1")
+    if order == "sync":
+        monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_SYNC", "1")
     srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=2,
                        ctx_size=2 * 512, extra_args=["-v", "--no-kv-unified"])
     c = srv.client(timeout=300)
@@ -57,11 +61,11 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
     assert len(b_prompts) == 1, f"B's prompt ({len(b)} tokens) started {len(b_prompts)} times:\n{log[-3000:]}"
     b_prompt = b_prompts[0]
     published = _lines(log, r"publishing idle slots to the prompt cache during a generation step")
-    if order == "default":
+    if order != "launch":
         assert saved_a[0] > b_prompt, (
             f"A's slot was saved (log line {saved_a[0]}) before B's prompt started (line {b_prompt})")
-        assert published and b_prompt < published[0] < saved_a[0], (
-            f"no publish during a generation step between B's prompt ({b_prompt}) and A's save ({saved_a[0]}): {published}")
+        assert any(i > b_prompt for i in published), (
+            f"no publish during a generation step after B's prompt (line {b_prompt}): {published}")
     else:
         assert saved_a[0] < b_prompt, (
             f"upstream's order: A's slot should be saved (line {saved_a[0]}) before B's prompt (line {b_prompt})")
