@@ -23,8 +23,40 @@ import pytest
 from tests.test_parallel_spec import assert_same_or_near_tie
 
 
+BODY = {"n_predict": 16, "temperature": 0.0, "ignore_eos": True, "cache_prompt": True, "return_tokens": True,
+        "n_probs": 2}
+
+
 def _lines(log: str, pattern: str) -> list[int]:
     return [i for i, line in enumerate(log.splitlines()) if re.search(pattern, line)]
+
+
+def _two_slots(small_pair, start_server, ctx_slot: int, seed: int, lengths: tuple[int, ...]):
+    """A drafted two-slot server without a unified KV cache, with its prompt-cache trace (-v), and
+    random token prompts of these lengths."""
+    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=2,
+                       ctx_size=2 * ctx_slot, extra_args=["-v", "--no-kv-unified"])
+    c = srv.client(timeout=300)
+    vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(seed)
+    return srv, c, [[rng.randrange(16, vocab) for _ in range(n)] for n in lengths]
+
+
+def _assert_restored_whole(srv, c, a: list[int], first: dict, n_requests: int) -> None:
+    """A sent again (the server's n_requests-th request) is found in the prompt cache, processes
+    only a few tokens and answers A's greedy tokens with the draft engaged (the drafter's state came
+    back with the target's)."""
+    n_found = len(_lines(srv.log_text(), r"found better prompt"))
+    again = c.post_json("/completion", {**BODY, "prompt": a})
+    srv.wait_for_log(r"stop processing", count=n_requests)
+    log = srv.log_text()
+    assert srv.alive(), f"the engine died:\n{log[-2000:]}"
+    assert len(_lines(log, r"found better prompt")) > n_found, (
+        f"A sent again was not restored from the prompt cache:\n{log[-3000:]}")
+    assert again["timings"]["prompt_n"] < len(a) // 2, (
+        f"A restored from the cache still processed {again['timings']['prompt_n']} of its {len(a)} prompt tokens")
+    assert_same_or_near_tie(first, again["tokens"], "A after the restore from the prompt cache")
+    assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"
 
 
 @pytest.mark.parametrize("order", ["default", "sync", "launch"])
@@ -44,18 +76,11 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
         monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH", "1")
     if order == "sync":
         monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_SYNC", "1")
-    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=2,
-                       ctx_size=2 * 512, extra_args=["-v", "--no-kv-unified"])
-    c = srv.client(timeout=300)
-    vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
-    rng = random.Random(11)
-    a, b, d = ([rng.randrange(16, vocab) for _ in range(n)] for n in (120, 90, 70))
-    body = {"n_predict": 16, "temperature": 0.0, "ignore_eos": True, "cache_prompt": True, "return_tokens": True,
-            "n_probs": 2}
+    srv, c, (a, b, d) = _two_slots(small_pair, start_server, 512, 11, (120, 90, 70))
 
-    first = c.post_json("/completion", {**body, "prompt": a})
+    first = c.post_json("/completion", {**BODY, "prompt": a})
     slot_a = first["id_slot"]
-    second = c.post_json("/completion", {**body, "prompt": b})
+    second = c.post_json("/completion", {**BODY, "prompt": b})
     assert second["id_slot"] != slot_a, f"B should take the other slot, both went to slot {slot_a}"
     srv.wait_for_log(r"stop processing", count=2)
     log = srv.log_text()
@@ -76,19 +101,9 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
             f"upstream's order: A's slot should be saved (line {saved_a[0]}) before B's prompt (line {b_prompt})")
         assert not published, f"LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1, yet a deferred publish was logged: {published}"
 
-    third = c.post_json("/completion", {**body, "prompt": d, "id_slot": slot_a})
+    third = c.post_json("/completion", {**BODY, "prompt": d, "id_slot": slot_a})
     assert third["id_slot"] == slot_a, f"D was pinned to slot {slot_a}, went to {third['id_slot']}"
-    n_found = len(_lines(srv.log_text(), r"found better prompt"))
-    again = c.post_json("/completion", {**body, "prompt": a})
-    srv.wait_for_log(r"stop processing", count=4)
-    log = srv.log_text()
-    assert srv.alive(), f"the engine died:\n{log[-2000:]}"
-    assert len(_lines(log, r"found better prompt")) > n_found, (
-        f"A sent again was not restored from the prompt cache:\n{log[-3000:]}")
-    assert again["timings"]["prompt_n"] < len(a) // 2, (
-        f"A restored from the cache still processed {again['timings']['prompt_n']} of its {len(a)} prompt tokens")
-    assert_same_or_near_tie(first, again["tokens"], "A after the restore from the prompt cache")
-    assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"
+    _assert_restored_whole(srv, c, a, first, n_requests=4)
 
 
 def test_a_slot_taken_while_others_generate_is_saved_whole_before_its_new_prompt(small_pair, start_server):
@@ -99,14 +114,7 @@ def test_a_slot_taken_while_others_generate_is_saved_whole_before_its_new_prompt
     0042 does that with LLAMA_SERVER_IDLE_PUBLISH_RELEASE=1). A's state is whole: A sent again,
     once C and B are done, is restored from the cache and answers the same greedy tokens with the
     draft engaged."""
-    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=2,
-                       ctx_size=2 * 1024, extra_args=["-v", "--no-kv-unified"])
-    c = srv.client(timeout=300)
-    vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
-    rng = random.Random(23)
-    a, b, long_c = ([rng.randrange(16, vocab) for _ in range(n)] for n in (120, 90, 20))
-    body = {"n_predict": 16, "temperature": 0.0, "ignore_eos": True, "cache_prompt": True, "return_tokens": True,
-            "n_probs": 2}
+    srv, c, (a, b, long_c) = _two_slots(small_pair, start_server, 1024, 23, (120, 90, 20))
 
     answers: dict[str, dict] = {}
     errors: list[BaseException] = []
@@ -114,15 +122,15 @@ def test_a_slot_taken_while_others_generate_is_saved_whole_before_its_new_prompt
     def run_c() -> None:
         try:
             answers["c"] = srv.client(timeout=600).post_json(
-                "/completion", {**body, "prompt": long_c, "n_predict": 900})
+                "/completion", {**BODY, "prompt": long_c, "n_predict": 900})
         except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread below
             errors.append(e)
 
     t = threading.Thread(target=run_c, daemon=True)
     t.start()
     srv.wait_for_log(rf"new prompt, .*task\.n_tokens = {len(long_c)}\b", timeout=60)
-    first = c.post_json("/completion", {**body, "prompt": a})
-    second = c.post_json("/completion", {**body, "prompt": b})
+    first = c.post_json("/completion", {**BODY, "prompt": a})
+    second = c.post_json("/completion", {**BODY, "prompt": b})
     t.join(timeout=600)
     assert not errors, f"request C failed: {errors[0]!r}"
     assert "c" in answers, "request C did not finish in 600 s"
@@ -145,13 +153,4 @@ def test_a_slot_taken_while_others_generate_is_saved_whole_before_its_new_prompt
     assert take < a_saved[0] and not skipped, (
         f"the take should save A on the main loop (take at line {take}, A's saves at {a_saved})")
 
-    n_found = len(_lines(log, r"found better prompt"))
-    again = c.post_json("/completion", {**body, "prompt": a})
-    log = srv.log_text()
-    assert srv.alive(), f"the engine died:\n{log[-2000:]}"
-    assert len(_lines(log, r"found better prompt")) > n_found, (
-        f"A sent again was not restored from the prompt cache:\n{log[-3000:]}")
-    assert again["timings"]["prompt_n"] < len(a) // 2, (
-        f"A restored from the cache still processed {again['timings']['prompt_n']} of its {len(a)} prompt tokens")
-    assert_same_or_near_tie(first, again["tokens"], "A after the restore from the prompt cache")
-    assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"
+    _assert_restored_whole(srv, c, a, first, n_requests=4)  # C, A, B, A again
