@@ -43,6 +43,10 @@
 #             (LLAMA_SAMPLER_NO_FAST_TOPK=1), TRIALS (3) seeded requests at temperature 0.8, the
 #             engine's own sampling time; synthetic acceptance at the published profile; JSON
 #             sampling.json. A minute or two.
+#   layout    what the KV layout across slots costs scattered busy slots: benchmarks/kv_layout.py,
+#             plain and drafted (serve's), llama-server's divided layout against serve's pooled one,
+#             LAYOUT_REQUESTS (4) requests at once on LAYOUT_SLOTS (16) slots, pinned to consecutive and
+#             to scattered slots; JSON layout-TAG.json. About a minute.
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
 #             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
@@ -145,6 +149,11 @@ table)
         --answer-tokens "${ANSWERS:-256}" --requests-per-client "${REQUESTS_PER_CLIENT:-2}" --synthetic-rates "$rates" \
         --draft-n-max "$n" --draft-n-max-by-slots "$cut" --json "$OUT/load-table.json" --force --log-dir "$W/load-table" \
         2>&1 | grep -v "^bench --load: [0-9]*%" | tail -n 30
+    ;;
+layout)
+    $py benchmarks/kv_layout.py $GPU -m "$T" -md "$D" --server "$(BIN)" --slots "${LAYOUT_SLOTS:-16}" \
+        --requests "${LAYOUT_REQUESTS:-4}" --json "$OUT/layout-${TAG:-a}.json" --log-dir "$W/layout-${TAG:-a}" 2>&1 \
+        | tee "$OUT/layout-${TAG:-a}.txt" | tail -n 16
     ;;
 prefill)
     arms=(); IFS=';' read -ra specs <<< "${PREFILL_ARMS:-}"

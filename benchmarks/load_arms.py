@@ -10,10 +10,12 @@ it, under the same traffic and the same plain arm:
     python benchmarks/load_arms.py -m T.gguf -md D.gguf --clients 16,32,64 \\
         --arm "table=7 16:0" --arm "generating=7 16:0 LLAMA_SPEC_CUT_GENERATING=1" --json out.json
 
-An arm is ``NAME=N_MAX [CUT] [KEY=VALUE ...]``: CUT as ``--draft-n-max-by-slots`` takes it
-(``16:0``, ``8:5,16:0``), KEY=VALUE an environment variable of that arm's server only; or
-``NAME=plain KEY=VALUE ...``: another plain server, with those variables (an engine switch that
-would act on both servers, measured on both). Every ratio is against the plain arm. Synthetic
+An arm is ``NAME=N_MAX [CUT] [KEY=VALUE ...] [layout=divided]``: CUT as ``--draft-n-max-by-slots``
+takes it (``16:0``, ``8:5,16:0``), KEY=VALUE an environment variable of that arm's server only,
+``layout=divided`` llama-server's own KV layout (``-c`` divided among the slots) instead of
+``serve``'s (one cache shared by the slots, each capped at its share); or ``NAME=plain KEY=VALUE ...
+[layout=divided]``: another plain server, with those variables or that layout (what would act on
+both servers, measured on both). Every ratio is against the plain arm. Synthetic
 acceptance at the published profile unless ``--real``. The servers are ``serve``'s for the backend
 the engine reports (everything offloaded on CUDA).
 """
@@ -39,12 +41,15 @@ def parse_arm(spec: str) -> loadbench.DraftArm:
     """``NAME=N_MAX [CUT] [KEY=VALUE ...]`` -> a drafted arm; ``NAME=plain KEY=VALUE ...`` -> a plain one."""
     name, sep, rest = spec.partition("=")
     words = shlex.split(rest)
-    bad = f"--arm {spec!r}: expected NAME=N_MAX [N:L,...] [KEY=VALUE ...] or NAME=plain KEY=VALUE ..."
+    layout = "divided" if "layout=divided" in words else None
+    words = [w for w in words if w != "layout=divided"]
+    bad = (f"--arm {spec!r}: expected NAME=N_MAX [N:L,...] [KEY=VALUE ...] [layout=divided] or "
+           f"NAME=plain KEY=VALUE ... [layout=divided]")
     if sep and name and name != "plain" and words[:1] == ["plain"]:
         env, rest_words = split_env(words[1:])
-        if rest_words or not env:
+        if rest_words or not (env or layout):
             raise ValueError(bad)
-        return loadbench.DraftArm(name, None, None, env, drafted=False)
+        return loadbench.DraftArm(name, None, None, env, drafted=False, layout=layout)
     if not sep or not name or name == "plain" or not words or not words[0].isdigit() or int(words[0]) < 1:
         raise ValueError(bad)
     env, rest_words = split_env(words[1:])
@@ -54,7 +59,7 @@ def parse_arm(spec: str) -> loadbench.DraftArm:
         cut = launch.parse_draft_cut(rest_words[0]) if rest_words else None
     except Exception as e:  # noqa: BLE001 - one line, whatever the parser said
         raise ValueError(f"{bad}: {e}") from None
-    return loadbench.DraftArm(name, int(words[0]), cut, env)
+    return loadbench.DraftArm(name, int(words[0]), cut, env, layout=layout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ from ggufdspark.errors import BenchError, EngineError, InvalidArgumentError, Out
 from ggufdspark.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
                                 log_directory, prepare, running, server_failure, warm)
 from ggufdspark.runners.client import Client
-from ggufdspark.runners.server import ServerProcess
+from ggufdspark.runners.server import ServerProcess, ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ class DraftArm:
     cut: list[tuple[int, int]] | None = None
     env: dict[str, str] = field(default_factory=dict)
     drafted: bool = True  # False: another plain server (an engine switch both servers would get)
+    # "divided": llama-server's own KV layout (-c divided among the slots) instead of serve's pooled one
+    layout: str | None = None
 
 
 def paused_arm(n_max: int) -> DraftArm:
@@ -301,13 +303,13 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         drafted = None  # the first drafted arm's settings, which the report names
         for arm in draft_arms or [DraftArm("drafted")]:
             if not arm.drafted:
-                settings[arm.name] = replace(arm_settings(base, None), env=dict(arm.env))
+                settings[arm.name] = _arm_server(arm, arm_settings(base, None))
                 continue
             serves = arm.n_max is None and base.draft is not None
             s = arm_settings(base, draft, n_max=None if serves else arm.n_max or n_max, p_min=p_min,
                              cut=arm.cut if draft_arms else given_cut,
                              synthetic=_synthetic(synthetic_len, synthetic_rates, arm.n_max or n_max))
-            settings[arm.name] = replace(s, env=dict(arm.env))
+            settings[arm.name] = _arm_server(arm, s)
             drafted = drafted or settings[arm.name]
         drafted = drafted or settings["plain"]
         total = len(settings) * sum(shape.n_requests(lv) for lv in shape.levels)
@@ -387,8 +389,15 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
             logs={a: str(logs / f"{a}.log") for a in settings})
 
 
+def _arm_server(arm: DraftArm, s: ServerSettings) -> ServerSettings:
+    """``s`` with ``arm``'s engine variables and KV layout."""
+    return replace(s, env=dict(arm.env), kv_per_slot=None if arm.layout == "divided" else s.kv_per_slot)
+
+
 def _arm_text(arm: DraftArm, s) -> str:
     env = "".join(f", {k}={v}" for k, v in sorted(s.env.items()))
+    if arm.layout == "divided":
+        env += ", KV cache divided among the slots"
     if not arm.drafted:
         return "plain" + env
     cut = s.draft_n_max_by_slots

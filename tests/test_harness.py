@@ -122,3 +122,31 @@ def test_sampling_speed_compares_the_top_k_pass_with_the_candidate_array(small_p
     bad = subprocess.run([*script, "-m", str(small_pair.target)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "give -m and -md together" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_kv_layout_measures_scattered_slots_in_both_layouts(small_pair, isolated, tmp_path):
+    """kv_layout.py (h200.sh's `layout` stage): plain and drafted servers in llama-server's divided
+    KV layout and in serve's pooled one (the engine's own log says which), each answering the same
+    requests pinned to consecutive and to scattered slots; the drafted arms draft; --requests above
+    --slots is refused in one line."""
+    out, logs = tmp_path / "layout.json", tmp_path / "logs"
+    script = [sys.executable, str(REPO / "benchmarks" / "kv_layout.py"), "-m", str(small_pair.target),
+              "-md", str(small_pair.draft)]
+    p = subprocess.run([*script, "--slots", "6", "--requests", "2", "--n-predict", "24", "--trials", "1",
+                        "--json", str(out), "--log-dir", str(logs)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert [a["arm"] for a in rep["arms"]] == ["plain-divided", "drafted-divided", "plain-pooled", "drafted-pooled"]
+    for a in rep["arms"]:
+        assert a["consecutive"]["ids"] == [0, 1] and a["scattered"]["ids"] == [0, 3], a
+        assert a["consecutive"]["aggregate_tps"] > 0 and a["scattered"]["decode_tps"] > 0, a
+        pooled = a["arm"].endswith("-pooled")
+        assert ("-kvu --kv-unified-per-slot" in a["cmd"]) == pooled, a["cmd"]
+        log = (logs / f"{a['arm']}.log").read_text()
+        assert f"kv_unified = '{'true' if pooled else 'false'}'" in log, a["arm"]
+        assert ("draft acceptance = " in log) == a["arm"].startswith("drafted"), a["arm"]
+    assert set(rep["pooled_vs_divided_scattered"]) == {"plain", "drafted"}
+    assert "scattered slots, pooled / divided: plain" in p.stdout, p.stdout
+    bad = subprocess.run([*script, "--slots", "2", "--requests", "3"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--requests 3 must be 1..--slots 2" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr

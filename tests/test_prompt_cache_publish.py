@@ -1,4 +1,4 @@
-"""Engine patches 0040 and 0041: when idle slots reach the host prompt cache.
+"""Engine patches 0040, 0041 and 0044: when idle slots reach the host prompt cache.
 
 Upstream's server saves every idle slot to the host prompt cache (``--cache-ram``, on by default)
 when a task launches, before that task's prompt starts: fresh host memory faulted in and cleared,
@@ -7,8 +7,10 @@ first token (45-60 ms at one client). Without a unified KV cache the slots' KV s
 and clearing frees nothing, so 0040 publishes them during the next step of generating slots only.
 With as many busy clients as slots the least-recently-used choice takes the slot just released,
 and the server saves it then, on the main loop, before the new prompt (upstream's path, kept: the
-developer series' 0042 / 0043 measured no clear gain). These tests drive the real server with
-``-v`` (its prompt-cache trace) on a drafted pair.
+developer series' 0042 / 0043 measured no clear gain). With a unified KV cache upstream saves and
+clears the idle slots at the next launch, to make room; when every slot is capped so that all fit
+(``serve``'s layout: ``-kvu --kv-unified-per-slot``), 0044 keeps them and publishes them as without
+one. These tests drive the real server with ``-v`` (its prompt-cache trace) on a drafted pair.
 """
 
 from __future__ import annotations
@@ -31,11 +33,16 @@ def _lines(log: str, pattern: str) -> list[int]:
     return [i for i, line in enumerate(log.splitlines()) if re.search(pattern, line)]
 
 
-def _two_slots(small_pair, start_server, ctx_slot: int, seed: int, lengths: tuple[int, ...]):
-    """A drafted two-slot server without a unified KV cache, with its prompt-cache trace (-v), and
-    random token prompts of these lengths."""
+# the KV layouts across slots: llama-server's own (-c divided among the slots), and serve's (one
+# cache shared by the slots, each capped at its share: engine patch 0044 keeps its idle slots)
+LAYOUTS = {"divided": lambda n: ["--no-kv-unified"], "pooled": lambda n: ["-kvu", "--kv-unified-per-slot", str(n)]}
+
+
+def _two_slots(small_pair, start_server, ctx_slot: int, seed: int, lengths: tuple[int, ...], layout: str = "divided"):
+    """A drafted two-slot server in this KV layout, with its prompt-cache trace (-v), and random
+    token prompts of these lengths."""
     srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=2,
-                       ctx_size=2 * ctx_slot, extra_args=["-v", "--no-kv-unified"])
+                       ctx_size=2 * ctx_slot, extra_args=["-v", *LAYOUTS[layout](ctx_slot)])
     c = srv.client(timeout=300)
     vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
     rng = random.Random(seed)
@@ -59,9 +66,14 @@ def _assert_restored_whole(srv, c, a: list[int], first: dict, n_requests: int) -
     assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"
 
 
-@pytest.mark.parametrize("order", ["default", "sync", "launch"])
-def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(small_pair, start_server, monkeypatch, order):
-    """Two slots, no unified KV cache, the draft on. Request A fills one slot; request B takes the
+@pytest.mark.parametrize("order,layout", [("default", "divided"), ("sync", "divided"), ("launch", "divided"),
+                                          ("default", "pooled"), ("clear", "pooled")])
+def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(small_pair, start_server, monkeypatch,
+                                                                            order, layout):
+    """Two slots, the draft on, in llama-server's divided KV layout or serve's pooled one (one cache,
+    each slot capped at its share: 0044 keeps the idle slots, published as in the divided layout;
+    LLAMA_SERVER_UNIFIED_IDLE_CLEAR=1 saves and clears them at the next launch, upstream's order
+    for a unified cache). Request A fills one slot; request B takes the
     other. By default A's slot is saved to the prompt cache only once B's prompt has been taken in
     (0040), its host memory faulted in by a helper thread meanwhile (0041): B's "new prompt" line
     comes first, then the save of A's length and "publishing idle slots ..." (during a generation
@@ -76,7 +88,11 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
         monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH", "1")
     if order == "sync":
         monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_SYNC", "1")
-    srv, c, (a, b, d) = _two_slots(small_pair, start_server, 512, 11, (120, 90, 70))
+    if order == "clear":
+        monkeypatch.setenv("LLAMA_SERVER_UNIFIED_IDLE_CLEAR", "1")
+    srv, c, (a, b, d) = _two_slots(small_pair, start_server, 512, 11, (120, 90, 70), layout)
+    kept = _lines(srv.log_text(), r"unified KV cache: 2 slots of 512 fit its \d+ cells, idle slots are kept")
+    assert bool(kept) == (layout == "pooled" and order != "clear"), f"0044's trace: {kept}"
 
     first = c.post_json("/completion", {**BODY, "prompt": a})
     slot_a = first["id_slot"]
@@ -91,7 +107,7 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
     assert len(b_prompts) == 1, f"B's prompt ({len(b)} tokens) started {len(b_prompts)} times:\n{log[-3000:]}"
     b_prompt = b_prompts[0]
     published = _lines(log, r"publishing idle slots to the prompt cache (during a generation step|with every slot idle)")
-    if order != "launch":
+    if order not in ("launch", "clear"):
         assert saved_a[0] > b_prompt, (
             f"A's slot was saved (log line {saved_a[0]}) before B's prompt started (line {b_prompt})")
         assert any(i > b_prompt for i in published), (
@@ -99,7 +115,7 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
     else:
         assert saved_a[0] < b_prompt, (
             f"upstream's order: A's slot should be saved (line {saved_a[0]}) before B's prompt (line {b_prompt})")
-        assert not published, f"LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1, yet a deferred publish was logged: {published}"
+        assert not published, f"{order}: upstream's order, yet a deferred publish was logged: {published}"
 
     third = c.post_json("/completion", {**BODY, "prompt": d, "id_slot": slot_a})
     assert third["id_slot"] == slot_a, f"D was pinned to slot {slot_a}, went to {third['id_slot']}"

@@ -55,6 +55,8 @@ class EngineInfo:
     # --spec-draft-n-max-by-slots takes L = 0, no new drafts above N busy slots (engine patch 0021
     # since the series that keeps the tapped layers on the device, 0026); older builds refuse it
     draft_pause: bool = False
+    # --kv-unified-per-slot: each slot of a unified KV cache capped (upstream, in the pinned tree)
+    kv_slot_cap: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,6 +86,7 @@ def probe_engine(path: Path, source: str) -> EngineInfo:
         info.spec_types = re.findall(r"[a-z][a-z0-9-]+", m.group(1).split("]")[0].split("  ")[0])
     info.dspark = "draft-dspark" in text
     info.draft_pause = DRAFT_PAUSE_HELP in " ".join(text.split())
+    info.kv_slot_cap = "--kv-unified-per-slot" in text
     info.lib_dir = str(path.parent)
     record = path.parent.parent.parent / "build.json"
     if record.is_file():

@@ -77,6 +77,9 @@ class ServerSettings:
     flash_attn: str | None = None
     ctx_size: int | None = 4096
     parallel: int | None = 1
+    # one KV cache shared by the slots, each capped at this many tokens (-kvu --kv-unified-per-slot N;
+    # None: llama-server's layout, -c divided among the slots)
+    kv_per_slot: int | None = None
     threads: int | None = None
     metrics: bool = True
     # a directory of static files served at / (the chat UI's dist: ggufdspark.webui)
@@ -148,6 +151,8 @@ class ServerSettings:
             a += ["-c", str(self.ctx_size)]
         if self.parallel is not None:
             a += ["-np", str(self.parallel)]
+        if self.kv_per_slot is not None:
+            a += ["-kvu", "--kv-unified-per-slot", str(self.kv_per_slot)]
         if self.threads is not None:
             a += ["-t", str(self.threads)]
         if self.metrics:
