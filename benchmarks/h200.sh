@@ -44,7 +44,7 @@
 #             engine's own sampling time; synthetic acceptance at the published profile; JSON
 #             sampling.json. A minute or two.
 #   layout    what the KV layout across slots costs scattered busy slots: benchmarks/kv_layout.py,
-#             plain and drafted (serve's), llama-server's divided layout against serve's pooled one,
+#             plain and drafted (serve's), llama-server's divided layout (serve's) against one shared cache,
 #             LAYOUT_REQUESTS (4) requests at once on LAYOUT_SLOTS (16) slots, pinned to consecutive and
 #             to scattered slots; JSON layout-TAG.json. About a minute.
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at

@@ -64,7 +64,7 @@ def base_settings(server: str | Path | None, target: str | Path, *, gpu: bool, p
     info = engine.find_engine(server)
     decision = launch.table_decision("cuda" if gpu else "cpu")
     ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot or n_predict + CTX_MARGIN,
-                         extra_args=extra_args, pool=info.kv_slot_cap)
+                         extra_args=extra_args)
     return launch.server_settings(decision, info, model=target, ctx=ctx, parallel=parallel, threads=threads,
                                   metrics=False, quantized=quantized or None, extra_args=extra_args)
 

@@ -5,9 +5,11 @@ llama-server's own layout divides ``-c`` among the slots, one KV stream a slot; 
 engine then puts only sequences of consecutive ids in one batch (``llama_batch_allocr::split_equal``
 with ``sequential``: a ubatch's streams are one contiguous range). The server picks a slot by
 prompt similarity or least recent use, so under traffic the busy slots are scattered: four busy
-slots 0, 4, 8, 12 are decoded as four one-row batches, each reading all the weights. ``serve``'s
-layout (one cache shared by the slots, each capped at its share: ``-kvu --kv-unified-per-slot``)
-puts every busy slot in one batch.
+slots 0, 4, 8, 12 are decoded as four one-row batches, each reading all the weights. One cache
+shared by the slots, each capped at its share (``-kvu --kv-unified-per-slot``: "pooled") puts every
+busy slot in one batch, but each row then attends over every slot's cells (the mask and the
+attention grow with all the slots hold); ``serve`` keeps the divided layout and engine patch 0045
+keeps the busy slots consecutive instead (the server's own slot choice; these requests are pinned).
 
 For each layout (``divided``, ``pooled``) and arm (plain; drafted as ``serve`` runs it, at
 synthetic acceptance at the published profile unless ``--real``), one server of ``--slots`` slots
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
+from ggufdspark import engine  # noqa: E402
 from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
 
@@ -83,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     a.log_dir.mkdir(parents=True, exist_ok=True)
     vocab = harness.n_vocab(a.server, a.target, a.log_dir, gpu=a.gpu)
     prompts = [p for p, _ in harness.workload(a.requests, vocab, (32, 32), (1, 1), seed=0)]
-    pooled = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=a.slots, n_predict=a.n_predict + 64)
-    if pooled.kv_per_slot is None:
-        print(f"kv_layout.py: {pooled.server}: no --kv-unified-per-slot in this engine", file=sys.stderr)
+    divided = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=a.slots, n_predict=a.n_predict + 64)
+    if not engine.find_engine(a.server).kv_slot_cap:
+        print(f"kv_layout.py: {divided.server}: no --kv-unified-per-slot in this engine", file=sys.stderr)
         return 1
-    divided = dataclasses.replace(pooled, kv_per_slot=None)
+    pooled = dataclasses.replace(divided, kv_per_slot=divided.ctx_size // a.slots)
     rates = None if a.real else harness.published_rates(a.draft)
     rows = []
     for layout, base in (("divided", divided), ("pooled", pooled)):

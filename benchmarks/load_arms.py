@@ -10,12 +10,13 @@ it, under the same traffic and the same plain arm:
     python benchmarks/load_arms.py -m T.gguf -md D.gguf --clients 16,32,64 \\
         --arm "table=7 16:0" --arm "generating=7 16:0 LLAMA_SPEC_CUT_GENERATING=1" --json out.json
 
-An arm is ``NAME=N_MAX [CUT] [KEY=VALUE ...] [layout=divided]``: CUT as ``--draft-n-max-by-slots``
+An arm is ``NAME=N_MAX [CUT] [KEY=VALUE ...] [layout=pooled]``: CUT as ``--draft-n-max-by-slots``
 takes it (``16:0``, ``8:5,16:0``), KEY=VALUE an environment variable of that arm's server only,
-``layout=divided`` llama-server's own KV layout (``-c`` divided among the slots) instead of
-``serve``'s (one cache shared by the slots, each capped at its share); or ``NAME=plain KEY=VALUE ...
-[layout=divided]``: another plain server, with those variables or that layout (what would act on
-both servers, measured on both). Every ratio is against the plain arm. Synthetic
+``layout=pooled`` one KV cache shared by the slots, each capped at its share (``-kvu
+--kv-unified-per-slot``), instead of llama-server's own layout (``-c`` divided among the slots),
+which ``serve`` runs; or ``NAME=plain KEY=VALUE ... [layout=pooled]``: another plain server, with
+those variables or that layout (what would act on both servers, measured on both). Every ratio is
+against the plain arm. Synthetic
 acceptance at the published profile unless ``--real``. The servers are ``serve``'s for the backend
 the engine reports (everything offloaded on CUDA).
 """
@@ -41,10 +42,10 @@ def parse_arm(spec: str) -> loadbench.DraftArm:
     """``NAME=N_MAX [CUT] [KEY=VALUE ...]`` -> a drafted arm; ``NAME=plain KEY=VALUE ...`` -> a plain one."""
     name, sep, rest = spec.partition("=")
     words = shlex.split(rest)
-    layout = "divided" if "layout=divided" in words else None
-    words = [w for w in words if w != "layout=divided"]
-    bad = (f"--arm {spec!r}: expected NAME=N_MAX [N:L,...] [KEY=VALUE ...] [layout=divided] or "
-           f"NAME=plain KEY=VALUE ... [layout=divided]")
+    layout = "pooled" if "layout=pooled" in words else None
+    words = [w for w in words if w != "layout=pooled"]
+    bad = (f"--arm {spec!r}: expected NAME=N_MAX [N:L,...] [KEY=VALUE ...] [layout=pooled] or "
+           f"NAME=plain KEY=VALUE ... [layout=pooled]")
     if sep and name and name != "plain" and words[:1] == ["plain"]:
         env, rest_words = split_env(words[1:])
         if rest_words or not (env or layout):

@@ -225,9 +225,6 @@ class Context:
     trained: int | None
     why: str
     warnings: tuple[str, ...] = field(default=(), compare=False)
-    # serve's layout for 2+ slots sized by serve: one KV cache of ``total`` shared by the slots, each
-    # capped at this many tokens (``-kvu --kv-unified-per-slot N``); None: llama-server's own layout
-    pooled_slot: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -259,20 +256,12 @@ def slot_context(total: int, parallel: int, trained: int | None, *, unified: boo
 
 # llama-server flags for one KV cache shared by every slot (common/arg.cpp)
 UNIFIED_KV_FLAGS = ("-kvu", "--kv-unified")
-# every flag of the KV cache's layout across slots: given after --, the user's layout stands
-KV_LAYOUT_FLAGS = UNIFIED_KV_FLAGS + ("-no-kvu", "--no-kv-unified", "--kv-unified-per-slot")
 # the flag that caps each slot of a unified KV cache (the pinned engine's common/arg.cpp)
 KV_SLOT_CAP_FLAG = "--kv-unified-per-slot"
 
 
-def _gives_flag(args: list[str] | None, flags: tuple[str, ...]) -> bool:
-    """Whether ``args`` hold one of ``flags`` (``--flag value`` or ``--flag=value``)."""
-    return any(a.split("=", 1)[0] in flags for a in args or ())
-
-
 def context(parallel: int | None, *, model: str | Path | None = None, ctx_size: int | None = None,
-            ctx_per_slot: int | None = None, extra_args: list[str] | None = None,
-            pool: bool = False) -> Context:
+            ctx_per_slot: int | None = None, extra_args: list[str] | None = None) -> Context:
     """Size ``-c`` for ``parallel`` slots.
 
     By default each slot gets ``CTX_PER_SLOT`` tokens, or the model's trained context where that
@@ -280,12 +269,6 @@ def context(parallel: int | None, *, model: str | Path | None = None, ctx_size: 
     the user's total, which llama-server divides among the slots (warned about below
     ``MIN_CTX_PER_SLOT`` a slot) unless ``extra_args`` ask for a unified KV cache (``-kvu``),
     where any slot may fill it.
-
-    With 2+ slots sized here (no ``ctx_size``) and ``pool`` (an engine with ``--kv-unified-per-slot``),
-    the slots share one KV cache of that total, each capped at its share (``pooled_slot``): with a
-    cache divided among them the engine decodes only slots of consecutive ids in one batch (its
-    sequential split), so busy slots scattered by the server's slot choice cost a batch each.
-    ``extra_args`` naming any KV layout flag (``KV_LAYOUT_FLAGS``) keep the user's layout.
 
     Raises:
         InvalidArgumentError: both given, or a value below 0 (``ctx_per_slot`` below 1).
@@ -323,10 +306,6 @@ def context(parallel: int | None, *, model: str | Path | None = None, ctx_size: 
         per, why = CTX_PER_SLOT, f"{CTX_PER_SLOT} tokens a slot (default)"
     if unified:
         why += "; one KV cache shared by the slots (-kvu): a slot may hold up to all of -c"
-    elif n > 1 and pool and not _gives_flag(extra_args, KV_LAYOUT_FLAGS):
-        why += (f"; one KV cache shared by the {n} slots, each capped at {per} (-kvu {KV_SLOT_CAP_FLAG} {per}): "
-                f"a step decodes every busy slot in one batch")
-        return Context(per * n, slot_context(per * n, n, trained, cap=per), n, trained, why, tuple(warnings), per)
     return Context(per * n, slot_context(per * n, n, trained, unified=unified), n, trained, why, tuple(warnings))
 
 
@@ -356,8 +335,7 @@ def server_settings(decision: hardware.Decision, engine: EngineInfo | None, *, s
         server=server or (engine.path if engine else "llama-server"), model=model, mmproj=mmproj, hf_repo=hf,
         host=host, port=port, api_key=api_key, spec_type=None, draft_n_min=None,
         n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None, flash_attn=decision.flash_attn,
-        ctx_size=ctx.total if ctx else None, parallel=parallel, kv_per_slot=ctx.pooled_slot if ctx else None,
-        threads=threads, metrics=metrics,
+        ctx_size=ctx.total if ctx else None, parallel=parallel, threads=threads, metrics=metrics,
         draft_ubatch=decision.draft_ubatch,  # on the command line only with a draft
         extra_args=hardware.engine_workarounds(decision.backend, parallel, engine, quantized=quantized)
         + list(extra_args or []))

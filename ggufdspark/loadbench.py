@@ -51,7 +51,8 @@ class DraftArm:
     cut: list[tuple[int, int]] | None = None
     env: dict[str, str] = field(default_factory=dict)
     drafted: bool = True  # False: another plain server (an engine switch both servers would get)
-    # "divided": llama-server's own KV layout (-c divided among the slots) instead of serve's pooled one
+    # "pooled": one KV cache shared by the slots, each capped at its share (-kvu --kv-unified-per-slot),
+    # instead of llama-server's own layout, -c divided among the slots, which serve runs
     layout: str | None = None
 
 
@@ -391,13 +392,14 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
 
 def _arm_server(arm: DraftArm, s: ServerSettings) -> ServerSettings:
     """``s`` with ``arm``'s engine variables and KV layout."""
-    return replace(s, env=dict(arm.env), kv_per_slot=None if arm.layout == "divided" else s.kv_per_slot)
+    pooled = arm.layout == "pooled" and s.ctx_size and s.parallel
+    return replace(s, env=dict(arm.env), kv_per_slot=s.ctx_size // s.parallel if pooled else s.kv_per_slot)
 
 
 def _arm_text(arm: DraftArm, s) -> str:
     env = "".join(f", {k}={v}" for k, v in sorted(s.env.items()))
-    if arm.layout == "divided":
-        env += ", KV cache divided among the slots"
+    if arm.layout == "pooled":
+        env += ", one KV cache shared by the slots"
     if not arm.drafted:
         return "plain" + env
     cut = s.draft_n_max_by_slots

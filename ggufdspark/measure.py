@@ -114,8 +114,7 @@ def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardw
     with ``draft`` when the decision drafts, offload, flash attention, the load cut, the engine's
     workarounds, each slot's context as ``serve`` sizes it (``ctx_per_slot``: another share), then
     ``extra_args``. Every arm derives from it (``arm_settings``), so all of them run alike."""
-    ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot, extra_args=extra_args,
-                         pool=engine.kv_slot_cap)
+    ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
     return launch.server_settings(decision, engine, model=target, draft=draft, mmproj=mmproj, ctx=ctx,
                                   parallel=parallel, threads=threads, extra_args=extra_args)
 

@@ -172,8 +172,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     warnings += decision.warnings
     if decision.draft_enabled and draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
         check_draft_cut(parse_draft_cut(draft_n_max_by_slots), decision.draft_n_max, draft_n_max_by_slots)
-    ctx = launch.context(parallel, model=model, ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, extra_args=extra_args,
-                         pool=info.kv_slot_cap)
+    ctx = launch.context(parallel, model=model, ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
     warnings += ctx.warnings
     settings = launch.server_settings(decision, info, model=model, draft=draft, mmproj=mmproj, hf=hf, hfd=hfd,
                                       host=host, port=port, api_key=api_key, ctx=ctx, parallel=parallel,

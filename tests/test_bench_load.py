@@ -226,8 +226,8 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
     """benchmarks/load_arms.py (h200.sh's `arms` stage): two drafted arms of the same table beside one
     plain arm, one of them with an engine variable that only its server gets. The variable is
     patch 0025's limit, which the server logs when -np exceeds it (on every backend): only that arm's
-    log says so; a second plain arm ("bare=plain KEY=VALUE layout=divided") gets it too, serves no
-    draft and runs llama-server's own KV layout, every other arm serve's pooled one. Every
+    log says so; a second plain arm ("bare=plain KEY=VALUE layout=pooled") gets it too, serves no
+    draft and runs one KV cache shared by the slots, every other arm llama-server's divided one. Every
     arm's levels are complete, each has its ratios against plain, the report names the variable; a
     malformed arm is refused in one line."""
     import os
@@ -242,7 +242,7 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
               "-md", str(small_pair.draft), "--server", dspark_engine.path]
     p = subprocess.run([*script, "--clients", "1,2", "--requests-per-client", "1", "--answer-tokens", "8",
                         "--arm", "table=3 1:0", "--arm", "flagged=3 1:0 LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS=1",
-                        "--arm", "bare=plain LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS=1 layout=divided", "--json", str(out), "--log-dir", str(logs)], env=env, capture_output=True, text=True,
+                        "--arm", "bare=plain LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS=1 layout=pooled", "--json", str(out), "--log-dir", str(logs)], env=env, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads(out.read_text())
@@ -254,13 +254,13 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
     assert rep["settings"]["drafted_arms"] == {"table": "draft length 3, cut 1:0",
                                                "flagged": "draft length 3, cut 1:0, LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS=1",
                                                "bare": "plain, LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS=1, "
-                                                       "KV cache divided among the slots"}
+                                                       "one KV cache shared by the slots"}
     assert "--spec-type" in rep["settings"]["drafted_command"], rep["settings"]["drafted_command"]
     text = {a: (logs / f"{a}.log").read_text() for a in rep["arms"]}
     said = {a: "more than 1: CUDA graphs off" in t for a, t in text.items()}
     assert said == {"plain": False, "table": False, "flagged": True, "bare": True}, said
     unified = {a: "kv_unified = 'true'" in t for a, t in text.items()}
-    assert unified == {"plain": True, "table": True, "flagged": True, "bare": False}, unified
+    assert unified == {"plain": False, "table": False, "flagged": False, "bare": True}, unified
     drafting = {a: "draft acceptance = " in t for a, t in text.items()}
     assert drafting == {"plain": False, "table": True, "flagged": True, "bare": False}, drafting
     assert "flagged/pl" in p.stdout and "table/pl" in p.stdout and "bare/pl" in p.stdout, p.stdout

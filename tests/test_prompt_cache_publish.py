@@ -1,4 +1,4 @@
-"""Engine patches 0040, 0041 and 0044: when idle slots reach the host prompt cache.
+"""Engine patches 0040 and 0041: when idle slots reach the host prompt cache.
 
 Upstream's server saves every idle slot to the host prompt cache (``--cache-ram``, on by default)
 when a task launches, before that task's prompt starts: fresh host memory faulted in and cleared,
@@ -7,10 +7,8 @@ first token (45-60 ms at one client). Without a unified KV cache the slots' KV s
 and clearing frees nothing, so 0040 publishes them during the next step of generating slots only.
 With as many busy clients as slots the least-recently-used choice takes the slot just released,
 and the server saves it then, on the main loop, before the new prompt (upstream's path, kept: the
-developer series' 0042 / 0043 measured no clear gain). With a unified KV cache upstream saves and
-clears the idle slots at the next launch, to make room; when every slot is capped so that all fit
-(``serve``'s layout: ``-kvu --kv-unified-per-slot``), 0044 keeps them and publishes them as without
-one. These tests drive the real server with ``-v`` (its prompt-cache trace) on a drafted pair.
+developer series' 0042 / 0043 measured no clear gain). These tests drive the real server with
+``-v`` (its prompt-cache trace) on a drafted pair.
 """
 
 from __future__ import annotations
@@ -33,16 +31,11 @@ def _lines(log: str, pattern: str) -> list[int]:
     return [i for i, line in enumerate(log.splitlines()) if re.search(pattern, line)]
 
 
-# the KV layouts across slots: llama-server's own (-c divided among the slots), and serve's (one
-# cache shared by the slots, each capped at its share: engine patch 0044 keeps its idle slots)
-LAYOUTS = {"divided": lambda n: ["--no-kv-unified"], "pooled": lambda n: ["-kvu", "--kv-unified-per-slot", str(n)]}
-
-
-def _two_slots(small_pair, start_server, ctx_slot: int, seed: int, lengths: tuple[int, ...], layout: str = "divided"):
-    """A drafted two-slot server in this KV layout, with its prompt-cache trace (-v), and random
-    token prompts of these lengths."""
+def _two_slots(small_pair, start_server, ctx_slot: int, seed: int, lengths: tuple[int, ...]):
+    """A drafted two-slot server without a unified KV cache, with its prompt-cache trace (-v), and
+    random token prompts of these lengths."""
     srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=2,
-                       ctx_size=2 * ctx_slot, extra_args=["-v", *LAYOUTS[layout](ctx_slot)])
+                       ctx_size=2 * ctx_slot, extra_args=["-v", "--no-kv-unified"])
     c = srv.client(timeout=300)
     vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
     rng = random.Random(seed)
@@ -66,15 +59,10 @@ def _assert_restored_whole(srv, c, a: list[int], first: dict, n_requests: int) -
     assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"
 
 
-@pytest.mark.parametrize("order,layout", [("default", "divided"), ("sync", "divided"), ("launch", "divided"),
-                                          ("default", "pooled"), ("clear", "pooled")])
-def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(small_pair, start_server, monkeypatch,
-                                                                            order, layout):
-    """Two slots, the draft on, in llama-server's divided KV layout or serve's pooled one (one cache,
-    each slot capped at its share: 0044 keeps the idle slots, published as in the divided layout;
-    LLAMA_SERVER_UNIFIED_IDLE_CLEAR=1 saves and clears them at the next launch, upstream's order
-    for a unified cache). Request A fills one slot; request B takes the
-    other. By default A's slot is saved to the prompt cache only once B's prompt has been taken in
+@pytest.mark.parametrize("order", ["default", "sync", "launch"])
+def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(small_pair, start_server, monkeypatch, order):
+    """Two slots, no unified KV cache, the draft on. Request A fills one slot; request B takes the
+    other (pinned there: unpinned, patch 0045 would give it A's slot). By default A's slot is saved to the prompt cache only once B's prompt has been taken in
     (0040), its host memory faulted in by a helper thread meanwhile (0041): B's "new prompt" line
     comes first, then the save of A's length and "publishing idle slots ..." (during a generation
     step, or, if the memory was not ready before B ended, once every slot is idle); the same with
@@ -88,15 +76,11 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
         monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH", "1")
     if order == "sync":
         monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_SYNC", "1")
-    if order == "clear":
-        monkeypatch.setenv("LLAMA_SERVER_UNIFIED_IDLE_CLEAR", "1")
-    srv, c, (a, b, d) = _two_slots(small_pair, start_server, 512, 11, (120, 90, 70), layout)
-    kept = _lines(srv.log_text(), r"unified KV cache: 2 slots of 512 fit its \d+ cells, idle slots are kept")
-    assert bool(kept) == (layout == "pooled" and order != "clear"), f"0044's trace: {kept}"
+    srv, c, (a, b, d) = _two_slots(small_pair, start_server, 512, 11, (120, 90, 70))
 
     first = c.post_json("/completion", {**BODY, "prompt": a})
     slot_a = first["id_slot"]
-    second = c.post_json("/completion", {**BODY, "prompt": b})
+    second = c.post_json("/completion", {**BODY, "prompt": b, "id_slot": 1 - slot_a})  # 0045 would take A's
     assert second["id_slot"] != slot_a, f"B should take the other slot, both went to slot {slot_a}"
     srv.wait_for_log(r"stop processing", count=2)
     log = srv.log_text()
@@ -107,7 +91,7 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
     assert len(b_prompts) == 1, f"B's prompt ({len(b)} tokens) started {len(b_prompts)} times:\n{log[-3000:]}"
     b_prompt = b_prompts[0]
     published = _lines(log, r"publishing idle slots to the prompt cache (during a generation step|with every slot idle)")
-    if order not in ("launch", "clear"):
+    if order != "launch":
         assert saved_a[0] > b_prompt, (
             f"A's slot was saved (log line {saved_a[0]}) before B's prompt started (line {b_prompt})")
         assert any(i > b_prompt for i in published), (
@@ -115,7 +99,7 @@ def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(smal
     else:
         assert saved_a[0] < b_prompt, (
             f"upstream's order: A's slot should be saved (line {saved_a[0]}) before B's prompt (line {b_prompt})")
-        assert not published, f"{order}: upstream's order, yet a deferred publish was logged: {published}"
+        assert not published, f"LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1, yet a deferred publish was logged: {published}"
 
     third = c.post_json("/completion", {**BODY, "prompt": d, "id_slot": slot_a})
     assert third["id_slot"] == slot_a, f"D was pinned to slot {slot_a}, went to {third['id_slot']}"
@@ -170,3 +154,55 @@ def test_a_slot_taken_while_others_generate_is_saved_whole_before_its_new_prompt
         f"the take should save A on the main loop (take at line {take}, A's saves at {a_saved})")
 
     _assert_restored_whole(srv, c, a, first, n_requests=4)  # C, A, B, A again
+
+
+@pytest.mark.parametrize("choice", ["compact", "lru"])
+def test_a_new_task_takes_the_lowest_idle_slot_and_a_similar_prompt_follows_through_the_cache(
+        small_pair, start_server, monkeypatch, choice):
+    """Patch 0045: without a unified KV cache the engine batches only slots of consecutive ids, so a
+    task not pinned to a slot takes the lowest idle one. Two slots, the draft on: C (long) takes
+    slot 0, A slot 1 while C generates; once both are done, A sent again goes to slot 0 ("the lowest
+    idle slot instead of slot 1", where its prompt is), and its state follows through the host
+    prompt cache: found there, a few tokens processed, A's greedy tokens, the draft engaged. With
+    LLAMA_SERVER_SLOT_LRU=1 (upstream's choice) C starts on the last slot and A sent again goes back
+    to A's own slot, no lowest-slot line in the log."""
+    if choice == "lru":
+        monkeypatch.setenv("LLAMA_SERVER_SLOT_LRU", "1")
+    srv, c, (a, long_c) = _two_slots(small_pair, start_server, 1024, 31, (120, 20))
+    answers: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def run_c() -> None:
+        try:
+            answers["c"] = srv.client(timeout=600).post_json(
+                "/completion", {**BODY, "prompt": long_c, "n_predict": 300})
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread below
+            errors.append(e)
+
+    t = threading.Thread(target=run_c, daemon=True)
+    t.start()
+    srv.wait_for_log(rf"new prompt, .*task\.n_tokens = {len(long_c)}\b", timeout=60)
+    first = c.post_json("/completion", {**BODY, "prompt": a})
+    t.join(timeout=600)
+    assert not errors and "c" in answers, f"request C failed or did not finish: {errors[:1]}"
+    slot_c, slot_a = answers["c"]["id_slot"], first["id_slot"]
+    assert (slot_c, slot_a) == ((0, 1) if choice == "compact" else (1, 0)), (slot_c, slot_a)
+    srv.wait_for_log(r"stop processing", count=2)
+    n_lowest = len(_lines(srv.log_text(), r"selected the lowest idle slot instead of slot"))
+
+    n_found = len(_lines(srv.log_text(), r"found better prompt"))
+    again = c.post_json("/completion", {**BODY, "prompt": a})
+    srv.wait_for_log(r"stop processing", count=3)
+    log = srv.log_text()
+    assert srv.alive(), f"the engine died:\n{log[-2000:]}"
+    lowest = _lines(log, rf"selected the lowest idle slot instead of slot {slot_a}\b")
+    if choice == "lru":
+        assert again["id_slot"] == slot_a and not lowest and n_lowest == 0, (again["id_slot"], lowest)
+        assert again["timings"]["prompt_n"] < len(a) // 2, again["timings"]
+        return
+    assert again["id_slot"] == 0 and lowest, f"A sent again went to slot {again['id_slot']}:\n{log[-3000:]}"
+    assert len(_lines(log, r"found better prompt")) > n_found, f"A's state did not come from the cache:\n{log[-3000:]}"
+    assert again["timings"]["prompt_n"] < len(a) // 2, (
+        f"A through the cache still processed {again['timings']['prompt_n']} of its {len(a)} prompt tokens")
+    assert_same_or_near_tie(first, again["tokens"], "A in the lowest slot, its state from the prompt cache")
+    assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"

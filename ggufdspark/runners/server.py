@@ -78,7 +78,7 @@ class ServerSettings:
     ctx_size: int | None = 4096
     parallel: int | None = 1
     # one KV cache shared by the slots, each capped at this many tokens (-kvu --kv-unified-per-slot N;
-    # None: llama-server's layout, -c divided among the slots)
+    # None: llama-server's layout, -c divided among the slots, as serve runs it): a benchmark's arm
     kv_per_slot: int | None = None
     threads: int | None = None
     metrics: bool = True
