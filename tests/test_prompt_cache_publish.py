@@ -31,11 +31,11 @@ def _lines(log: str, pattern: str) -> list[int]:
     return [i for i, line in enumerate(log.splitlines()) if re.search(pattern, line)]
 
 
-def _two_slots(small_pair, start_server, ctx_slot: int, seed: int, lengths: tuple[int, ...]):
-    """A drafted two-slot server without a unified KV cache, with its prompt-cache trace (-v), and
-    random token prompts of these lengths."""
-    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=2,
-                       ctx_size=2 * ctx_slot, extra_args=["-v", "--no-kv-unified"])
+def _two_slots(small_pair, start_server, ctx_slot: int, seed: int, lengths: tuple[int, ...], n_slots: int = 2):
+    """A drafted two-slot (``n_slots``) server without a unified KV cache, with its prompt-cache
+    trace (-v), and random token prompts of these lengths."""
+    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=n_slots,
+                       ctx_size=n_slots * ctx_slot, extra_args=["-v", "--no-kv-unified"])
     c = srv.client(timeout=300)
     vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
     rng = random.Random(seed)
@@ -156,53 +156,79 @@ def test_a_slot_taken_while_others_generate_is_saved_whole_before_its_new_prompt
     _assert_restored_whole(srv, c, a, first, n_requests=4)  # C, A, B, A again
 
 
-@pytest.mark.parametrize("choice", ["compact", "lru"])
-def test_a_new_task_takes_the_lowest_idle_slot_and_a_similar_prompt_follows_through_the_cache(
-        small_pair, start_server, monkeypatch, choice):
-    """Patch 0045: without a unified KV cache the engine batches only slots of consecutive ids, so a
-    task not pinned to a slot takes the lowest idle one. Two slots, the draft on: C (long) takes
-    slot 0, A slot 1 while C generates; once both are done, A sent again goes to slot 0 ("the lowest
-    idle slot instead of slot 1", where its prompt is), and its state follows through the host
-    prompt cache: found there, a few tokens processed, A's greedy tokens, the draft engaged. With
-    LLAMA_SERVER_SLOT_LRU=1 (upstream's choice) C starts on the last slot and A sent again goes back
-    to A's own slot, no lowest-slot line in the log."""
-    if choice == "lru":
-        monkeypatch.setenv("LLAMA_SERVER_SLOT_LRU", "1")
-    srv, c, (a, long_c) = _two_slots(small_pair, start_server, 1024, 31, (120, 20))
+def _long_request(srv, prompt: list[int], n_predict: int, **extra) -> tuple[threading.Thread, dict, list]:
+    """A request sent from its own thread; its answer (or error) lands in the returned dict / list."""
     answers: dict[str, dict] = {}
     errors: list[BaseException] = []
 
-    def run_c() -> None:
+    def run() -> None:
         try:
-            answers["c"] = srv.client(timeout=600).post_json(
-                "/completion", {**BODY, "prompt": long_c, "n_predict": 300})
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread below
+            answers["long"] = srv.client(timeout=600).post_json(
+                "/completion", {**BODY, "prompt": prompt, "n_predict": n_predict, **extra})
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(e)
 
-    t = threading.Thread(target=run_c, daemon=True)
+    t = threading.Thread(target=run, daemon=True)
     t.start()
-    srv.wait_for_log(rf"new prompt, .*task\.n_tokens = {len(long_c)}\b", timeout=60)
-    first = c.post_json("/completion", {**BODY, "prompt": a})
-    t.join(timeout=600)
-    assert not errors and "c" in answers, f"request C failed or did not finish: {errors[:1]}"
-    slot_c, slot_a = answers["c"]["id_slot"], first["id_slot"]
-    assert (slot_c, slot_a) == ((0, 1) if choice == "compact" else (1, 0)), (slot_c, slot_a)
-    srv.wait_for_log(r"stop processing", count=2)
-    n_lowest = len(_lines(srv.log_text(), r"selected the lowest idle slot instead of slot"))
+    srv.wait_for_log(rf"new prompt, .*task\.n_tokens = {len(prompt)}\b", timeout=60)
+    return t, answers, errors
 
+
+@pytest.mark.parametrize("choice", ["compact", "lru"])
+def test_a_new_task_takes_a_slot_next_to_the_busy_ones_and_a_similar_prompt_follows_through_the_cache(
+        small_pair, start_server, monkeypatch, choice):
+    """Patch 0045: without a unified KV cache the engine batches only slots of consecutive ids, so a
+    task not pinned to a slot takes the idle slot that adds the fewest runs of busy ids. Four slots,
+    the draft on: A (pinned) leaves its state in slot 3; C (long, pinned) holds slot 0; A sent again
+    unpinned while C generates goes to slot 1, next to C, not to slot 3 where its prompt is ("selected
+    instead of slot 3"), and A's state follows through the host prompt cache: found there, a few
+    tokens processed, A's greedy tokens, the draft engaged. With LLAMA_SERVER_SLOT_LRU=1 (upstream's
+    choice) A goes back to slot 3."""
+    if choice == "lru":
+        monkeypatch.setenv("LLAMA_SERVER_SLOT_LRU", "1")
+    srv, c, (a, long_c) = _two_slots(small_pair, start_server, 1024, 31, (120, 20), n_slots=4)
+    first = c.post_json("/completion", {**BODY, "prompt": a, "id_slot": 3})
+    t, answers, errors = _long_request(srv, long_c, 950, id_slot=0)
     n_found = len(_lines(srv.log_text(), r"found better prompt"))
     again = c.post_json("/completion", {**BODY, "prompt": a})
-    srv.wait_for_log(r"stop processing", count=3)
     log = srv.log_text()
+    c_done = _lines(log, r"id +0 \| .*stop processing")
+    t.join(timeout=600)
+    assert not errors and "long" in answers, f"request C failed or did not finish: {errors[:1]}"
+    assert not c_done, "C (950 tokens) ended before A was sent again; the test's timing does not hold here"
     assert srv.alive(), f"the engine died:\n{log[-2000:]}"
-    lowest = _lines(log, rf"selected the lowest idle slot instead of slot {slot_a}\b")
+    moved = _lines(log, r"selected instead of slot 3: busy slots kept in fewest runs")
     if choice == "lru":
-        assert again["id_slot"] == slot_a and not lowest and n_lowest == 0, (again["id_slot"], lowest)
-        assert again["timings"]["prompt_n"] < len(a) // 2, again["timings"]
+        assert again["id_slot"] == 3 and not moved, (again["id_slot"], moved)
         return
-    assert again["id_slot"] == 0 and lowest, f"A sent again went to slot {again['id_slot']}:\n{log[-3000:]}"
+    assert again["id_slot"] == 1 and moved, f"A sent again went to slot {again['id_slot']}:\n{log[-3000:]}"
     assert len(_lines(log, r"found better prompt")) > n_found, f"A's state did not come from the cache:\n{log[-3000:]}"
     assert again["timings"]["prompt_n"] < len(a) // 2, (
         f"A through the cache still processed {again['timings']['prompt_n']} of its {len(a)} prompt tokens")
-    assert_same_or_near_tie(first, again["tokens"], "A in the lowest slot, its state from the prompt cache")
+    assert_same_or_near_tie(first, again["tokens"], "A in slot 1, its state from the prompt cache")
     assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"
+
+
+@pytest.mark.parametrize("choice", ["compact", "lru"])
+def test_one_client_at_a_time_never_waits_for_a_save_before_its_prompt(small_pair, start_server, monkeypatch, choice):
+    """Patch 0045 with one client: with no slot busy every idle slot adds one run, so the request
+    takes a slot with nothing to save (an empty one, or one whose state the prompt cache already
+    has) rather than the slot the last answer left unsaved: A, B, C one after another go to slots
+    0, 1, 0 (upstream's choice: 3, 2, 1), and no state is saved between a request's slot choice and
+    its prompt (0040 saves the idle slot during the next answer's generation instead)."""
+    if choice == "lru":
+        monkeypatch.setenv("LLAMA_SERVER_SLOT_LRU", "1")
+    srv, c, prompts = _two_slots(small_pair, start_server, 512, 41, (90, 80, 70), n_slots=4)
+    used = []
+    for k, p in enumerate(prompts):
+        used.append(c.post_json("/completion", {**BODY, "prompt": p})["id_slot"])
+        srv.wait_for_log(r"stop processing", count=k + 1)
+    assert used == ([0, 1, 0] if choice == "compact" else [3, 2, 1]), used
+    log = srv.log_text()
+    skipped = set(_lines(log, r"prompt is already in the cache, skipping"))  # the save's own check
+    for p in prompts:
+        start = _lines(log, rf"new prompt, .*task\.n_tokens = {len(p)}\b")
+        chosen = [i for i in _lines(log, r"selected (slot by|instead of slot)") if i < start[0]][-1]
+        saves = [i for i in _lines(log, r"saving prompt with length")
+                 if chosen < i < start[0] and not skipped & {i + 1, i + 2}]
+        assert not saves, f"a state was saved between the slot choice (line {chosen}) and the prompt ({start[0]})"
