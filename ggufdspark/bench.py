@@ -294,8 +294,7 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
                     "draft_cut": spec_settings.draft_n_max_by_slots, "ctx_size": spec_settings.ctx_size,
                     "ctx_per_slot": launch.slot_context(
                         spec_settings.ctx_size, max(levels), launch.trained_context(target),
-                        unified=any(a in launch.UNIFIED_KV_FLAGS for a in server_args or ()),
-                        cap=spec_settings.kv_per_slot),
+                        unified=any(a in launch.UNIFIED_KV_FLAGS for a in server_args or ())),
                     "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
                     "requests": len(arms.turns), "prompts": pset.source, "images": pset.images,
                     "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,
