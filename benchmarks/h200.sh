@@ -28,7 +28,9 @@
 #             at the published profile, profile not saved); JSON tune-TAG.json. A minute an arm.
 #   arms      named drafted arms side by side against one plain arm (benchmarks/load_arms.py):
 #             LOAD_ARMS (';'-separated NAME=N_MAX [CUT] [KEY=VALUE ...], e.g. "table=7 16:0;generating=7 16:0
-#             LLAMA_SPEC_CUT_GENERATING=1"), CLIENTS, REQUESTS_PER_CLIENT (3), ANSWERS (256); JSON arms-TAG.json.
+#             LLAMA_SPEC_CUT_GENERATING=1"), CLIENTS, REQUESTS_PER_CLIENT (3), ANSWERS (256); JSON arms-TAG.json;
+#             the profile lines of arms with LLAMA_SPEC_PROFILE=1 (DEV=1: the decode windows too,
+#             ubatches a decode) in arms-TAG-profile.txt, each line after its arm's log name.
 #   table     serve's load table from every tune-*.json in OUT (benchmarks/tune_merge.py), then
 #             `ggufdspark bench --load` with it against plain (JSON load-table.json): the table as
 #             served. A few minutes.
@@ -139,6 +141,11 @@ arms)
     $py benchmarks/load_arms.py -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" \
         --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --answer-tokens "${ANSWERS:-256}" "${arms[@]}" \
         --json "$OUT/arms-${TAG:-a}.json" --log-dir "$W/arms-${TAG:-a}" 2>&1 | tee "$OUT/arms-${TAG:-a}.txt" | tail -n 40
+    # the engine's profile lines (arms with LLAMA_SPEC_PROFILE=1), every arm's in one file: the
+    # device returns at most 8 files a call
+    grep -a -H "decode window\|decode profile\|spec profile" "$W/arms-${TAG:-a}"/*.log 2>/dev/null \
+        | sed "s|^$W/arms-${TAG:-a}/||" > "$OUT/arms-${TAG:-a}-profile.txt"
+    [ -s "$OUT/arms-${TAG:-a}-profile.txt" ] || rm -f "$OUT/arms-${TAG:-a}-profile.txt"
     ;;
 table)
     read -r n cut < <($py benchmarks/tune_merge.py "$OUT"/tune-*.json --json "$OUT/table.json")

@@ -274,3 +274,33 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
     assert "Traceback" not in bad.stderr
     bare = subprocess.run([*script, "--arm", "y=plain"], env=env, capture_output=True, text=True, timeout=60)
     assert bare.returncode == 2 and "--arm 'y=plain': expected" in bare.stderr, bare.stderr
+
+
+def test_device_script_arms_gathers_the_profile_lines_into_one_file(small_pair, isolated, dspark_engine, tmp_path):
+    """benchmarks/h200.sh arms: the engine's profile lines of an arm run with LLAMA_SPEC_PROFILE=1
+    (patch 0004's "spec profile", every 128 target decodes) end up in one file, arms-TAG-profile.txt,
+    each after its arm's log name (the device returns at most 8 files a call); the plain arm, run
+    without the variable, has none there. A run without a profiled arm leaves no such file."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
+           "SERVER": dspark_engine.path, "CLIENTS": "1", "ANSWERS": "400", "REQUESTS_PER_CLIENT": "1",
+           "OUT": str(out), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
+           "LOAD_ARMS": "prof=3 LLAMA_SPEC_PROFILE=1", "TAG": "p"}
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "arms"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (out / "arms-p.json").is_file(), p.stdout[-2000:]
+    lines = (out / "arms-p-profile.txt").read_text().splitlines()
+    assert lines and all(line.startswith("prof.log:") for line in lines), lines[:5]
+    assert any("spec profile: 128 target decodes, ms per decode: tgt_launch" in line for line in lines), lines[:5]
+    env["LOAD_ARMS"], env["TAG"], env["ANSWERS"] = "same=3", "q", "8"
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "arms"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (out / "arms-q.json").is_file() and not (out / "arms-q-profile.txt").exists()
