@@ -68,6 +68,34 @@ def test_rollback_after_a_later_ubatch_moved_the_sequence(dspark_engine, strong_
     assert diff <= 1e-3 * mag and m[3] == m[4], f"after the rollback: max |diff| {diff} of max |logit| {mag}"
 
 
+def test_split_takes_runs_of_slots_in_id_order_and_ends_before_a_shorter_one(dspark_engine, strong_conv_pair,
+                                                                              tmp_path):
+    """Patch 0046: without a unified KV cache one decode laid out as llama-server lays out a step
+    (generating slots first, prompts after) splits into few ubatches. Seven 8-row verifies beside a
+    prompt's 4-token tail go in one ubatch of 56 rows and the tail in one of 4 (upstream's split: each
+    verify alone, then the tail); verifies of slots 0, 1, 3, 4 beside slot 2's 40 prompt tokens,
+    listed last, go with 8 of its rows in one ubatch of 40, its other 32 after (upstream's: 24, 16,
+    32). The ubatch sizes come from the graph's "result_norm" (every row an output); every sequence's
+    last logits equal its own decode alone, either way."""
+    import os
+
+    exe = _compiled(dspark_engine, HERE / "split_runs.cpp", tmp_path / "split_runs", llama=True)
+
+    def run(**env: str) -> dict[str, list[int]]:
+        p = subprocess.run([str(exe), str(strong_conv_pair.target)], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **env})
+        assert p.returncode == 0, p.stdout[-1000:] + p.stderr[-2000:]
+        diffs = re.findall(r"^(\w+): max \|diff\| ([0-9.]+) of max \|logit\| ([0-9.]+)$", p.stdout, re.M)
+        assert [case for case, _, _ in diffs] == ["tail", "middle"], p.stdout
+        for case, d, m in diffs:
+            assert float(d) <= 1e-3 * float(m), f"{case}: max |diff| {d} of max |logit| {m} against each alone"
+        return {case: [int(x) for x in sizes.split()]
+                for case, sizes in re.findall(r"^(\w+):((?: \d+)+)$", p.stdout, re.M)}
+
+    assert run() == {"tail": [56, 4], "middle": [40, 32]}
+    assert run(LLAMA_SPLIT_EQUAL_BATCH_ORDER="1") == {"tail": [8] * 7 + [4], "middle": [24, 16, 32]}
+
+
 def test_mmf_few_index_logic_emulated_for_the_layout_of_patch_0022():
     """Patch 0022's CUDA kernel cannot run here; its index logic (fragment mapping, k permutation,
     tails, column tiles, the k phases' sum) is replayed lane by lane by scripts/mmf_few_emulate.py.
