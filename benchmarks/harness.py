@@ -55,13 +55,13 @@ def published_rates(draft: str | Path, accept_len: float = PUBLISHED_ACCEPT_LEN)
 
 def base_settings(server: str | Path | None, target: str | Path, *, gpu: bool, parallel: int, n_predict: int = 0,
                   ctx_per_slot: int | None = None, threads: int | None = None, quantized: bool = False,
-                  extra_args: list[str] | None = None) -> ServerSettings:
+                  extra_args: list[str] | None = None, info: engine.EngineInfo | None = None) -> ServerSettings:
     """The plain server every arm of one target shares, through ``ggufdspark.launch`` as ``serve``
     builds its own: the table's CUDA row under ``gpu`` (everything offloaded, flash attention on),
     the CPU row otherwise, the engine's workarounds for this build, ``ctx_per_slot`` tokens a slot
     (default ``n_predict + CTX_MARGIN``), then ``extra_args``. ``quantized``: a quantized draft
-    will be added (it counts for the workarounds)."""
-    info = engine.find_engine(server)
+    will be added (it counts for the workarounds). ``info``: the engine at ``server``, already probed."""
+    info = info or engine.find_engine(server)
     decision = launch.table_decision("cuda" if gpu else "cpu")
     ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot or n_predict + CTX_MARGIN,
                          extra_args=extra_args)

@@ -23,7 +23,6 @@ and the aggregate (answer tokens over the wall time), each placement's median ov
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -86,11 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     a.log_dir.mkdir(parents=True, exist_ok=True)
     vocab = harness.n_vocab(a.server, a.target, a.log_dir, gpu=a.gpu)
     prompts = [p for p, _ in harness.workload(a.requests, vocab, (32, 32), (1, 1), seed=0)]
-    divided = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=a.slots, n_predict=a.n_predict + 64)
-    if not engine.find_engine(a.server).kv_slot_cap:
-        print(f"kv_layout.py: {divided.server}: no --kv-unified-per-slot in this engine", file=sys.stderr)
+    info = engine.find_engine(a.server)
+    if not info.kv_slot_cap:
+        print(f"kv_layout.py: {info.path}: no --kv-unified-per-slot in this engine", file=sys.stderr)
         return 1
-    pooled = dataclasses.replace(divided, kv_per_slot=divided.ctx_size // a.slots)
+    divided = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=a.slots, n_predict=a.n_predict + 64,
+                                    info=info)
+    pooled = divided.pooled()
     rates = None if a.real else harness.published_rates(a.draft)
     rows = []
     for layout, base in (("divided", divided), ("pooled", pooled)):

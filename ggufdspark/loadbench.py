@@ -392,8 +392,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
 
 def _arm_server(arm: DraftArm, s: ServerSettings) -> ServerSettings:
     """``s`` with ``arm``'s engine variables and KV layout."""
-    pooled = arm.layout == "pooled" and s.ctx_size and s.parallel
-    return replace(s, env=dict(arm.env), kv_per_slot=s.ctx_size // s.parallel if pooled else s.kv_per_slot)
+    return replace(s.pooled() if arm.layout == "pooled" else s, env=dict(arm.env))
 
 
 def _arm_text(arm: DraftArm, s) -> str:

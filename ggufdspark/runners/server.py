@@ -9,6 +9,7 @@ child, stop is terminate / wait / kill; ``client()`` gives an HTTP client for it
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -90,6 +91,13 @@ class ServerSettings:
     # environment variables the engine gets on top of this process's (not flags: an engine switch,
     # e.g. a patch's, for one arm of a comparison); never a secret (they show in reports)
     env: dict[str, str] = field(default_factory=dict)
+
+    def pooled(self) -> "ServerSettings":
+        """These settings with the slots in one KV cache, each capped at its share of ``ctx_size``
+        (``kv_per_slot``); unchanged without a context size and a slot count."""
+        if not (self.ctx_size and self.parallel):
+            return self
+        return dataclasses.replace(self, kv_per_slot=self.ctx_size // self.parallel)
 
     def api_keys(self) -> list[str]:
         """The API keys: ``api_key`` and any ``--api-key K`` / ``--api-key=K`` in ``extra_args``
