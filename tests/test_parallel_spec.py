@@ -711,3 +711,71 @@ def test_a_prompt_checkpoint_restores_the_drafter_without_copying_it(strong_conv
         f"(drafted, accepted) per request: trimmed {counts['trimmed']}, copied {counts['copied']}: the drafter's "
         "context after the restore differs")
     assert got["trimmed"][1]["tokens"] == got["copied"][1]["tokens"]
+
+
+DRAFT_LINE = re.compile(r"generate_draft: id=\d+, #tokens=(\d+), #draft=(\d+), pos_next=")
+
+
+def test_a_slot_near_its_answers_end_drafts_full_length_beside_busy_slots(strong_conv_pair, start_server, monkeypatch):
+    """Patch 0048: while another slot is busy, a slot whose answer is about to end drafts as long as
+    the others (n_max), not only the tokens its answer has left: a shorter verify ends the run of
+    consecutive slots the engine batches together (split_equal). Nothing past the end is sent or
+    counted accepted, and the slot's state rolls back to its last sent token: a next turn on that
+    slot that reuses the cached prompt (the answer included) answers as the plain server does.
+    LLAMA_SERVER_DRAFT_END_BOUND=1 keeps upstream's bound (the draft at most the tokens left - 1).
+    Request A (20-token prompt, 24-token answer) on slot 0 beside B (300 tokens, 200) on slot 1;
+    then C on slot 0: A's prompt, A's answer and 40 more tokens."""
+    common = dict(model=strong_conv_pair.target, parallel=2, ctx_size=2 * 1024, extra_args=["-v"])
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(48)
+    a_prompt, a_n = [rng.randrange(16, vocab) for _ in range(20)], 24
+    b_prompt, b_n = [rng.randrange(16, vocab) for _ in range(300)], 200
+    more = [rng.randrange(16, vocab) for _ in range(40)]
+
+    def request(srv, prompt: list[int], n: int, slot: int) -> dict:
+        return srv.client(timeout=300).post_json("/completion", {
+            "prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True, "cache_prompt": True,
+            "id_slot": slot, "return_tokens": True, "n_probs": 2})
+
+    def a_beside_b_then_c(srv) -> list[dict]:
+        out: dict[str, dict] = {}
+        b = threading.Thread(target=lambda: out.update(b=request(srv, b_prompt, b_n, 1)))
+        b.start()
+        out["a"] = request(srv, a_prompt, a_n, 0)
+        b.join()
+        assert "tokens" in out["a"], out["a"].get("error", out["a"])
+        out["c"] = request(srv, a_prompt + out["a"]["tokens"] + more, 16, 0)
+        return [out["a"], out["b"], out["c"]]
+
+    want = a_beside_b_then_c(plain)
+    plain.stop()
+
+    past_end: dict[str, list[int]] = {}
+    got: dict[str, list[dict]] = {}
+    for way in ("past end", "bounded"):
+        if way == "bounded":
+            monkeypatch.setenv("LLAMA_SERVER_DRAFT_END_BOUND", "1")  # the server inherits the environment
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+        got[way] = a_beside_b_then_c(spec)
+        spec.wait_for_log(r"stop processing", count=3)  # the log trails the responses
+        log = spec.log_text()
+        assert spec.alive(), f"{way}: the engine died:\n{log[-2000:]}"
+        for name, p, g in zip("ABC", want, got[way]):
+            assert "tokens" in g, f"{way}, request {name}: {g.get('error', 'no tokens in the response')}"
+            assert_same_or_near_tie(p, g["tokens"], f"{way}, request {name}, greedy output")
+        a = got[way][0]
+        assert len(a["tokens"]) == a_n and a["timings"]["predicted_n"] == a_n, (
+            f"{way}: A sent {len(a['tokens'])} tokens (timings {a['timings']['predicted_n']}), asked {a_n}")
+        assert a["timings"].get("draft_n_accepted", 0) <= a_n - 1, f"{way}: accepted past the end: {a['timings']}"
+        # A's drafts (its #tokens stay below B's prompt length); tokens left after the sampled one:
+        # prompt + answer - #tokens - 1, so upstream's bound is a draft of at most that - 1
+        a_drafts = [(int(t), int(d)) for t, d in DRAFT_LINE.findall(log) if int(t) < len(b_prompt)
+                    and int(t) <= len(a_prompt) + a_n]
+        assert a_drafts, f"{way}: request A never drafted"
+        past_end[way] = [d for t, d in a_drafts if d > len(a_prompt) + a_n - t - 2]
+        spec.stop()
+
+    assert not past_end["bounded"], f"LLAMA_SERVER_DRAFT_END_BOUND=1, yet A drafted past its end: {past_end['bounded']}"
+    assert past_end["past end"] and max(past_end["past end"]) == 6, (
+        f"beside a busy slot, A's last drafts stayed within its answer: {past_end['past end']}")
