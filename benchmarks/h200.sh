@@ -21,14 +21,16 @@
 #             closed-loop CLIENTS (1,2,4,8,16,32,64), REQUESTS_PER_CLIENT (3) each, answers of
 #             ANSWERS tokens (256; "256 1024": a run each), synthetic acceptance at the published
 #             profile, greedy (TEMPERATURE=0.8: sampled; LOAD_ARGS: more bench options, e.g.
-#             --server-arg=-bs for the engine's backend sampling); JSON load-ANSWER.json. A few minutes a run.
+#             --server-arg=-bs for the engine's backend sampling); ROUNDS (1): every level that many
+#             times, figures over all rounds and each round's ratio (bench --load --rounds); JSON
+#             load-ANSWER.json. A few minutes a run.
 #   tune      the draft length for each load: `ggufdspark tune --load` (one plain arm beside a
 #             drafted arm per length of TUNE_LENGTHS (0,3,5,7; 0: the draft loaded, drafting paused),
 #             closed-loop CLIENTS, REQUESTS_PER_CLIENT (2), ANSWERS tokens (256), synthetic acceptance
 #             at the published profile, profile not saved); JSON tune-TAG.json. A minute an arm.
 #   arms      named drafted arms side by side against one plain arm (benchmarks/load_arms.py):
 #             LOAD_ARMS (';'-separated NAME=N_MAX [CUT] [KEY=VALUE ...], e.g. "table=7 16:0;generating=7 16:0
-#             LLAMA_SPEC_CUT_GENERATING=1"), CLIENTS, REQUESTS_PER_CLIENT (3), ANSWERS (256); JSON arms-TAG.json;
+#             LLAMA_SPEC_CUT_GENERATING=1"), CLIENTS, REQUESTS_PER_CLIENT (3), ANSWERS (256), ROUNDS (1); JSON arms-TAG.json;
 #             the profile lines of arms with LLAMA_SPEC_PROFILE=1 (DEV=1: the decode windows too,
 #             ubatches a decode) in arms-TAG-profile.txt, each line after its arm's log name.
 #   table     serve's load table from every tune-*.json in OUT (benchmarks/tune_merge.py), then
@@ -115,7 +117,7 @@ load)
     for ans in ${ANSWERS:-256}; do
         args=(bench --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}"
               --answer-tokens "$ans" --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --synthetic-rates "$rates"
-              ${TEMPERATURE:+--temperature "$TEMPERATURE"} ${LOAD_ARGS:-})
+              ${TEMPERATURE:+--temperature "$TEMPERATURE"} ${ROUNDS:+--rounds "$ROUNDS"} ${LOAD_ARGS:-})
         echo "== ${args[*]}"
         $py -m ggufdspark "${args[@]}" --json "$OUT/load-$ans.json" --force --log-dir "$W/load-$ans" \
             2>&1 | tee "$OUT/load-$ans.txt" | grep -v "^bench --load: [0-9]*%" | tail -n 40
@@ -140,6 +142,7 @@ arms)
     for spec in "${specs[@]}"; do [ -n "$spec" ] && arms+=(--arm "$spec"); done
     $py benchmarks/load_arms.py -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" \
         --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --answer-tokens "${ANSWERS:-256}" "${arms[@]}" \
+        ${ROUNDS:+--rounds "$ROUNDS"} \
         --json "$OUT/arms-${TAG:-a}.json" --log-dir "$W/arms-${TAG:-a}" 2>&1 | tee "$OUT/arms-${TAG:-a}.txt" | tail -n 40
     # the engine's profile lines (arms with LLAMA_SPEC_PROFILE=1), every arm's in one file: the
     # device returns at most 8 files a call

@@ -125,12 +125,16 @@ class LoadReport:
             lines.append(row(p, "plain"))
             for a in self.drafted_arms:
                 r = ratios[a][i]
+                spread = [v for v in r.get("aggregate_tps_rounds") or [] if v is not None]
                 lines += [row(self.arms[a][i], a),
                           f"{'':>7} {'ratio' if not several else a + '/pl':>8} {'':>5} {_x(r['aggregate_tps'], 10)} "
                           f"{_x(r['decode_tps_median'], 10)} {_x(r['ttft_p50_s'], 9)} {_x(r['ttft_p95_s'], 9)} "
-                          f"{_x(r['latency_p50_s'], 8)} {_x(r['latency_p95_s'], 8)}"]
+                          f"{_x(r['latency_p50_s'], 8)} {_x(r['latency_p95_s'], 8)}"
+                          + (f"   agg by round {min(spread):.2f}-{max(spread):.2f}x" if spread else "")]
         lines += ["", "agg = output tokens / wall time of the level; dec = median over requests of (tokens - 1) / "
-                      "(latency - TTFT); TTFT and latency measured by the client (streamed); ratio = drafted / plain"]
+                      "(latency - TTFT); TTFT and latency measured by the client (streamed); ratio = drafted / plain"
+                  + ("; several rounds: every figure over all rounds' requests, 'agg by round' the lowest and "
+                     "highest drafted / plain of one round's aggregate" if t["shape"].get("rounds", 1) > 1 else "")]
         return "\n".join(lines)
 
 
@@ -152,7 +156,7 @@ def _s(v: float | None) -> str:
 
 def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
                requests_per_client: int | None, requests: int | None, seed: int, backend: str,
-               temperature: float = 0.0) -> tr.Shape:
+               temperature: float = 0.0, rounds: int = 1) -> tr.Shape:
     """The traffic asked for, validated.
 
     Raises:
@@ -163,6 +167,8 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
         raise InvalidArgumentError(f"--answer-tokens {answer_tokens}: expected at least 1")
     if not 0 <= temperature <= 100:
         raise InvalidArgumentError(f"--temperature {temperature:g}: expected 0 (greedy) to 100")
+    if rounds < 1:
+        raise InvalidArgumentError(f"--rounds {rounds}: expected at least 1")
     if rate:
         bad = [r for r in rate if not r > 0 or r == float("inf")]
         if bad:
@@ -179,7 +185,7 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
         if cap is not None and cap < 1:
             raise InvalidArgumentError(f"--clients {cap}: expected at least 1 request in flight")
         return tr.Shape("poisson", tuple(sorted(set(rate))), answer_tokens, requests=n, temperature=temperature,
-                        max_in_flight=cap if cap is not None else min(n, 64), seed=seed)
+                        max_in_flight=cap if cap is not None else min(n, 64), seed=seed, rounds=rounds)
     if requests is not None:
         raise InvalidArgumentError("--requests is for --rate; closed-loop clients take --requests-per-client")
     levels = sorted(set(clients or tr.CLIENTS_DEFAULTS.get(backend, tr.OTHER_CLIENTS)))
@@ -189,7 +195,7 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
     if per < 1:
         raise InvalidArgumentError(f"--requests-per-client {per}: expected at least 1")
     return tr.Shape("closed", tuple(levels), answer_tokens, requests_per_client=per, seed=seed,
-                    temperature=temperature)
+                    temperature=temperature, rounds=rounds)
 
 
 def check_json_path(path: str | Path, *inputs: str | Path | None, force: bool = False) -> Path:
@@ -243,7 +249,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
              threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
              log_dir: str | Path | None = None, command: str | None = None, draft_cut: str | None = None,
              draft_arms: list[DraftArm] | None = None, interleave: bool = True, temperature: float = 0.0,
-             progress: Progress | None = None) -> LoadReport:
+             rounds: int = 1, progress: Progress | None = None) -> LoadReport:
     """Plain and drafted arms under the same traffic; see the module docstring.
 
     Args:
@@ -262,6 +268,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         interleave: every arm's server up at once, each level run on every arm in turn (the order
             reversed at every other level), so a machine that slows down for a while slows all arms
             alike; False: one server at a time (arms one after another), for memory that holds one.
+        rounds: every level this many times (all levels, then all levels again; round r with seed
+            + r: another prompt order), the figures over all rounds (``traffic.pool_rounds``) and
+            drafted / plain of each round's aggregate beside them, the run's own spread.
 
     Raises:
         InvalidArgumentError: bad traffic options (before anything is loaded).
@@ -271,13 +280,13 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
     """
     # the options are checked before anything loads; the default levels need the backend, known after
     shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
-                       requests=requests, seed=seed, backend="cpu", temperature=temperature)
+                       requests=requests, seed=seed, backend="cpu", temperature=temperature, rounds=rounds)
     devices = None
     if not clients and not rate:  # the default levels are the backend's
         devices = hardware.detect(eng.find_engine(server))
         shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
                            requests_per_client=requests_per_client, requests=None, seed=seed,
-                           backend=devices.backend or "cpu", temperature=temperature)
+                           backend=devices.backend or "cpu", temperature=temperature, rounds=rounds)
     # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
     given_cut = launch.parse_draft_cut(draft_cut) if draft_cut and draft_cut.strip().lower() != "off" else None
     info, devices, decision, limits = prepare(target, draft, server=server, concurrency=[shape.slots],
@@ -313,7 +322,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
             settings[arm.name] = _arm_server(arm, s)
             drafted = drafted or settings[arm.name]
         drafted = drafted or settings["plain"]
-        total = len(settings) * sum(shape.n_requests(lv) for lv in shape.levels)
+        total = len(settings) * shape.rounds * sum(shape.n_requests(lv) for lv in shape.levels)
         done = [0]
 
         def tick(what: str) -> None:
@@ -322,16 +331,19 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                 progress(min(done[0], total), total, what)
 
         prompts: list[tr.Prompt] = []
-        arms: dict[str, list[tr.LevelResult]] = {a: [] for a in settings}
+        # per arm, per level: each round's result (pooled below)
+        runs: dict[str, list[list[tr.LevelResult]]] = {a: [[] for _ in shape.levels] for a in settings}
 
-        def level(arm: str, client: Client, lv: float) -> None:
-            res = tr.run_level(client, prompts, lv, shape, tick=lambda w, a=arm: tick(f"{a}: {w}"))
-            log.info("%s, %g %s: %.1f tok/s aggregate, TTFT p50 %.3f s, %d requests", arm, lv,
-                     "clients" if shape.mode == "closed" else "requests/s", res.aggregate_tps,
+        def level(arm: str, client: Client, i: int, r: int) -> None:
+            lv = shape.levels[i]
+            res = tr.run_level(client, prompts, lv, shape.round(r), tick=lambda w, a=arm: tick(f"{a}: {w}"))
+            log.info("%s, %g %s%s: %.1f tok/s aggregate, TTFT p50 %.3f s, %d requests", arm, lv,
+                     "clients" if shape.mode == "closed" else "requests/s",
+                     f", round {r + 1}/{shape.rounds}" if shape.rounds > 1 else "", res.aggregate_tps,
                      res.ttft_p50_s or 0.0, res.requests)
-            arms[arm].append(res)
+            runs[arm][i].append(res)
 
-        if not interleave:  # one server at a time: each arm's levels, then the next arm
+        if not interleave:  # one server at a time: each arm's levels (every round), then the next arm
             for k, arm in enumerate(settings):
                 log.info("arm %d/%d: %s (%s)", k + 1, len(settings), arm, logs / f"{arm}.log")
                 with running(settings[arm], logs / f"{arm}.log") as c:
@@ -339,8 +351,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                         prompts = tr.render_all(c, items)
                         _check_fits(prompts, per_slot, answer_tokens)
                     _warm_up(c, prompts)
-                    for lv in shape.levels:
-                        level(arm, c, lv)
+                    for r in range(shape.rounds):
+                        for i in range(len(shape.levels)):
+                            level(arm, c, i, r)
         else:  # every server up; each level runs on every arm in turn, the order reversed level by level
             with contextlib.ExitStack() as stack:
                 srvs = {}
@@ -359,9 +372,12 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                 _check_fits(prompts, per_slot, answer_tokens)
                 for arm in settings:
                     on(arm, lambda c: _warm_up(c, prompts))
-                for i, lv in enumerate(shape.levels):
-                    for arm in (list(settings) if i % 2 == 0 else list(reversed(settings))):
-                        on(arm, lambda c, a=arm, v=lv: level(a, c, v))
+                for r in range(shape.rounds):
+                    for i in range(len(shape.levels)):
+                        turn = r * len(shape.levels) + i
+                        for arm in (list(settings) if turn % 2 == 0 else list(reversed(settings))):
+                            on(arm, lambda c, a=arm, j=i, k=r: level(a, c, j, k))
+        arms = {a: [tr.pool_rounds(rs) for rs in per_level] for a, per_level in runs.items()}
         sizes = [p.n_tokens for p in prompts]
         traffic = {"shape": shape.to_dict(), "prompts": "built-in set (text-only) + data/traffic.jsonl + composed "
                    "documents (ggufdspark.traffic)", "prompt_tokens": tr.length_stats(sizes),
@@ -371,6 +387,10 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                    "order": ("interleaved: all arms' servers up, each level on every arm in turn, the order "
                              "reversed at every other level") if interleave else "sequential: one arm's server "
                              "and levels after another's",
+                   "rounds": (f"{shape.rounds}: every level run {shape.rounds} times (all levels, then all again), "
+                              "round r with seed + r; figures over all rounds' requests, aggregate = their output "
+                              "tokens / the rounds' summed wall time; round_tps: each round's aggregate")
+                             if shape.rounds > 1 else "1",
                    "requests": "streamed /completion, " + (f"sampled at temperature {temperature:g} (the engine's "
                                "default chain, a seed a request)" if temperature > 0 else "greedy")
                                + f", prompt cache off, ignore_eos (every answer exactly {answer_tokens} tokens)"}

@@ -29,7 +29,7 @@ import random
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Any, Callable
 
@@ -117,6 +117,7 @@ class Shape:
     max_in_flight: int | None = None  # poisson: at most this many at once (None: no limit)
     seed: int = DEFAULT_SEED
     temperature: float = 0.0  # 0: greedy; above, each request sampled with its own seed (seed, index)
+    rounds: int = 1  # every level run this many times, round r with seed + r; the figures pool the rounds
 
     def n_requests(self, level: float) -> int:
         return int(level) * self.requests_per_client if self.mode == "closed" else self.requests
@@ -134,10 +135,20 @@ class Shape:
         if self.mode == "closed":
             lv = ",".join(str(int(v)) for v in self.levels)
             return (f"closed loop: {lv} clients, {self.requests_per_client} requests each (each sent when the "
-                    f"client's previous answer ended), {ans}, seed {self.seed}")
+                    f"client's previous answer ended), {ans}, {self._seeds()}")
         lv = ",".join(f"{v:g}" for v in self.levels)
         cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
-        return f"open loop: Poisson arrivals at {lv} requests/s, {self.requests} requests a rate{cap}, {ans}, seed {self.seed}"
+        return (f"open loop: Poisson arrivals at {lv} requests/s, {self.requests} requests a rate{cap}, {ans}, "
+                f"{self._seeds()}")
+
+    def _seeds(self) -> str:
+        if self.rounds == 1:
+            return f"seed {self.seed}"
+        return f"{self.rounds} rounds a level (seeds {self.seed}-{self.seed + self.rounds - 1}), figures over all rounds"
+
+    def round(self, r: int) -> "Shape":
+        """Round ``r``'s traffic: the same shape with seed + r (another prompt order, other arrivals)."""
+        return replace(self, seed=self.seed + r, rounds=1)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "levels": list(self.levels), "describe": self.describe()}
@@ -248,6 +259,7 @@ class LevelResult:
     accepted: int
     passes: int
     records: list[RequestRecord] = field(default_factory=list, repr=False)
+    round_tps: list[float] = field(default_factory=list)  # aggregate tok/s of each round (several rounds)
 
     @property
     def accept_length(self) -> float | None:
@@ -273,6 +285,21 @@ def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -
         percentile(lat, 50), percentile(lat, 95), statistics.fmean(lat) if lat else None,
         sum(r.draft_n or 0 for r in drafted), sum(r.draft_n_accepted or 0 for r in drafted),
         sum(r.passes or 0 for r in drafted), sorted(records, key=lambda r: r.index))
+
+
+def pool_rounds(rounds: list[LevelResult]) -> LevelResult:
+    """One level's rounds as one result: every round's requests (indices numbered on across rounds),
+    aggregate = all output tokens / the rounds' summed wall time, percentiles over all requests; each
+    round's aggregate kept in ``round_tps``. One round is returned as it is."""
+    if len(rounds) == 1:
+        return rounds[0]
+    records: list[RequestRecord] = []
+    for r in rounds:
+        base = len(records)
+        records += [replace(rec, index=base + rec.index) for rec in r.records]
+    pooled = summarize_level(rounds[0].level, records, sum(r.wall_s for r in rounds))
+    pooled.round_tps = [r.aggregate_tps for r in rounds]
+    return pooled
 
 
 def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape, *, tick: Tick | None = None
@@ -389,4 +416,6 @@ def ratios(plain: LevelResult, drafted: LevelResult) -> dict[str, Any]:
     for k in keys:
         a, b = getattr(plain, k), getattr(drafted, k)
         out[k] = b / a if a and b is not None else None
+    if len(plain.round_tps) > 1 and len(plain.round_tps) == len(drafted.round_tps):
+        out["aggregate_tps_rounds"] = [b / a if a else None for a, b in zip(plain.round_tps, drafted.round_tps)]
     return out

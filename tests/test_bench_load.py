@@ -79,6 +79,39 @@ def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated
     assert json.loads(out.read_text()) == rep
 
 
+def test_load_rounds_pool_every_round_and_keep_each_rounds_ratio(small_pair, ggufdspark_cli, isolated, tmp_path):
+    """--rounds 3: every level run three times on both arms (round r with seed + r: another prompt
+    order, the same on both arms), the level's figures over all rounds' requests (aggregate = their
+    tokens / the rounds' summed wall time) and drafted / plain of each round's aggregate beside them."""
+    out = tmp_path / "load.json"
+    p = ggufdspark_cli(*_args(small_pair, "--clients", "1,2", "--answer-tokens", "8", "--requests-per-client", "1",
+                              "--draft-n-max", "3", "--rounds", "3", "--json", str(out), "--log-dir",
+                              str(tmp_path / "logs")), env=isolated)
+    assert p.returncode == 0, p.stderr
+    assert "3 rounds a level (seeds 0-2)" in p.stdout and "agg by round" in p.stdout
+    assert "round 3/3" in p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["traffic"]["shape"]["rounds"] == 3 and rep["traffic"]["rounds"].startswith("3: ")
+    plain, drafted = rep["arms"]["plain"], rep["arms"]["drafted"]
+    for arm in (plain, drafted):
+        assert [lv["level"] for lv in arm] == [1, 2]
+        for lv in arm:
+            _check_level(lv, int(lv["level"]) * 3, 8)  # three rounds of one request a client
+            assert len(lv["round_tps"]) == 3 and all(t > 0 for t in lv["round_tps"])
+            # the pooled aggregate lies between the rounds' and is their tokens over their summed wall
+            assert min(lv["round_tps"]) - 1e-9 <= lv["aggregate_tps"] <= max(lv["round_tps"]) + 1e-9
+            walls = [lv["output_tokens"] / 3 / t for t in lv["round_tps"]]
+            assert sum(walls) == pytest.approx(lv["wall_s"], rel=1e-6)
+    # each round's prompts: its own seeded order, the same on both arms; the rounds differ
+    for a, b in zip(plain, drafted):
+        assert [r["prompt"] for r in a["records"]] == [r["prompt"] for r in b["records"]]
+    two = [r["prompt"] for r in plain[1]["records"]]
+    assert two[0:2] != two[2:4] or two[2:4] != two[4:6], two
+    for r, a, b in zip(rep["ratios"], plain, drafted):
+        assert r["aggregate_tps"] == pytest.approx(b["aggregate_tps"] / a["aggregate_tps"])
+        assert r["aggregate_tps_rounds"] == pytest.approx([y / x for x, y in zip(a["round_tps"], b["round_tps"])])
+
+
 def test_load_pause_cut_one_server_at_a_time(small_pair, ggufdspark_cli, isolated, tmp_path):
     """--draft-n-max-by-slots reaches the drafted arm (0:0: the draft loaded, never a draft: engine
     patch 0021 with L = 0), and --sequential runs one server after the other."""
@@ -163,6 +196,7 @@ BAD = [
     (["--max-plain-drift", "1"], "--max-plain-drift"),
     (["--draft-n-max-by-slots", "8:x"], "'8:x' is not N:L"),
     (["--temperature", "-1"], "--temperature -1"),
+    (["--rounds", "0"], "--rounds 0"),
 ]
 
 
