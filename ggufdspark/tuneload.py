@@ -128,10 +128,12 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
                   requests_per_client: int | None = None, synthetic_rates: list[float] | None = None,
                   server: str | Path | None = None, threads: int | None = None,
                   server_args: list[str] | None = None, log_dir: str | Path | None = None, save: bool = True,
-                  min_gain: float = MIN_GAIN, interleave: bool = True,
+                  min_gain: float = MIN_GAIN, interleave: bool = True, rounds: int = 1,
                   progress: Progress | None = None) -> TuneLoadResult:
     """One ``bench --load`` run with an arm per draft length (0: paused); recommend a length per
     load; save the profile. Default lengths: 1..the draft's longest, and 0 where the engine can pause.
+    ``rounds``: every level that many times (``loadbench.run_load``), the choice made on the ratios
+    over all rounds.
 
     Raises:
         BenchOptionError: a draft length the draft cannot make, or 0 with an engine that cannot pause.
@@ -164,7 +166,8 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
                              requests_per_client=requests_per_client, draft_n_max=max(drafting),
                              synthetic_rates=list(synthetic_rates) if synthetic_rates else None, server=server,
                              threads=threads, server_args=server_args, log_dir=log_dir,
-                             draft_arms=list(arms.values()), interleave=interleave, progress=progress)
+                             draft_arms=list(arms.values()), interleave=interleave, rounds=rounds,
+                             progress=progress)
     ratios = {n: {int(r["level"]): r["aggregate_tps"] or 0.0 for r in rep.ratios_of(arm.name)}
               for n, arm in arms.items()}
     traffic = rep.traffic

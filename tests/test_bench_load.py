@@ -129,14 +129,17 @@ def test_load_pause_cut_one_server_at_a_time(small_pair, ggufdspark_cli, isolate
 
 def test_tune_load_arms_side_by_side_with_the_paused_arm(small_pair, ggufdspark_cli, isolated, tmp_path):
     """tune --load: one run, one plain arm and a drafted arm per length, 0 the paused one (never a
-    draft), all servers up and the levels interleaved; the ratios are each arm's against that plain arm."""
+    draft), all servers up and the levels interleaved (two rounds a level, --rounds 2); the ratios are
+    each arm's against that plain arm, over both rounds."""
     p = ggufdspark_cli("tune", "--load", "-m", str(small_pair.target), "-md", str(small_pair.draft),
                        "--draft-lengths", "0,2", "--clients", "1,2", "--answer-tokens", "8", "--requests-per-client",
-                       "1", "--no-save", "--json", "--log-dir", str(tmp_path / "logs"), env=isolated)
+                       "1", "--rounds", "2", "--no-save", "--json", "--log-dir", str(tmp_path / "logs"), env=isolated)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout)
     rep = res["load"]
     assert set(rep["arms"]) == {"plain", "n2", "n0"} and rep["traffic"]["order"].startswith("interleaved")
+    assert rep["traffic"]["shape"]["rounds"] == 2  # --rounds: every level twice, the choice on both
+    assert all(len(lv["round_tps"]) == 2 for arm in rep["arms"].values() for lv in arm)
     assert "paused" in rep["settings"]["drafted_arms"]["n0"]
     assert all(lv["drafted"] == 0 for lv in rep["arms"]["n0"]) and all(lv["drafted"] > 0 for lv in rep["arms"]["n2"])
     for n in ("0", "2"):

@@ -265,6 +265,7 @@ def test_tune_load_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, 
     show = ggufdspark_cli("tune", *pair, "--show", env=isolated)
     assert show.returncode == 0 and f"RECOMMENDATION: draft length {n} at 1 client(s)" in show.stdout, show.stderr
     for args, said in ((["--clients", "1,2"], "tune: --clients needs --load"),
+                       (["--rounds", "2"], "tune: --rounds needs --load"),
                        (["--load", "--concurrency", "1,2"], "tune --load: --concurrency belongs to the lock-step"),
                        (["--load", "--draft-lengths", "99"], "--draft-lengths: 99 is not a length"),
                        (["--load", "--draft-lengths", "0"], "give at least one length above 0")):

@@ -49,10 +49,12 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--requests-per-client", type=click.IntRange(1), help="With --load: requests each client sends (3).")
 @click.option("--sequential", is_flag=True,
               help="With --load: one server at a time (default: every arm's server up, levels interleaved).")
+@click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
+              help="With --load: run every level this many times; each length chosen on the ratios over all rounds.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_mins, concurrency, n_predict,
             requests, trials, server, threads, server_args, log_dir, min_gain, no_save, load, clients, answer_tokens,
-            requests_per_client, sequential, as_json):
+            requests_per_client, sequential, rounds, as_json):
     """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile.
 
     TARGET and DRAFT may be Hub references ORG/NAME[:QUANT] (downloaded first); the profile is the
@@ -73,10 +75,11 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
         _tune_load(model, draft, acceptance=acceptance, rates=rates, draft_lengths=draft_lengths, clients=clients,
                    answer_tokens=answer_tokens, requests_per_client=requests_per_client, server=server,
                    threads=threads, server_args=list(server_args), log_dir=log_dir, min_gain=min_gain,
-                   save=not no_save, interleave=not sequential, as_json=as_json, others=[n for n, v in (
+                   save=not no_save, interleave=not sequential, rounds=rounds, as_json=as_json, others=[n for n, v in (
                        ("--from-bench", from_bench), ("--p-min", p_mins), ("--concurrency", concurrency)) if v])
         return
-    for name, v in (("--clients", clients), ("--requests-per-client", requests_per_client), ("--sequential", sequential)):
+    for name, v in (("--clients", clients), ("--requests-per-client", requests_per_client), ("--sequential", sequential),
+                    ("--rounds", rounds != 1)):
         if v:
             raise InvalidArgumentError(f"tune: {name} needs --load")
     result = tune_lib.run_tune(
