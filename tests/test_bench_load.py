@@ -90,6 +90,9 @@ def test_load_rounds_pool_every_round_and_keep_each_rounds_ratio(small_pair, ggu
     assert p.returncode == 0, p.stderr
     assert "3 rounds a level (seeds 0-2)" in p.stdout and "agg by round" in p.stdout
     assert "round 3/3" in p.stderr
+    # the levels up, then down, then up: no round starts quiet right after the busiest level
+    order = re.findall(r"plain, (\d+) clients, round (\d)/3", p.stderr)
+    assert order == [("1", "1"), ("2", "1"), ("2", "2"), ("1", "2"), ("1", "3"), ("2", "3")], order
     rep = json.loads(out.read_text())
     assert rep["traffic"]["shape"]["rounds"] == 3 and rep["traffic"]["rounds"].startswith("3: ")
     plain, drafted = rep["arms"]["plain"], rep["arms"]["drafted"]
