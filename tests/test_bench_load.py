@@ -225,7 +225,7 @@ def test_load_options_need_load(small_pair, ggufdspark_cli, isolated):
 
 def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark_engine, tmp_path):
     """benchmarks/h200.sh load's own command line (published profile, serve's defaults), run on CPU
-    with the small pair in place of the full-size one."""
+    with the small pair in place of the full-size one; ROUNDS=2 reaches bench --load as --rounds 2."""
     import os
     import subprocess
     import sys
@@ -235,19 +235,20 @@ def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark
     out = tmp_path / "out"
     env = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
            "SERVER": dspark_engine.path, "CLIENTS": "1,2", "ANSWERS": "8", "REQUESTS_PER_CLIENT": "1",
-           "OUT": str(out), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable}
+           "ROUNDS": "2", "OUT": str(out), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable}
     p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "load"], env=env, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "failed" not in p.stdout, p.stdout
     rep = json.loads((out / "load-8.json").read_text())
     assert rep["synthetic"].startswith("synthetic acceptance, rates 0.7838,0.6143")  # the published profile
-    assert rep["traffic"]["shape"]["levels"] == [1, 2]
+    assert rep["traffic"]["shape"]["levels"] == [1, 2] and rep["traffic"]["shape"]["rounds"] == 2
     n = rep["settings"]["draft_n_max"]
     assert len(rep["settings"]["synthetic"]["rates"]) == n  # truncated to the draft length
     for arm in ("plain", "drafted"):
         for lv in rep["arms"][arm]:
-            _check_level(lv, int(lv["level"]), 8)
+            _check_level(lv, 2 * int(lv["level"]), 8)
+            assert len(lv["round_tps"]) == 2
 
 
 def test_one_request_bench_writes_its_json_file_too(small_pair, ggufdspark_cli, isolated, tmp_path):
