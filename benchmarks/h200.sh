@@ -45,7 +45,8 @@
 #   sampling  what host sampling costs a sampled request: benchmarks/sampling_speed.py, plain and
 #             drafted (N_MAX, 7) one-slot servers, with patch 0032 and without it
 #             (LLAMA_SAMPLER_NO_FAST_TOPK=1), TRIALS (3) seeded requests at temperature 0.8, the
-#             engine's own sampling time; synthetic acceptance at the published profile; JSON
+#             engine's own sampling time; synthetic acceptance at the published profile; GRAPH_TOPK=K
+#             (DEV=1: developer patch 0050): each arm again with LLAMA_OUTPUT_TOPK=K; JSON
 #             sampling.json. A minute or two.
 #   layout    what the KV layout across slots costs scattered busy slots: benchmarks/kv_layout.py,
 #             plain and drafted (serve's), llama-server's divided layout (serve's) against one shared cache,
@@ -181,8 +182,9 @@ prefill)
     ;;
 sampling)
     $py benchmarks/sampling_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-max "${N_MAX:-7}" --synthetic \
+        ${GRAPH_TOPK:+--graph-topk "$GRAPH_TOPK"} \
         --trials "${TRIALS:-3}" --n-predict 256 --json "$OUT/sampling.json" --log-dir "$W/sampling" 2>&1 \
-        | tee "$OUT/sampling.txt" | tail -n 8
+        | tee "$OUT/sampling.txt" | tail -n 10
     ;;
 bench)
     "$(dirname "$(BIN)")/llama-bench" -m "$T" -ngl 99 -fa 1 -p "${PP:-1,2,4,8,10,512}" -n 128 -r 5 -o md 2>/dev/null \

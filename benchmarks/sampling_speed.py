@@ -11,6 +11,11 @@ must be identical: the script checks that too. Besides the decode speed (noisy o
 it reads the engine's own account of the host sampling time, ``tgt_sample`` in ms per target decode
 of patch 0004's step profile (``LLAMA_SPEC_PROFILE=1``, on in every arm).
 
+With ``--graph-topk K`` (a developer build with patch 0050) each arm runs a third time with
+``LLAMA_OUTPUT_TOPK=K``: the graph takes each row's top K and the chain's top-k reads those K
+candidates instead of the row, which on CUDA never leaves the device; the tokens must be the same
+again.
+
 Arms: plain and drafted (real acceptance, or ``--synthetic``: the published profile), each with the fast path and without it, one server
 each; ``--trials`` seeded requests of ``--n-predict`` tokens at ``--temperature``, median decode
 tok/s. Without ``-m``/``-md`` it generates a small pair with the published vocabulary size
@@ -84,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     ap.add_argument("--trials", type=int, default=3, help="seeded requests an arm (default 3)")
     ap.add_argument("--n-predict", type=int, default=128, help="tokens a request (default 128)")
+    ap.add_argument("--graph-topk", type=int, default=0,
+                    help="also each arm with LLAMA_OUTPUT_TOPK=K (developer patch 0050: the top-k from the graph)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--log-dir", type=Path, help="keep the server logs here")
     a = ap.parse_args(argv)
@@ -98,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         base = harness.base_settings(a.server, target, gpu=a.gpu, parallel=1, n_predict=a.n_predict)
         rates = harness.published_rates(draft) if a.synthetic else None
         arms = {"plain": base, f"drafted-n{a.n_max}": harness.drafted(base, draft, a.n_max, rates)}
+        paths = [("fast", {}), ("old", OFF)] + ([("graph", {"LLAMA_OUTPUT_TOPK": str(a.graph_topk)})] if a.graph_topk else [])
         results = []
         for name, settings in arms.items():
-            for path, env in (("fast", {}), ("old", OFF)):
+            for path, env in paths:
                 results.append(run_arm(f"{name}-{path}", settings, env, log_dir, trials=a.trials,
                                        n_predict=a.n_predict, temperature=a.temperature))
                 print(f"{results[-1]['arm']:<22} {results[-1]['decode_tps']:8.1f} tok/s", file=sys.stderr, flush=True)
@@ -112,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'arm':<16} {'fast tok/s':>10} {'old tok/s':>10} {'fast/old':>9}  {'sampling ms a decode, fast / old':>33}"
           f"  same tokens  drafted/accepted")
     same_all = True
-    for fast, old in zip(results[::2], results[1::2]):
+    n_paths = len(paths)
+    by_arm = [results[i:i + n_paths] for i in range(0, len(results), n_paths)]
+    for fast, old, *graph in by_arm:
         same = fast["tokens"] == old["tokens"] and (fast["drafted"], fast["accepted"]) == (old["drafted"], old["accepted"])
         same_all &= same
         name = fast["arm"].removesuffix("-fast")
@@ -121,15 +131,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<16} {fast['decode_tps']:>10.1f} {old['decode_tps']:>10.1f} "
               f"{fast['decode_tps'] / old['decode_tps']:>8.2f}x  {ms_text:>33}  {'yes' if same else 'NO':<11}  "
               f"{fast['drafted']}/{fast['accepted']}")
-    plain = results[0]["decode_tps"], results[1]["decode_tps"]
-    drafted = results[2]["decode_tps"], results[3]["decode_tps"]
-    print(f"\ndrafted / plain: {drafted[0] / plain[0]:.2f}x with the fast path, {drafted[1] / plain[1]:.2f}x without")
+        for g in graph:  # LLAMA_OUTPUT_TOPK: against the fast path
+            same_g = g["tokens"] == fast["tokens"] and (g["drafted"], g["accepted"]) == (fast["drafted"], fast["accepted"])
+            same_all &= same_g
+            g_ms = (f"{g['sample_ms']:.3f} / {fast['sample_ms']:.3f} ({g['sample_ms'] / fast['sample_ms']:.2f}x)"
+                    if g["sample_ms"] and fast["sample_ms"] else "no profile in the log")
+            print(f"{'  graph top-k':<16} {g['decode_tps']:>10.1f} {fast['decode_tps']:>10.1f} "
+                  f"{g['decode_tps'] / fast['decode_tps']:>8.2f}x  {g_ms:>33}  {'yes' if same_g else 'NO':<11}  "
+                  f"{g['drafted']}/{g['accepted']}   (graph / fast)")
+    plain, drafted = by_arm[0], by_arm[1]
+    print(f"\ndrafted / plain: {drafted[0]['decode_tps'] / plain[0]['decode_tps']:.2f}x with the fast path, "
+          f"{drafted[1]['decode_tps'] / plain[1]['decode_tps']:.2f}x without"
+          + (f", {drafted[2]['decode_tps'] / plain[2]['decode_tps']:.2f}x with the graph's top-k" if n_paths > 2 else ""))
     if a.json:
         a.json.write_text(json.dumps({"command": sys.argv, "temperature": a.temperature, "trials": a.trials,
                                       "n_predict": a.n_predict, "n_max": a.n_max, "arms": results,
                                       "same_tokens": same_all}, indent=1))
     if not same_all:
-        print("sampling_speed.py: the fast path sampled other tokens than the old one", file=sys.stderr)
+        print("sampling_speed.py: the paths sampled different tokens", file=sys.stderr)
         return 1
     return 0
 

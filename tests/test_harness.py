@@ -103,22 +103,28 @@ def test_sampling_speed_compares_the_top_k_pass_with_the_candidate_array(small_p
     """sampling_speed.py (h200.sh's `sampling` stage): plain and drafted servers each with patch
     0032's pass and with LLAMA_SAMPLER_NO_FAST_TOPK=1, the engine's own host sampling time read from
     every arm's profile, and the seeded tokens compared between the paths (identical, or exit 1);
-    -m without -md is refused in one line."""
+    --graph-topk 64 runs each arm a third time with LLAMA_OUTPUT_TOPK=64 (developer patch 0050; this
+    product engine ignores the variable, so here it checks the script: the third arm, its env, its
+    comparison with the fast path); -m without -md is refused in one line."""
     out = tmp_path / "sampling.json"
     script = [sys.executable, str(REPO / "benchmarks" / "sampling_speed.py")]
     p = subprocess.run([*script, "-m", str(small_pair.target), "-md", str(small_pair.draft), "--n-max", "3",
-                        "--synthetic", "--trials", "3", "--n-predict", "200", "--json", str(out),
+                        "--synthetic", "--trials", "3", "--n-predict", "200", "--graph-topk", "64", "--json", str(out),
                         "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads(out.read_text())
-    assert [a["arm"] for a in rep["arms"]] == ["plain-fast", "plain-old", "drafted-n3-fast", "drafted-n3-old"]
+    assert [a["arm"] for a in rep["arms"]] == ["plain-fast", "plain-old", "plain-graph",
+                                               "drafted-n3-fast", "drafted-n3-old", "drafted-n3-graph"]
     for a in rep["arms"]:
         assert a["decode_tps"] > 0 and len(a["runs"]) == 3 and len(a["tokens"]) == 3, a["arm"]
         # the engine prints its profile every 128 target decodes: 3 x 200 tokens reach it on both arms
         assert a["sample_ms"] is not None and a["sample_ms"] > 0 and a["profiled_decodes"] >= 128, a["arm"]
-        assert a["env"] == ({"LLAMA_SAMPLER_NO_FAST_TOPK": "1"} if a["arm"].endswith("-old") else {}), a["arm"]
-    assert rep["same_tokens"] is True and rep["arms"][2]["drafted"] > 0, rep["arms"][2]
+        want_env = ({"LLAMA_SAMPLER_NO_FAST_TOPK": "1"} if a["arm"].endswith("-old") else
+                    {"LLAMA_OUTPUT_TOPK": "64"} if a["arm"].endswith("-graph") else {})
+        assert a["env"] == want_env, a["arm"]
+    assert rep["same_tokens"] is True and rep["arms"][3]["drafted"] > 0, rep["arms"][3]
     assert "sampling ms a decode, fast / old" in p.stdout and "drafted / plain" in p.stdout, p.stdout
+    assert p.stdout.count("(graph / fast)") == 2 and "with the graph's top-k" in p.stdout, p.stdout
     bad = subprocess.run([*script, "-m", str(small_pair.target)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "give -m and -md together" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
