@@ -76,6 +76,13 @@ def run_arm(name: str, settings: ServerSettings, env: dict[str, str], log_dir: P
             "accepted": sum(o.timings.draft_n_accepted or 0 for o in outs)}
 
 
+def ms_against(a: dict, b: dict) -> str:
+    """``a``'s host sampling ms a decode against ``b``'s, with their ratio."""
+    if not (a["sample_ms"] and b["sample_ms"]):
+        return "no profile in the log"
+    return f"{a['sample_ms']:.3f} / {b['sample_ms']:.3f} ({a['sample_ms'] / b['sample_ms']:.2f}x)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--target", "--model", dest="target", type=Path, help="target GGUF (default: generated)")
@@ -126,16 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         same = fast["tokens"] == old["tokens"] and (fast["drafted"], fast["accepted"]) == (old["drafted"], old["accepted"])
         same_all &= same
         name = fast["arm"].removesuffix("-fast")
-        ms_text = (f"{fast['sample_ms']:.3f} / {old['sample_ms']:.3f} ({fast['sample_ms'] / old['sample_ms']:.2f}x)"
-                   if fast["sample_ms"] and old["sample_ms"] else "no profile in the log")
+        ms_text = ms_against(fast, old)
         print(f"{name:<16} {fast['decode_tps']:>10.1f} {old['decode_tps']:>10.1f} "
               f"{fast['decode_tps'] / old['decode_tps']:>8.2f}x  {ms_text:>33}  {'yes' if same else 'NO':<11}  "
               f"{fast['drafted']}/{fast['accepted']}")
         for g in graph:  # LLAMA_OUTPUT_TOPK: against the fast path
             same_g = g["tokens"] == fast["tokens"] and (g["drafted"], g["accepted"]) == (fast["drafted"], fast["accepted"])
             same_all &= same_g
-            g_ms = (f"{g['sample_ms']:.3f} / {fast['sample_ms']:.3f} ({g['sample_ms'] / fast['sample_ms']:.2f}x)"
-                    if g["sample_ms"] and fast["sample_ms"] else "no profile in the log")
+            g_ms = ms_against(g, fast)
             print(f"{'  graph top-k':<16} {g['decode_tps']:>10.1f} {fast['decode_tps']:>10.1f} "
                   f"{g['decode_tps'] / fast['decode_tps']:>8.2f}x  {g_ms:>33}  {'yes' if same_g else 'NO':<11}  "
                   f"{g['drafted']}/{g['accepted']}   (graph / fast)")
