@@ -54,6 +54,10 @@
 #             to scattered slots; JSON layout-TAG.json. About a minute.
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
 #             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
+#   topk      the developer series' CUDA top-k kernels (0002's one block a row, 0051's chunks; DEV=1):
+#             benchmarks/topk_cuda.cu built with nvcc against the developer build's tree, every case
+#             against a CPU reference, then one call's time at 1-64 rows of 128000 logits; JSON topk.json.
+#             Seconds once the engine is built.
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
 #             MUL_MAT F16/BF16 against the CPU backend, then perf at the verify's shapes (patch
 #             0014's cases) in each environment of ENVS ('-': as it is). A few minutes.
@@ -72,7 +76,7 @@ hunt() { echo -m "$T" -md "$D" --server "$(BIN)" $GPU --n-max "${N_MAX:-0}" --pr
     --slots "${SLOTS:-32}" --envs="${ENVS:--}"; }
 
 for stage in ${*:-${STAGES:-setup speed}}; do
-if [ "$stage" != setup ] && [ "$stage" != kernels ] && [ ! -f "$D" ]; then
+if [ "$stage" != setup ] && [ "$stage" != kernels ] && [ "$stage" != topk ] && [ ! -f "$D" ]; then
     echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
     continue
 fi
@@ -185,6 +189,14 @@ sampling)
         ${GRAPH_TOPK:+--graph-topk "$GRAPH_TOPK"} \
         --trials "${TRIALS:-3}" --n-predict 256 --json "$OUT/sampling.json" --log-dir "$W/sampling" 2>&1 \
         | tee "$OUT/sampling.txt" | tail -n 10
+    ;;
+topk)
+    S=$(dirname "$(dirname "$(dirname "$(BIN)")")")/src  # the engine cache: KEY/build/bin/llama-server, KEY/src
+    if [ ! -f "$S/ggml/src/ggml-cuda/top-k-rows.cuh" ]; then echo "stage topk: no top-k-rows.cuh under $S: DEV=1 (developer patch 0051)"; continue; fi
+    nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    "$nv" -O3 -std=c++17 -arch=sm_90 -I "$S/ggml/src/ggml-cuda" benchmarks/topk_cuda.cu -o "$W/topk_cuda" \
+        && "$W/topk_cuda" --json "$OUT/topk.json" | tee "$OUT/topk.txt"
+    echo "topk rc=${PIPESTATUS[0]}"
     ;;
 bench)
     "$(dirname "$(BIN)")/llama-bench" -m "$T" -ngl 99 -fa 1 -p "${PP:-1,2,4,8,10,512}" -n 128 -r 5 -o md 2>/dev/null \
