@@ -211,7 +211,9 @@ def _stalled(arms: bn.Arms, factor: float) -> bn.Arms:
 def test_a_stalled_plain_bracket_gives_no_speedup(measured_arms):
     # the run: one plain arm ~2880x slower than the other gave "707.98x"
     r = _report(_stalled(measured_arms, 2880.0))
-    assert r.headline_refused and r.drift["plain_drift"] > 1000
+    # the drift is 2880 x the real run's own after / before ratio, minus 1: a first plain run slowed by
+    # other work on the machine (0.26 once: 746) must not fail the test, a missed stall (about 0) must
+    assert r.headline_refused and r.drift["plain_drift"] > 100
     text = r.text()
     assert "NO SPEEDUP" in text and "too noisy" in text
     overall = next(ln for ln in text.splitlines() if ln.startswith("overall "))
