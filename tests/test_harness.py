@@ -156,3 +156,25 @@ def test_kv_layout_measures_scattered_slots_in_both_layouts(small_pair, isolated
     bad = subprocess.run([*script, "--slots", "2", "--requests", "3"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--requests 3 must be 1..--slots 2" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_device_topk_stage_names_what_a_product_engine_lacks(dspark_engine, isolated, tmp_path):
+    """benchmarks/h200.sh topk builds benchmarks/topk_cuda.cu against the engine's own source tree,
+    whose top-k-rows.cuh only developer patch 0051 adds: on the product engine (this suite's) the
+    stage says so in one line, with the tree it looked in, and builds nothing. (On a developer
+    build it builds the program with nvcc and runs it: with no GPU here, to a non-zero rc.)"""
+    import os
+
+    repo = Path(__file__).resolve().parent.parent
+    work = tmp_path / "work"
+    env = {**os.environ, **isolated, "SERVER": dspark_engine.path, "OUT": str(tmp_path / "out"), "WORK": str(work),
+           "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "topk"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    src = Path(dspark_engine.path).resolve().parent.parent.parent / "src"
+    assert src.is_dir(), f"the engine cache has no source tree beside its build: {src}"
+    if (src / "ggml" / "src" / "ggml-cuda" / "top-k-rows.cuh").exists():  # a developer build
+        assert "topk rc=" in p.stdout and "topk rc=0" not in p.stdout, p.stdout + p.stderr
+        return
+    assert f"stage topk: no top-k-rows.cuh under {src}: DEV=1" in p.stdout, p.stdout + p.stderr
+    assert not (work / "topk_cuda").exists()
