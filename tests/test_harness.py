@@ -165,11 +165,10 @@ def test_device_topk_stage_names_what_a_product_engine_lacks(dspark_engine, isol
     build it builds the program with nvcc and runs it: with no GPU here, to a non-zero rc.)"""
     import os
 
-    repo = Path(__file__).resolve().parent.parent
     work = tmp_path / "work"
     env = {**os.environ, **isolated, "SERVER": dspark_engine.path, "OUT": str(tmp_path / "out"), "WORK": str(work),
            "PYTHON": sys.executable}
-    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "topk"], env=env, capture_output=True, text=True,
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "topk"], env=env, capture_output=True, text=True,
                        timeout=120)
     src = Path(dspark_engine.path).resolve().parent.parent.parent / "src"
     assert src.is_dir(), f"the engine cache has no source tree beside its build: {src}"
