@@ -177,3 +177,23 @@ def test_device_topk_stage_names_what_a_product_engine_lacks(dspark_engine, isol
         return
     assert f"stage topk: no top-k-rows.cuh under {src}: DEV=1" in p.stdout, p.stdout + p.stderr
     assert not (work / "topk_cuda").exists()
+
+
+def test_graph_topk_switch_check_needs_a_developer_build(dspark_engine, isolated, tmp_path):
+    """benchmarks/graph_topk_switch.py checks developer patch 0052 (the graph's top-k only for a step
+    whose sampler can use it) from the engine's own log. On the product engine, which has neither
+    0050 nor 0052 (its llama-ext.h has no llama_set_output_topk), it exits 1 with one line naming
+    that for each server; on a developer build it must pass."""
+    src = Path(dspark_engine.path).resolve().parent.parent.parent / "src"
+    assert src.is_dir(), f"the engine cache has no source tree beside its build: {src}"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "graph_topk_switch.py"), "--server",
+                        dspark_engine.path, "--work", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    if "llama_set_output_topk" in (src / "src" / "llama-ext.h").read_text():  # a developer build
+        assert p.returncode == 0 and p.stdout.rstrip().endswith("OK"), p.stdout[-3000:] + p.stderr[-2000:]
+        assert p.stdout.count("candidates taken 1") == 4, p.stdout  # top-k 40 and 20, plain and drafted
+        return
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    for name in ("plain", "drafted"):
+        assert (f"FAILED: {name}: the engine never switched the graph's top-64 on or off: a build without "
+                "developer patches 0050 and 0052") in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
