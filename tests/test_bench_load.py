@@ -317,6 +317,39 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
     assert bare.returncode == 2 and "--arm 'y=plain': expected" in bare.stderr, bare.stderr
 
 
+def test_named_arms_sample_at_the_temperature_given(small_pair, isolated, dspark_engine, tmp_path):
+    """load_arms.py --temperature (h200.sh arms with TEMPERATURE): every arm's requests are sampled at
+    it (the report's traffic says so, and every server's log shows the sampled chain ending in a
+    draw, never the greedy one), with a second plain arm carrying an engine variable beside the
+    drafted arm; a temperature below 0 is refused in one line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out, logs = tmp_path / "arms.json", tmp_path / "logs"
+    env = {**os.environ, **isolated, "LLAMA_ARG_LOG_VERBOSITY": "4"}  # the servers log each task's sampler chain
+    script = [sys.executable, str(repo / "benchmarks" / "load_arms.py"), "-m", str(small_pair.target),
+              "-md", str(small_pair.draft), "--server", dspark_engine.path, "--clients", "1",
+              "--requests-per-client", "2", "--answer-tokens", "8"]
+    p = subprocess.run([*script, "--temperature", "0.8", "--arm", "d=3", "--arm", "ptopk=plain LLAMA_OUTPUT_TOPK=64",
+                        "--json", str(out), "--log-dir", str(logs)], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert rep["traffic"]["shape"]["temperature"] == 0.8 and "sampled at temperature 0.8" in rep["traffic"]["requests"]
+    assert list(rep["arms"]) == ["plain", "d", "ptopk"]
+    for name in rep["arms"]:
+        chains = re.findall(r"sampler chain: (.*)", (logs / f"{name}.log").read_text())
+        # the warm-up requests are greedy; the 2 measured requests sampled
+        sampled = [c for c in chains if c.rstrip().endswith("dist")]
+        assert len(sampled) == 2, (name, chains)
+    bad = subprocess.run([*script, "--temperature", "-1", "--arm", "d=3"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "--temperature -1" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
 def test_device_script_arms_gathers_the_profile_lines_into_one_file(small_pair, isolated, dspark_engine, tmp_path):
     """benchmarks/h200.sh arms: the engine's profile lines of an arm run with LLAMA_SPEC_PROFILE=1
     (patch 0004's "spec profile", every 128 target decodes) end up in one file, arms-TAG-profile.txt,
