@@ -64,6 +64,15 @@ def dspark_engine():
     return info
 
 
+@pytest.fixture(scope="session")
+def engine_src(dspark_engine) -> Path:
+    """The patched source tree the engine under test was built from (the engine cache keeps it
+    beside the build: KEY/build/bin/llama-server, KEY/src): what tells a developer build's patches."""
+    src = Path(dspark_engine.path).resolve().parent.parent.parent / "src"
+    assert src.is_dir(), f"the engine cache has no source tree beside its build: {src}"
+    return src
+
+
 @pytest.fixture
 def non_dspark_server(tmp_path) -> Path:
     """Path of an executable ``llama-server`` script without draft-dspark, in its own dir."""

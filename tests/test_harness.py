@@ -158,7 +158,7 @@ def test_kv_layout_measures_scattered_slots_in_both_layouts(small_pair, isolated
     assert "Traceback" not in bad.stderr
 
 
-def test_device_topk_stage_names_what_a_product_engine_lacks(dspark_engine, isolated, tmp_path):
+def test_device_topk_stage_names_what_a_product_engine_lacks(dspark_engine, engine_src, isolated, tmp_path):
     """benchmarks/h200.sh topk builds benchmarks/topk_cuda.cu against the engine's own source tree,
     whose top-k-rows.cuh only developer patch 0051 adds: on the product engine (this suite's) the
     stage says so in one line, with the tree it looked in, and builds nothing. (On a developer
@@ -170,25 +170,21 @@ def test_device_topk_stage_names_what_a_product_engine_lacks(dspark_engine, isol
            "PYTHON": sys.executable}
     p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "topk"], env=env, capture_output=True, text=True,
                        timeout=120)
-    src = Path(dspark_engine.path).resolve().parent.parent.parent / "src"
-    assert src.is_dir(), f"the engine cache has no source tree beside its build: {src}"
-    if (src / "ggml" / "src" / "ggml-cuda" / "top-k-rows.cuh").exists():  # a developer build
+    if (engine_src / "ggml" / "src" / "ggml-cuda" / "top-k-rows.cuh").exists():  # a developer build
         assert "topk rc=" in p.stdout and "topk rc=0" not in p.stdout, p.stdout + p.stderr
         return
-    assert f"stage topk: no top-k-rows.cuh under {src}: DEV=1" in p.stdout, p.stdout + p.stderr
+    assert f"stage topk: no top-k-rows.cuh under {engine_src}: DEV=1" in p.stdout, p.stdout + p.stderr
     assert not (work / "topk_cuda").exists()
 
 
-def test_graph_topk_switch_check_needs_a_developer_build(dspark_engine, isolated, tmp_path):
+def test_graph_topk_switch_check_needs_a_developer_build(dspark_engine, engine_src, isolated, tmp_path):
     """benchmarks/graph_topk_switch.py checks developer patch 0052 (the graph's top-k only for a step
     whose sampler can use it) from the engine's own log. On the product engine, which has neither
     0050 nor 0052 (its llama-ext.h has no llama_set_output_topk), it exits 1 with one line naming
     that for each server; on a developer build it must pass."""
-    src = Path(dspark_engine.path).resolve().parent.parent.parent / "src"
-    assert src.is_dir(), f"the engine cache has no source tree beside its build: {src}"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "graph_topk_switch.py"), "--server",
                         dspark_engine.path, "--work", str(tmp_path)], capture_output=True, text=True, timeout=600)
-    if "llama_set_output_topk" in (src / "src" / "llama-ext.h").read_text():  # a developer build
+    if "llama_set_output_topk" in (engine_src / "src" / "llama-ext.h").read_text():  # a developer build
         assert p.returncode == 0 and p.stdout.rstrip().endswith("OK"), p.stdout[-3000:] + p.stderr[-2000:]
         assert p.stdout.count("candidates taken 1") == 4, p.stdout  # top-k 40 and 20, plain and drafted
         return

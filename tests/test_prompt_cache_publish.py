@@ -238,7 +238,7 @@ def test_one_client_at_a_time_never_waits_for_a_save_before_its_prompt(small_pai
         assert not saves, f"a state was saved between the slot choice (line {chosen}) and the prompt ({start[0]})"
 
 
-def test_a_task_that_reuses_no_cached_tokens_and_the_prompt_cache(small_pair, start_server, dspark_engine, monkeypatch):
+def test_a_task_that_reuses_no_cached_tokens_and_the_prompt_cache(small_pair, start_server, engine_src, monkeypatch):
     """A task with cache_prompt false processes its whole prompt, as bench --load sends every request.
     Upstream's server (the product engine) still restores the most similar cached state into its slot
     when it takes it (one slot, the draft on: A, then B, then A again, all three cache_prompt false:
@@ -247,11 +247,7 @@ def test_a_task_that_reuses_no_cached_tokens_and_the_prompt_cache(small_pair, st
     set here when the engine's source has it) restores nothing for such a task. Either way A again
     answers A's greedy tokens, and a task that does reuse cached tokens (A with cache_prompt true
     after B) is still restored from the cache."""
-    from pathlib import Path
-
-    src = Path(dspark_engine.path).resolve().parent.parent.parent / "src" / "tools" / "server" / "server-context.cpp"
-    assert src.is_file(), f"the engine cache has no source tree beside its build: {src}"
-    fresh = "LLAMA_SERVER_UNCACHED_TASK_FRESH" in src.read_text()
+    fresh = "LLAMA_SERVER_UNCACHED_TASK_FRESH" in (engine_src / "tools" / "server" / "server-context.cpp").read_text()
     if fresh:
         monkeypatch.setenv("LLAMA_SERVER_UNCACHED_TASK_FRESH", "1")
     srv, c, (a, b) = _two_slots(small_pair, start_server, 2048, 53, (300, 200), n_slots=1)
