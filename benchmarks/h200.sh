@@ -44,10 +44,10 @@
 #             (half a minute more an arm). With LLAMA_SPEC_PROFILE=1 each server's profile lines go to
 #             prefill-TAG-profile.txt (DEV=1: every context's decode phases).
 #   sampling  what host sampling costs a sampled request: benchmarks/sampling_speed.py, plain and
-#             drafted (N_MAX, 7) one-slot servers, with patch 0032 and without it
+#             drafted (N_MAX, 7) one-slot servers, each with the graph's top-k (patch 0050, as served;
+#             GRAPH_TOPK=K: LLAMA_OUTPUT_TOPK=K), with patch 0032's host pass and with neither
 #             (LLAMA_SAMPLER_NO_FAST_TOPK=1), TRIALS (3) seeded requests at temperature 0.8, the
-#             engine's own sampling time; synthetic acceptance at the published profile; GRAPH_TOPK=K
-#             (DEV=1: developer patch 0050): each arm again with LLAMA_OUTPUT_TOPK=K; JSON
+#             engine's own sampling time; synthetic acceptance at the published profile; JSON
 #             sampling.json. A minute or two.
 #   layout    what the KV layout across slots costs scattered busy slots: benchmarks/kv_layout.py,
 #             plain and drafted (serve's), llama-server's divided layout (serve's) against one shared cache,
@@ -55,8 +55,9 @@
 #             to scattered slots; JSON layout-TAG.json. About a minute.
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
 #             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
-#   topk      the developer series' CUDA top-k kernels (0002's one block a row, 0051's chunks; DEV=1):
-#             benchmarks/topk_cuda.cu built with nvcc against the developer build's tree, every case
+#   topk      the engine's CUDA top-k kernels (0002's one block a row, 0051's chunks, with and without
+#             warp shuffles):
+#             benchmarks/topk_cuda.cu built with nvcc against the engine's source tree, every case
 #             against a CPU reference, then one call's time at 1-64 rows of 128000 logits; JSON topk.json.
 #             Seconds once the engine is built.
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
@@ -193,7 +194,7 @@ sampling)
     ;;
 topk)
     S=$(dirname "$(dirname "$(dirname "$(BIN)")")")/src  # the engine cache: KEY/build/bin/llama-server, KEY/src
-    if [ ! -f "$S/ggml/src/ggml-cuda/top-k-rows.cuh" ]; then echo "stage topk: no top-k-rows.cuh under $S: DEV=1 (developer patch 0051)"; continue; fi
+    if [ ! -f "$S/ggml/src/ggml-cuda/top-k-rows.cuh" ]; then echo "stage topk: no top-k-rows.cuh under $S: an engine without patch 0051"; continue; fi
     nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     "$nv" -O3 -std=c++17 -arch=sm_90 -I "$S/ggml/src/ggml-cuda" benchmarks/topk_cuda.cu -o "$W/topk_cuda" \
         && "$W/topk_cuda" --json "$OUT/topk.json" | tee "$OUT/topk.txt"

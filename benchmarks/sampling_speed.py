@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What host sampling costs a sampled request, with and without engine patch 0032.
+"""What host sampling costs a sampled request: the graph's top-k (patch 0050), patch 0032's pass, neither.
 
 A sampled request (temperature > 0, the server's default chain: top-k 40, top-p 0.95, min-p 0.05,
 temperature, a seeded draw) samples each position on the host from its logits row. Before patch
@@ -11,13 +11,15 @@ must be identical: the script checks that too. Besides the decode speed (noisy o
 it reads the engine's own account of the host sampling time, ``tgt_sample`` in ms per target decode
 of patch 0004's step profile (``LLAMA_SPEC_PROFILE=1``, on in every arm).
 
-With ``--graph-topk K`` (a developer build with patch 0050) each arm runs a third time with
-``LLAMA_OUTPUT_TOPK=K``: the graph takes each row's top K and the chain's top-k reads those K
-candidates instead of the row, which on CUDA never leaves the device; the tokens must be the same
-again.
+Since patch 0050 the engine's graph takes each row's top 64 on CUDA (``LLAMA_OUTPUT_TOPK=K`` sets K
+on any backend) and the chain's top-k reads those candidates instead of the row, which then never
+leaves the device: that is the ``graph`` path, the engine as served on CUDA (``--graph-topk K``: with
+``LLAMA_OUTPUT_TOPK=K``; elsewhere the engine's default takes none, so give it there). The ``fast``
+and ``old`` paths run with ``LLAMA_OUTPUT_TOPK=0``, so the host samples every row; the tokens must be
+the same on all three.
 
-Arms: plain and drafted (real acceptance, or ``--synthetic``: the published profile), each with the fast path and without it, one server
-each; ``--trials`` seeded requests of ``--n-predict`` tokens at ``--temperature``, median decode
+Arms: plain and drafted (real acceptance, or ``--synthetic``: the published profile), each on the
+three paths, one server each; ``--trials`` seeded requests of ``--n-predict`` tokens at ``--temperature``, median decode
 tok/s. Without ``-m``/``-md`` it generates a small pair with the published vocabulary size
 (``--vocab``, 128000: the host work scales with it, the model's own compute here is small), so that
 the sampling cost stands out on a CPU:
@@ -44,7 +46,8 @@ from ggufdspark import measure as ms  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
 
-OFF = {"LLAMA_SAMPLER_NO_FAST_TOPK": "1"}
+NO_GRAPH = {"LLAMA_OUTPUT_TOPK": "0"}
+OFF = {**NO_GRAPH, "LLAMA_SAMPLER_NO_FAST_TOPK": "1"}
 PROFILE = {"LLAMA_SPEC_PROFILE": "1"}
 SAMPLE_MS = re.compile(r"spec profile: (\d+) target decodes, ms per decode: .*?tgt_sample ([\d.]+)")
 
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=3, help="seeded requests an arm (default 3)")
     ap.add_argument("--n-predict", type=int, default=128, help="tokens a request (default 128)")
     ap.add_argument("--graph-topk", type=int, default=0,
-                    help="also each arm with LLAMA_OUTPUT_TOPK=K (developer patch 0050: the top-k from the graph)")
+                    help="the graph path with LLAMA_OUTPUT_TOPK=K (default: the engine's own: 64 on CUDA, none elsewhere)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--log-dir", type=Path, help="keep the server logs here")
     a = ap.parse_args(argv)
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         base = harness.base_settings(a.server, target, gpu=a.gpu, parallel=1, n_predict=a.n_predict)
         rates = harness.published_rates(draft) if a.synthetic else None
         arms = {"plain": base, f"drafted-n{a.n_max}": harness.drafted(base, draft, a.n_max, rates)}
-        paths = [("fast", {}), ("old", OFF)] + ([("graph", {"LLAMA_OUTPUT_TOPK": str(a.graph_topk)})] if a.graph_topk else [])
+        paths = [("fast", NO_GRAPH), ("old", OFF), ("graph", {"LLAMA_OUTPUT_TOPK": str(a.graph_topk)} if a.graph_topk else {})]
         results = []
         for name, settings in arms.items():
             for path, env in paths:
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<16} {fast['decode_tps']:>10.1f} {old['decode_tps']:>10.1f} "
               f"{fast['decode_tps'] / old['decode_tps']:>8.2f}x  {ms_text:>33}  {'yes' if same else 'NO':<11}  "
               f"{fast['drafted']}/{fast['accepted']}")
-        for g in graph:  # LLAMA_OUTPUT_TOPK: against the fast path
+        for g in graph:  # the graph's top-k: against the fast path
             same_g = g["tokens"] == fast["tokens"] and (g["drafted"], g["accepted"]) == (fast["drafted"], fast["accepted"])
             same_all &= same_g
             g_ms = ms_against(g, fast)
@@ -146,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{g['drafted']}/{g['accepted']}   (graph / fast)")
     plain, drafted = by_arm[0], by_arm[1]
     print(f"\ndrafted / plain: {drafted[0]['decode_tps'] / plain[0]['decode_tps']:.2f}x with the fast path, "
-          f"{drafted[1]['decode_tps'] / plain[1]['decode_tps']:.2f}x without"
-          + (f", {drafted[2]['decode_tps'] / plain[2]['decode_tps']:.2f}x with the graph's top-k" if n_paths > 2 else ""))
+          f"{drafted[1]['decode_tps'] / plain[1]['decode_tps']:.2f}x without, "
+          f"{drafted[2]['decode_tps'] / plain[2]['decode_tps']:.2f}x with the graph's top-k")
     if a.json:
         a.json.write_text(json.dumps({"command": sys.argv, "temperature": a.temperature, "trials": a.trials,
                                       "n_predict": a.n_predict, "n_max": a.n_max, "arms": results,

@@ -100,16 +100,16 @@ def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, 
 
 
 def test_sampling_speed_compares_the_top_k_pass_with_the_candidate_array(small_pair, isolated, tmp_path):
-    """sampling_speed.py (h200.sh's `sampling` stage): plain and drafted servers each with patch
-    0032's pass and with LLAMA_SAMPLER_NO_FAST_TOPK=1, the engine's own host sampling time read from
-    every arm's profile, and the seeded tokens compared between the paths (identical, or exit 1);
-    --graph-topk 64 runs each arm a third time with LLAMA_OUTPUT_TOPK=64 (developer patch 0050; this
-    product engine ignores the variable, so here it checks the script: the third arm, its env, its
-    comparison with the fast path); -m without -md is refused in one line."""
+    """sampling_speed.py (h200.sh's `sampling` stage): plain and drafted servers each on three paths,
+    patch 0032's host pass and LLAMA_SAMPLER_NO_FAST_TOPK=1's (both with LLAMA_OUTPUT_TOPK=0: the host
+    samples every row) and the graph's top-k of patch 0050 (--graph-topk 48: LLAMA_OUTPUT_TOPK=48),
+    the engine's own host sampling time read from every arm's profile, and the seeded tokens compared
+    between the paths (identical, or exit 1; that the sampler takes the graph's candidates is
+    graph_topk_switch.py's check, below); -m without -md is refused in one line."""
     out = tmp_path / "sampling.json"
     script = [sys.executable, str(REPO / "benchmarks" / "sampling_speed.py")]
     p = subprocess.run([*script, "-m", str(small_pair.target), "-md", str(small_pair.draft), "--n-max", "3",
-                        "--synthetic", "--trials", "3", "--n-predict", "200", "--graph-topk", "64", "--json", str(out),
+                        "--synthetic", "--trials", "3", "--n-predict", "200", "--graph-topk", "48", "--json", str(out),
                         "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads(out.read_text())
@@ -119,8 +119,8 @@ def test_sampling_speed_compares_the_top_k_pass_with_the_candidate_array(small_p
         assert a["decode_tps"] > 0 and len(a["runs"]) == 3 and len(a["tokens"]) == 3, a["arm"]
         # the engine prints its profile every 128 target decodes: 3 x 200 tokens reach it on both arms
         assert a["sample_ms"] is not None and a["sample_ms"] > 0 and a["profiled_decodes"] >= 128, a["arm"]
-        want_env = ({"LLAMA_SAMPLER_NO_FAST_TOPK": "1"} if a["arm"].endswith("-old") else
-                    {"LLAMA_OUTPUT_TOPK": "64"} if a["arm"].endswith("-graph") else {})
+        want_env = ({"LLAMA_OUTPUT_TOPK": "0", "LLAMA_SAMPLER_NO_FAST_TOPK": "1"} if a["arm"].endswith("-old") else
+                    {"LLAMA_OUTPUT_TOPK": "48"} if a["arm"].endswith("-graph") else {"LLAMA_OUTPUT_TOPK": "0"})
         assert a["env"] == want_env, a["arm"]
     assert rep["same_tokens"] is True and rep["arms"][3]["drafted"] > 0, rep["arms"][3]
     assert "sampling ms a decode, fast / old" in p.stdout and "drafted / plain" in p.stdout, p.stdout
@@ -158,38 +158,82 @@ def test_kv_layout_measures_scattered_slots_in_both_layouts(small_pair, isolated
     assert "Traceback" not in bad.stderr
 
 
-def test_device_topk_stage_names_what_a_product_engine_lacks(dspark_engine, engine_src, isolated, tmp_path):
-    """benchmarks/h200.sh topk builds benchmarks/topk_cuda.cu against the engine's own source tree,
-    whose top-k-rows.cuh only developer patch 0051 adds: on the product engine (this suite's) the
-    stage says so in one line, with the tree it looked in, and builds nothing. (On a developer
-    build it builds the program with nvcc and runs it: with no GPU here, to a non-zero rc.)"""
+def test_device_topk_stage_builds_the_kernels_benchmark_against_the_engine(dspark_engine, engine_src, isolated,
+                                                                           tmp_path):
+    """benchmarks/h200.sh topk builds benchmarks/topk_cuda.cu with nvcc against the engine's own source
+    tree (patch 0051's top-k-rows.cuh) and runs it: with no GPU here the program is built and its run
+    fails on the device query, rc non-zero. A tree without the header is named in one line and
+    nothing is built."""
     import os
+    import shutil
 
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    assert Path(nvcc).exists(), "the topk stage needs nvcc (CUDA toolkit) on PATH to build topk_cuda.cu"
+    assert (engine_src / "ggml" / "src" / "ggml-cuda" / "top-k-rows.cuh").exists(), engine_src
     work = tmp_path / "work"
     env = {**os.environ, **isolated, "SERVER": dspark_engine.path, "OUT": str(tmp_path / "out"), "WORK": str(work),
            "PYTHON": sys.executable}
     p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "topk"], env=env, capture_output=True, text=True,
-                       timeout=120)
-    if (engine_src / "ggml" / "src" / "ggml-cuda" / "top-k-rows.cuh").exists():  # a developer build
-        assert "topk rc=" in p.stdout and "topk rc=0" not in p.stdout, p.stdout + p.stderr
-        return
-    assert f"stage topk: no top-k-rows.cuh under {engine_src}: DEV=1" in p.stdout, p.stdout + p.stderr
-    assert not (work / "topk_cuda").exists()
+                       timeout=600)
+    assert (work / "topk_cuda").exists(), p.stdout + p.stderr
+    assert "topk rc=" in p.stdout and "topk rc=0" not in p.stdout, p.stdout + p.stderr
+    assert "topk_cuda: cudaGetDeviceProperties" in p.stderr, p.stderr
+
+    # a tree without 0051's header: another SERVER whose cache folder has an empty src
+    fake = tmp_path / "cache" / "key"
+    (fake / "build" / "bin").mkdir(parents=True)
+    (fake / "src").mkdir()
+    (fake / "build" / "bin" / "llama-server").write_bytes(b"")  # the stage only reads its path
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "topk"],
+                       env={**env, "SERVER": str(fake / "build" / "bin" / "llama-server"), "WORK": str(tmp_path / "w2")},
+                       capture_output=True, text=True, timeout=120)
+    assert f"stage topk: no top-k-rows.cuh under {fake / 'src'}" in p.stdout, p.stdout + p.stderr
+    assert not (tmp_path / "w2" / "topk_cuda").exists()
 
 
-def test_graph_topk_switch_check_needs_a_developer_build(dspark_engine, engine_src, isolated, tmp_path):
-    """benchmarks/graph_topk_switch.py checks developer patch 0052 (the graph's top-k only for a step
-    whose sampler can use it) from the engine's own log. On the product engine, which has neither
-    0050 nor 0052 (its llama-ext.h has no llama_set_output_topk), it exits 1 with one line naming
-    that for each server; on a developer build it must pass."""
+def test_graph_topk_switch_check_passes_on_the_engine(dspark_engine, engine_src, isolated, tmp_path):
+    """benchmarks/graph_topk_switch.py checks patch 0052 (the graph's top-k only for a step whose
+    sampler can use it) from the engine's own log, with LLAMA_OUTPUT_TOPK=64, with 0 and unset (on a
+    CPU the engine's default is none), on a plain and a drafted server: it passes on the engine this
+    suite runs, the sampler takes the graph's candidates exactly where it can (top-k 40 and 20 on both
+    servers), never with 0 or unset, and the tokens are the same all three ways."""
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "graph_topk_switch.py"), "--server",
                         dspark_engine.path, "--work", str(tmp_path)], capture_output=True, text=True, timeout=600)
-    if "llama_set_output_topk" in (engine_src / "src" / "llama-ext.h").read_text():  # a developer build
-        assert p.returncode == 0 and p.stdout.rstrip().endswith("OK"), p.stdout[-3000:] + p.stderr[-2000:]
-        assert p.stdout.count("candidates taken 1") == 4, p.stdout  # top-k 40 and 20, plain and drafted
-        return
-    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
-    for name in ("plain", "drafted"):
-        assert (f"FAILED: {name}: the engine never switched the graph's top-64 on or off: a build without "
-                "developer patches 0050 and 0052") in p.stderr, p.stderr
+    assert "llama_set_output_topk" in (engine_src / "src" / "llama-ext.h").read_text(), engine_src
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("OK"), p.stdout[-3000:] + p.stderr[-2000:]
+    assert p.stdout.count("candidates taken 1") == 4, p.stdout  # top-k 40 and 20, plain and drafted
+    for k in ("0    ", "unset"):  # none taken with 0 and, on this CPU engine, with the variable unset
+        assert f"plain    LLAMA_OUTPUT_TOPK={k} top-k 40         switches -, candidates taken 0" in p.stdout, p.stdout
     assert "Traceback" not in p.stderr
+
+
+def test_result_record_wraps_a_scripts_json_for_the_results_folder(tmp_path):
+    """scripts/result_record.py: the results folder's keys around the script's JSON, absolute paths cut
+    to file names, per-request records and token ids dropped, the printed table kept; an existing
+    summary is kept without --force, and a missing input is named in one line."""
+    raw = tmp_path / "load.json"
+    raw.write_text(json.dumps({"command": "bench --load -m /work/x/.devwork/full/target-F16.gguf --json /root/out/l.json",
+                               "arms": {"plain": [{"level": 1, "aggregate_tps": 359.7, "records": [{"ttft_s": 0.02}],
+                                                   "tokens": [[1, 2, 3]]}]}}))
+    (tmp_path / "load.txt").write_text("clients arm agg\n1 plain 359.7\n")
+    out = tmp_path / "r" / "load-256.json"
+    out.parent.mkdir()
+    script = [sys.executable, str(REPO / "scripts" / "result_record.py"), str(raw), "-o", str(out), "--what", "w",
+              "--command", "c", "--engine", "e", "--date", "2026-12-03", "--table", str(tmp_path / "load.txt")]
+    p = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(out.read_text())
+    assert list(rec) == ["result", "what", "command", "date", "hardware", "engine", "pair", "acceptance", "commit",
+                         "raw", "outputs"]
+    data = rec["outputs"]["data"]
+    assert data["command"] == "bench --load -m target-F16.gguf --json l.json", data["command"]
+    assert data["arms"]["plain"] == [{"level": 1, "aggregate_tps": 359.7}]
+    assert rec["outputs"]["table"].endswith("1 plain 359.7\n") and rec["result"] == "load-256.json"
+    before = out.read_text()
+    again = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and f"{out} exists (--force overwrites it)" in again.stderr, again.stderr
+    assert out.read_text() == before
+    gone = subprocess.run([*script[:2], str(tmp_path / "nope.json"), *script[3:], "--force"], capture_output=True,
+                          text=True, timeout=60)
+    assert gone.returncode == 1 and "nope.json" in gone.stderr and "Traceback" not in gone.stderr, gone.stderr
+    assert out.read_text() == before

@@ -238,18 +238,14 @@ def test_one_client_at_a_time_never_waits_for_a_save_before_its_prompt(small_pai
         assert not saves, f"a state was saved between the slot choice (line {chosen}) and the prompt ({start[0]})"
 
 
-def test_a_task_that_reuses_no_cached_tokens_and_the_prompt_cache(small_pair, start_server, engine_src, monkeypatch):
+def test_a_task_that_reuses_no_cached_tokens_and_the_prompt_cache(small_pair, start_server):
     """A task with cache_prompt false processes its whole prompt, as bench --load sends every request.
-    Upstream's server (the product engine) still restores the most similar cached state into its slot
-    when it takes it (one slot, the draft on: A, then B, then A again, all three cache_prompt false:
-    A again's launch logs "found better prompt", then A's whole prompt is processed), a copy for
-    nothing, which docs/bench.md states. Developer patch 0053 (LLAMA_SERVER_UNCACHED_TASK_FRESH=1,
-    set here when the engine's source has it) restores nothing for such a task. Either way A again
-    answers A's greedy tokens, and a task that does reuse cached tokens (A with cache_prompt true
-    after B) is still restored from the cache."""
-    fresh = "LLAMA_SERVER_UNCACHED_TASK_FRESH" in (engine_src / "tools" / "server" / "server-context.cpp").read_text()
-    if fresh:
-        monkeypatch.setenv("LLAMA_SERVER_UNCACHED_TASK_FRESH", "1")
+    Upstream's server restores the most similar cached state into its slot when it takes it, a copy
+    for nothing; with patch 0053 such a task restores nothing (one slot, the draft on: A, then B, then
+    A again, all three cache_prompt false: A again's launch logs "the task reuses no cached tokens"
+    and no "found better prompt", and A's whole prompt is processed). A again answers A's greedy
+    tokens, and a task that does reuse cached tokens (A with cache_prompt true after B) is still
+    restored from the cache."""
     srv, c, (a, b) = _two_slots(small_pair, start_server, 2048, 53, (300, 200), n_slots=1)
     nocache = {**BODY, "cache_prompt": False}
     first = c.post_json("/completion", {**nocache, "prompt": a})
@@ -264,11 +260,8 @@ def test_a_task_that_reuses_no_cached_tokens_and_the_prompt_cache(small_pair, st
     assert again["timings"]["prompt_n"] == len(a), (
         f"A again with cache_prompt false processed {again['timings']['prompt_n']} of its {len(a)} prompt tokens")
     assert_same_or_near_tie(first, again["tokens"], "A again with cache_prompt false")
-    if fresh:
-        assert not restored and skipped, f"0053 on: A again restored {restored[:1]}, skip logged {skipped[:1]}"
-    else:
-        assert restored and not skipped, "upstream's server restores a cached state for A again: none logged\n" + \
-            "\n".join(part[-40:])
+    assert not restored and skipped, f"A again restored {restored[:1]}, skip logged {skipped[:1]}\n" + \
+        "\n".join(part[-40:])
 
     c.post_json("/completion", {**nocache, "prompt": b})
     srv.wait_for_log(r"stop processing", count=4)
