@@ -198,16 +198,23 @@ def test_the_top_k_pass_samples_what_the_candidate_array_sampled(small_pair, sta
     the small pair's rows are too peaked for them otherwise) and a top-k 8 chain with a logit bias
     lifting one token into the candidates, each on a plain and a drafted
     one-slot server (one request at a time: the same batches on both), with the pass and with
-    LLAMA_SAMPLER_NO_FAST_TOPK=1. The verbose log shows which path each server took."""
+    LLAMA_SAMPLER_NO_FAST_TOPK=1 (both LLAMA_OUTPUT_TOPK=0: the host reads every row), and with patch
+    0050's graph top 64 (LLAMA_OUTPUT_TOPK=64, on by default on CUDA only): the top-k 40 chain takes
+    the graph's candidates, the biased chain (a positive bias) reads its row, and the tokens are the
+    array's again. The verbose log shows which path each server took."""
     common = dict(model=small_pair.target, parallel=1, ctx_size=1024, extra_args=["-v"])
     seeds = list(range(7, 19))
     chains = {"default": dict(temperature=TEMPERATURE, top_k=40, extra={
                   "top_p": 0.95, "min_p": 0.05, "samplers": ["top_k", "temperature", "top_p", "min_p"]}),
               "top-k 8, biased": dict(temperature=TEMPERATURE, top_k=8, extra={"logit_bias": [[300, 30.0]]})}
     got: dict[tuple[str, str, str], object] = {}
-    for path in ("pass", "array"):
+    for path in ("pass", "array", "graph"):
+        # the server inherits the environment
+        monkeypatch.setenv("LLAMA_OUTPUT_TOPK", "64" if path == "graph" else "0")
         if path == "array":
-            monkeypatch.setenv("LLAMA_SAMPLER_NO_FAST_TOPK", "1")  # the server inherits the environment
+            monkeypatch.setenv("LLAMA_SAMPLER_NO_FAST_TOPK", "1")
+        else:
+            monkeypatch.delenv("LLAMA_SAMPLER_NO_FAST_TOPK", raising=False)
         for arm in ("plain", "drafted"):
             srv = start_server(**common) if arm == "plain" else start_server(draft=small_pair.draft, draft_n_max=4,
                                                                               **common)
@@ -216,6 +223,11 @@ def test_the_top_k_pass_samples_what_the_candidate_array_sampled(small_pair, sta
                                                   concurrency=1, **chain)
             srv.stop()
             said = re.findall(r"top-k (\d+) from one pass over each logits row", srv.log_text())
+            graph = set(re.findall(r"top-k (\d+) from the graph's top 64 candidates", srv.log_text()))
+            if path == "graph":  # the biased chain reads its row by the pass
+                assert graph == {"40"} and "8" in said, f"{arm}: graph candidates {graph}, one pass {sorted(set(said))}"
+                continue
+            assert not graph, f"{arm}: the graph's candidates were taken with LLAMA_OUTPUT_TOPK=0"
             if path == "pass":
                 # (a drafted server's drafter has a sampler of its own, which may take the pass too)
                 assert {"40", "8"} <= set(said), f"{arm}: the pass was not taken for both chains: {sorted(set(said))}"
@@ -223,9 +235,11 @@ def test_the_top_k_pass_samples_what_the_candidate_array_sampled(small_pair, sta
                 assert not said, f"{arm}: the pass was taken with LLAMA_SAMPLER_NO_FAST_TOPK=1"
     for arm in ("plain", "drafted"):
         for name in chains:
-            a, b = got["pass", arm, name], got["array", arm, name]
+            a, b, g = got["pass", arm, name], got["array", arm, name], got["graph", arm, name]
             assert a.tokens == b.tokens, f"{arm}, {name}: seeded tokens differ between the pass and the array"
-            assert (a.draft_n, a.draft_n_accepted) == (b.draft_n, b.draft_n_accepted), (arm, name)
+            assert g.tokens == b.tokens, f"{arm}, {name}: seeded tokens differ between the graph's top-k and the array"
+            assert (a.draft_n, a.draft_n_accepted) == (b.draft_n, b.draft_n_accepted) == (g.draft_n, g.draft_n_accepted), \
+                (arm, name)
             assert len({tuple(t) for t in a.tokens}) > len(seeds) // 2, f"{arm}, {name}: the seeds hardly differ"
     drafted = got["pass", "drafted", "default"]
     assert drafted.draft_n > 0 and drafted.draft_n_accepted > 0, (drafted.draft_n, drafted.draft_n_accepted)
