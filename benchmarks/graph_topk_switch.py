@@ -2,13 +2,14 @@
 """Engine patch 0052: a step takes the graph's top K only when a busy slot's sampler can use it.
 
 Since patch 0050 the target's graph can take each output row's K largest logits (K 64 where the
-logits are computed on a CUDA device, none elsewhere; ``LLAMA_OUTPUT_TOPK=K`` sets it, 0: none), and a sampled chain whose top-k comes first reads those K candidates instead of the
-row. Patch 0052 turns that top-k on only for a step where some busy slot's sampler can take its
-candidates from it (``common_sampler_graph_topk``: a top-k below K first, no positive logit bias)
-and off otherwise. This check sends one request at a time to a plain and a drafted server
-(``-v``: the engine logs "the graph's top-K on|off" when it switches and "top-k k from the graph's
-top K candidates" when a sampler takes them), each with ``LLAMA_OUTPUT_TOPK=K``, with 0 and without
-the variable (these CPU servers: none):
+logits are computed on a CUDA device, none elsewhere; ``LLAMA_OUTPUT_TOPK=K`` sets it, 0: none),
+and a sampled chain whose top-k comes first reads those K candidates instead of the row. Patch 0052
+turns that top-k on only for a step where some busy slot's sampler can take its candidates from it
+(``common_sampler_graph_topk``: a top-k below K first, no positive logit bias) and off otherwise.
+This check sends one request at a time to a plain and a drafted server (``-v``: the engine logs
+"the graph's top-K on|off" when it switches and "top-k k from the graph's top K candidates" when a
+sampler takes them), each with ``LLAMA_OUTPUT_TOPK=K``, with 0 and without the variable (these CPU
+servers: none):
 
     greedy, top-k 40, greedy, no top-k (top_k 0), top-k 100, a positive logit bias, top-k K, top-k 20
 
@@ -56,7 +57,7 @@ def requests(k: int) -> list[tuple[str, dict, bool]]:
 
 def run_arm(settings, k: int | None, log: Path, n_predict: int) -> tuple[list[list[int]], list[str]]:
     """Each request's tokens and the server log written while it ran."""
-    env = {k_: v for k_, v in settings.env.items() if k_ != "LLAMA_OUTPUT_TOPK"}
+    env = {key: v for key, v in settings.env.items() if key != "LLAMA_OUTPUT_TOPK"}
     if k is not None:
         env["LLAMA_OUTPUT_TOPK"] = str(k)
     outs, marks = [], []
@@ -81,9 +82,10 @@ def check(name: str, k: int | None, parts: list[str]) -> list[str]:
         switches = SWITCH.findall(part)
         taken = len(TAKEN.findall(part))
         on = switches[-1][1] == "on" if switches else on
-        print(f"{name:8} LLAMA_OUTPUT_TOPK={'unset' if k is None else k:<5} {what:16} switches {switches or '-'}, candidates taken {taken}")
+        shown = "unset" if k is None else k
+        print(f"{name:8} LLAMA_OUTPUT_TOPK={shown:<5} {what:16} switches {switches or '-'}, candidates taken {taken}")
         if not k and (switches or taken):
-            problems.append(f"{name}, LLAMA_OUTPUT_TOPK={'unset' if k is None else k}, {what}: switched {switches} / took candidates {taken}")
+            problems.append(f"{name}, LLAMA_OUTPUT_TOPK={shown}, {what}: switched {switches} / took candidates {taken}")
         elif k and (on != takes or (taken > 0) != takes):
             problems.append(f"{name}, {what}: top-k {'on' if on else 'off'} after it and candidates taken {taken}; "
                             f"expected {'on and taken' if takes else 'off and none'}")

@@ -55,8 +55,7 @@
 #             to scattered slots; JSON layout-TAG.json. About a minute.
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
 #             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
-#   topk      the engine's CUDA top-k kernels (0002's one block a row, 0051's chunks, with and without
-#             warp shuffles):
+#   topk      the engine's CUDA top-k kernels (0002's one block a row, 0051's chunks with warp shuffles):
 #             benchmarks/topk_cuda.cu built with nvcc against the engine's source tree, every case
 #             against a CPU reference, then one call's time at 1-64 rows of 128000 logits; JSON topk.json.
 #             Seconds once the engine is built.

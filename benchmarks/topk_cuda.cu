@@ -1,13 +1,13 @@
-// Checks and times the CUDA top-k kernels of the developer series (developer patches 0002 and
-// 0051, ggml/src/ggml-cuda/top-k-rows.cuh) outside ggml: every case against a CPU reference (best
-// first, ties to the smaller id, NaN as -inf: what ggml's TOP_K gives the sampler), then the time of
-// one call at a sampled verify's shapes (a 128000-token vocabulary, 1 to 64 rows), side by side: the
-// one-block kernel (0002), the chunked one (0051) and the chunked one with warp shuffles for the
-// short strides (0051, GGML_CUDA_TOPK_SHFL=1). Exit status 1 on any mismatch.
+// Checks and times the engine's CUDA top-k kernels (patches 0002 and 0051,
+// ggml/src/ggml-cuda/top-k-rows.cuh) outside ggml: every case against a CPU reference (best first,
+// ties to the smaller id, NaN as -inf: what ggml's TOP_K gives the sampler), then the time of one
+// call at a sampled verify's shapes (a 128000-token vocabulary, 1 to 64 rows), side by side: the
+// one-block kernel (0002) and the chunked one (0051, warp shuffles for the short strides). Exit
+// status 1 on any mismatch.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I ENGINE_SRC/ggml/src/ggml-cuda benchmarks/topk_cuda.cu -o topk_cuda
 //   ./topk_cuda [--json out.json]
-// (benchmarks/h200.sh topk builds it against the developer build's tree and runs it.)
+// (benchmarks/h200.sh topk builds it against the engine's source tree and runs it.)
 
 #include "top-k-rows.cuh"
 
@@ -108,15 +108,15 @@ struct Device {
     }
 };
 
-enum class Kernel { one_block, chunked, chunked_shfl };
-static const Kernel KERNELS[] = { Kernel::one_block, Kernel::chunked, Kernel::chunked_shfl };
-static const char * const KERNEL_NAMES[] = { "one-block", "chunked", "chunked-shfl" };
+enum class Kernel { one_block, chunked };
+static const Kernel KERNELS[] = { Kernel::one_block, Kernel::chunked };
+static const char * const KERNEL_NAMES[] = { "one-block", "chunked" };
 
 static void launch(Kernel kern, Device & d, int ncols, int nrows, int k) {
     if (kern == Kernel::one_block) {
         top_k_small_f32_cuda(d.src, d.dst, ncols, nrows, k, 0);
     } else {
-        top_k_chunked_f32_cuda(d.src, d.dst, ncols, nrows, k, d.tmp_v, d.tmp_i, 0, kern == Kernel::chunked_shfl);
+        top_k_chunked_f32_cuda(d.src, d.dst, ncols, nrows, k, d.tmp_v, d.tmp_i, 0);
     }
 }
 
@@ -175,13 +175,13 @@ int main(int argc, char ** argv) {
     };
     int failures = 0;
     std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"checks\": [";
-    printf("%-7s %-5s %-4s %-10s %-10s %-10s %-12s\n", "ncols", "rows", "k", "data", "one-block", "chunked", "chunked-shfl");
+    printf("%-7s %-5s %-4s %-10s %-10s %-10s\n", "ncols", "rows", "k", "data", "one-block", "chunked");
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ++ci) {
         const Case & c = cases[ci];
         const std::vector<float> x = make_rows(c.ncols, c.nrows, c.data, 1234 + (unsigned) ci);
         const std::vector<int> ref = reference(x, c.ncols, c.nrows, c.k);
         Device d(x, c.ncols, c.nrows, c.k);
-        std::string verdict[3];
+        std::string verdict[2];
         for (Kernel kern : KERNELS) {
             const int slot = (int) kern;
             if (kern == Kernel::one_block && c.k > TOP_K_SMALL_MAX) {
@@ -207,18 +207,18 @@ int main(int argc, char ** argv) {
             }
             verdict[slot] = bad ? "MISMATCH" : "ok";
         }
-        printf("%-7d %-5d %-4d %-10s %-10s %-10s %-12s\n", c.ncols, c.nrows, c.k, data_name(c.data), verdict[0].c_str(),
-               verdict[1].c_str(), verdict[2].c_str());
+        printf("%-7d %-5d %-4d %-10s %-10s %-10s\n", c.ncols, c.nrows, c.k, data_name(c.data), verdict[0].c_str(),
+               verdict[1].c_str());
         char buf[320];
         snprintf(buf, sizeof buf, "%s{\"ncols\": %d, \"rows\": %d, \"k\": %d, \"data\": \"%s\", \"one_block\": \"%s\", "
-                 "\"chunked\": \"%s\", \"chunked_shfl\": \"%s\"}", ci ? ", " : "", c.ncols, c.nrows, c.k,
-                 data_name(c.data), verdict[0].c_str(), verdict[1].c_str(), verdict[2].c_str());
+                 "\"chunked\": \"%s\"}", ci ? ", " : "", c.ncols, c.nrows, c.k,
+                 data_name(c.data), verdict[0].c_str(), verdict[1].c_str());
         json += buf;
     }
     json += "], \"timings_us\": [";
 
     printf("\none call, microseconds (mean of 200 back-to-back calls), 128000-token rows, random logits\n");
-    printf("%-5s %-4s %-10s %-10s %-13s %-16s %-8s\n", "rows", "k", "one-block", "chunked", "chunked-shfl", "chunked/one", "shfl/chunked");
+    printf("%-5s %-4s %-10s %-10s %-8s\n", "rows", "k", "one-block", "chunked", "chunked/one");
     const int rows_list[] = { 1, 8, 16, 64 };
     const int k_list[] = { 40, 64 };
     bool first = true;
@@ -228,11 +228,10 @@ int main(int argc, char ** argv) {
             Device d(x, 128000, nrows, k);
             const double one = time_us(Kernel::one_block, d, 128000, nrows, k, 200);
             const double chk = time_us(Kernel::chunked, d, 128000, nrows, k, 200);
-            const double shf = time_us(Kernel::chunked_shfl, d, 128000, nrows, k, 200);
-            printf("%-5d %-4d %-10.1f %-10.1f %-13.1f %-15.3fx %.3fx\n", nrows, k, one, chk, shf, chk / one, shf / chk);
+            printf("%-5d %-4d %-10.1f %-10.1f %.3fx\n", nrows, k, one, chk, chk / one);
             char buf[240];
-            snprintf(buf, sizeof buf, "%s{\"rows\": %d, \"k\": %d, \"one_block\": %.2f, \"chunked\": %.2f, \"chunked_shfl\": %.2f}",
-                     first ? "" : ", ", nrows, k, one, chk, shf);
+            snprintf(buf, sizeof buf, "%s{\"rows\": %d, \"k\": %d, \"one_block\": %.2f, \"chunked\": %.2f}",
+                     first ? "" : ", ", nrows, k, one, chk);
             json += buf;
             first = false;
         }
