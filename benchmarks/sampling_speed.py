@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     same_all = True
     n_paths = len(paths)
     by_arm = [results[i:i + n_paths] for i in range(0, len(results), n_paths)]
-    for fast, old, *graph in by_arm:
+    for fast, old, g in by_arm:
         same = fast["tokens"] == old["tokens"] and (fast["drafted"], fast["accepted"]) == (old["drafted"], old["accepted"])
         same_all &= same
         name = fast["arm"].removesuffix("-fast")
@@ -140,13 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<16} {fast['decode_tps']:>10.1f} {old['decode_tps']:>10.1f} "
               f"{fast['decode_tps'] / old['decode_tps']:>8.2f}x  {ms_text:>33}  {'yes' if same else 'NO':<11}  "
               f"{fast['drafted']}/{fast['accepted']}")
-        for g in graph:  # the graph's top-k: against the fast path
-            same_g = g["tokens"] == fast["tokens"] and (g["drafted"], g["accepted"]) == (fast["drafted"], fast["accepted"])
-            same_all &= same_g
-            g_ms = ms_against(g, fast)
-            print(f"{'  graph top-k':<16} {g['decode_tps']:>10.1f} {fast['decode_tps']:>10.1f} "
-                  f"{g['decode_tps'] / fast['decode_tps']:>8.2f}x  {g_ms:>33}  {'yes' if same_g else 'NO':<11}  "
-                  f"{g['drafted']}/{g['accepted']}   (graph / fast)")
+        # the graph's top-k: against the fast path
+        same_g = g["tokens"] == fast["tokens"] and (g["drafted"], g["accepted"]) == (fast["drafted"], fast["accepted"])
+        same_all &= same_g
+        g_ms = ms_against(g, fast)
+        print(f"{'  graph top-k':<16} {g['decode_tps']:>10.1f} {fast['decode_tps']:>10.1f} "
+              f"{g['decode_tps'] / fast['decode_tps']:>8.2f}x  {g_ms:>33}  {'yes' if same_g else 'NO':<11}  "
+              f"{g['drafted']}/{g['accepted']}   (graph / fast)")
     plain, drafted = by_arm[0], by_arm[1]
     print(f"\ndrafted / plain: {drafted[0]['decode_tps'] / plain[0]['decode_tps']:.2f}x with the fast path, "
           f"{drafted[1]['decode_tps'] / plain[1]['decode_tps']:.2f}x without, "
