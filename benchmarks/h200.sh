@@ -59,6 +59,13 @@
 #             benchmarks/topk_cuda.cu built with nvcc against the engine's source tree, every case
 #             against a CPU reference, then one call's time at 1-64 rows of 128000 logits; JSON topk.json.
 #             Seconds once the engine is built.
+#   timeline  where the device sits idle: benchmarks/cupti_trace.cpp built with nvcc against CUPTI
+#             (CUPTI, else .carry/cupti, else /usr/local/cuda/extras/CUPTI) and loaded into traced
+#             servers (CUDA_INJECTION64_PATH): the prefill stage's plain and drafted servers traced
+#             (TIMELINE: "prefill" and/or "decode": one request at a time decoding 256 tokens, plain
+#             and drafted at N_MAX (7), dspark_speed.py), each trace read by benchmarks/gpu_timeline.py
+#             (bursts of device work, busy share, the longest gaps and the host call over each);
+#             timeline-prefill.txt/.json, timeline-decode.txt/.json. A minute or two a part.
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
 #             MUL_MAT F16/BF16 against the CPU backend, then perf at the verify's shapes (patch
 #             0014's cases) in each environment of ENVS ('-': as it is). A few minutes.
@@ -77,7 +84,7 @@ hunt() { echo -m "$T" -md "$D" --server "$(BIN)" $GPU --n-max "${N_MAX:-0}" --pr
     --slots "${SLOTS:-32}" --envs="${ENVS:--}"; }
 
 for stage in ${*:-${STAGES:-setup speed}}; do
-if [ "$stage" != setup ] && [ "$stage" != kernels ] && [ "$stage" != topk ] && [ ! -f "$D" ]; then
+if [ "$stage" != setup ] && [ "$stage" != kernels ] && [ "$stage" != topk ] && [ "$stage" != timeline ] && [ ! -f "$D" ]; then
     echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
     continue
 fi
@@ -190,6 +197,36 @@ sampling)
         ${GRAPH_TOPK:+--graph-topk "$GRAPH_TOPK"} \
         --trials "${TRIALS:-3}" --n-predict 256 --json "$OUT/sampling.json" --log-dir "$W/sampling" 2>&1 \
         | tee "$OUT/sampling.txt" | tail -n 10
+    ;;
+timeline)
+    C=""; for c in "${CUPTI:-}" .carry/cupti /usr/local/cuda/extras/CUPTI; do [ -n "$c" ] && [ -f "$c/include/cupti.h" ] && C=$c && break; done
+    if [ -z "$C" ]; then echo "stage timeline: no CUPTI (include/cupti.h) under CUPTI, .carry/cupti or /usr/local/cuda/extras/CUPTI"; continue; fi
+    CL=$(cd "$C" && pwd)/lib; [ -d "$CL" ] || CL=$(cd "$C" && pwd)/lib64
+    nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    if ! "$nv" -std=c++17 -shared -Xcompiler -fPIC -I "$C/include" benchmarks/cupti_trace.cpp -L "$CL" -lcupti \
+            -Xlinker -rpath="$CL" -o "$W/libcupti_trace.so"; then
+        echo "stage timeline: the tracer did not build"; continue
+    fi
+    if [ ! -f "$D" ]; then echo "stage timeline: no pair at $D: run the setup stage first"; continue; fi
+    rm -rf "$W/tl" && mkdir -p "$W/tl"
+    # every server the part's script starts is traced, one file a process (its command line names it)
+    tr=(env CUDA_INJECTION64_PATH="$W/libcupti_trace.so")
+    for part in ${TIMELINE:-prefill decode}; do
+        case $part in
+        prefill)
+            "${tr[@]}" GGUFDSPARK_CUPTI_OUT="$W/tl/prefill-%p.csv" $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" \
+                --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" --concurrency 8 \
+                --json "$OUT/timeline-prefill-speed.json" --log-dir "$W/tl/prefill" 2>&1 | tail -n 6 ;;
+        decode)
+            "${tr[@]}" GGUFDSPARK_CUPTI_OUT="$W/tl/decode-%p.csv" $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" \
+                --server "$(BIN)" --n-predict 256 --trials "${TRIALS:-3}" --lengths "${N_MAX:-7}" --concurrency "" \
+                --json "$OUT/timeline-decode-speed.json" --log-dir "$W/tl/decode" 2>&1 | tail -n 6 ;;
+        *) echo "stage timeline: TIMELINE part $part: expected prefill or decode"; continue ;;
+        esac
+        files=("$W"/tl/"$part"-*.csv)
+        $py benchmarks/gpu_timeline.py "${files[@]}" --json "$OUT/timeline-$part.json" > "$OUT/timeline-$part.txt" 2>&1
+        echo "timeline $part rc=$?"; head -c 6000 "$OUT/timeline-$part.txt"
+    done
     ;;
 topk)
     S=$(dirname "$(dirname "$(dirname "$(BIN)")")")/src  # the engine cache: KEY/build/bin/llama-server, KEY/src

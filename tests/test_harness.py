@@ -237,3 +237,46 @@ def test_result_record_wraps_a_scripts_json_for_the_results_folder(tmp_path):
                           text=True, timeout=60)
     assert gone.returncode == 1 and "nope.json" in gone.stderr and "Traceback" not in gone.stderr, gone.stderr
     assert out.read_text() == before
+
+
+def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
+    """benchmarks/gpu_timeline.py on a trace in benchmarks/cupti_trace.cpp's format: two bursts of
+    device work 50 ms apart; in the first, 2.6 ms of kernels and a copy over 3.1 ms, one 500 us gap
+    between a kernel on stream 7 and one on stream 13 with the host in a stream synchronisation over
+    490 us of it. The traced command line has -md: the trace is named drafted. A missing trace is
+    one line and exit 2; a trace with no device records is reported and left out."""
+    trace = tmp_path / "prefill-123.csv"
+    trace.write_text(
+        "#,/x/llama-server -m t.gguf -md d.gguf --port 0\n"
+        "K,1000000,2000000,7,_Z12rms_norm_f32ILi1024EEvPKf\n"
+        "K,2000000,3000000,7,void mul_mat_f<float>(int)\n"
+        "R,3000000,3490000,5,cudaStreamSynchronize_v3020\n"
+        "Y,3000000,3490000,7,3\n"
+        "K,3500000,4000000,13,_ZN7cutlass6KernelIfEEvv\n"
+        "C,4000000,4100000,7,1,4096\n"
+        "K,54100000,55100000,7,k2\n")
+    probe = tmp_path / "prefill-124.csv"
+    probe.write_text("#,/x/llama-server --version\n")
+    script = [sys.executable, str(REPO / "benchmarks" / "gpu_timeline.py")]
+    out = tmp_path / "t.json"
+    p = subprocess.run([*script, str(trace), str(probe), "--min-records", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "prefill-124.csv: no device records (/x/llama-server --version)" in p.stdout, p.stdout
+    (name, res), = json.loads(out.read_text()).items()
+    assert name == "prefill-123 (drafted)" and res["cmdline"].endswith("--port 0")
+    first, second = res["bursts"]
+    assert math.isclose(first["span_ms"], 3.1) and math.isclose(first["busy_ms"], 2.6)
+    assert math.isclose(first["idle_ms"], 0.5) and first["gaps"] == 1 and first["records"] == 4
+    assert first["streams"] == {"7": {"kernel_ms": 2.0, "kernels": 2}, "13": {"kernel_ms": 0.5, "kernels": 1}}
+    gap, = first["longest_gaps"]
+    assert gap["us"] == 500.0 and gap["at_ms"] == 2.0
+    assert gap["before"] == "mul_mat_f (stream 7)" and gap["after"] == "cutlass (stream 13)"
+    assert gap["host"] == "cudaStreamSynchronize_v3020 (490 us of it); wait: stream sync on stream 7 (490 us of it)"
+    assert second["records"] == 1 and second["gaps"] == 0 and math.isclose(second["busy_share"], 1.0)
+    assert "0      3.10      2.60      0.50  83.9%" in p.stdout, p.stdout
+
+    bad = subprocess.run([*script, str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == f"gpu_timeline: no trace at {tmp_path / 'none.csv'}"
+    empty = subprocess.run([*script, str(probe)], capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and "no trace holds device records" in empty.stderr

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Where a CUDA process's device sat idle: reads the CSV that ``benchmarks/cupti_trace.cpp`` writes
+(kernels, copies, memsets, synchronisations and runtime API calls with their start and end) and splits
+it into bursts of device work, separated by at least ``--split-ms`` of idle device. For each burst it
+prints the span, the time some kernel, copy or memset ran (the union over streams), the idle rest and
+its gaps of at least ``--gap-us``, each stream's kernel time, the host's longest runtime calls, and
+the longest gaps with the work on either side and the host call that covered most of it.
+
+    python benchmarks/gpu_timeline.py plain=trace-plain.csv drafted=trace-drafted.csv [--json out.json]
+
+A burst is what a request (or a prompt) cost the device when nothing else ran: the prefill stage of
+``benchmarks/h200.sh`` sends one prompt at a time, then several at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+SYNC_TYPES = {1: "event sync", 2: "stream wait event", 3: "stream sync", 4: "context sync"}
+
+
+def short_name(name: str) -> str:
+    """A kernel's identifier without its template arguments and parameters (mangled or not)."""
+    m = re.match(r"_ZN?(\d+)", name)
+    if m:
+        n = int(m.group(1))
+        return name[m.end():m.end() + n]
+    name = re.sub(r"^void\s+", "", name)
+    return re.split(r"[<(]", name, maxsplit=1)[0] or name
+
+
+def read_trace(path: Path) -> tuple[list[tuple], list[tuple], str]:
+    """Device records (start, end, stream, what), host runtime calls (start, end, thread, name) and
+    the traced process's command line."""
+    dev, host, cmdline = [], [], ""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("#,"):
+                cmdline = line[2:].strip()
+                continue
+            parts = line.rstrip("\n").split(",", 4)
+            if len(parts) < 5:
+                continue
+            kind, start, end, ident, rest = parts
+            try:
+                s, e, i = int(start), int(end), int(ident)
+            except ValueError:
+                continue
+            if e < s:
+                continue
+            if kind == "K":
+                dev.append((s, e, i, short_name(rest)))
+            elif kind == "C":
+                ck = rest.split(",")[0]
+                dev.append((s, e, i, {"1": "copy HtoD", "2": "copy DtoH", "8": "copy DtoD"}.get(ck, f"copy {ck}")))
+            elif kind == "S":
+                dev.append((s, e, i, "memset"))
+            elif kind == "Y":
+                host.append((s, e, i, "wait: " + SYNC_TYPES.get(int(rest or 0), "sync") + f" on stream {i}"))
+            elif kind == "R":
+                host.append((s, e, i, rest))
+    dev.sort()
+    host.sort()
+    return dev, host, cmdline
+
+
+def bursts(dev: list[tuple], split_ns: int) -> list[list[tuple]]:
+    """Runs of device records with less than split_ns of idle device between them."""
+    out: list[list[tuple]] = []
+    cur: list[tuple] = []
+    end = None
+    for r in dev:
+        if end is not None and r[0] - end >= split_ns:
+            out.append(cur)
+            cur = []
+        cur.append(r)
+        end = r[1] if len(cur) == 1 else max(end, r[1])
+    if cur:
+        out.append(cur)
+    return out
+
+
+def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict:
+    t0 = recs[0][0]
+    t1 = max(r[1] for r in recs)
+    busy = 0
+    gaps = []  # (length, start, record before, record after)
+    cur_s, cur_e, last = recs[0][0], recs[0][1], recs[0]
+    for r in recs[1:]:
+        if r[0] > cur_e:
+            busy += cur_e - cur_s
+            if r[0] - cur_e >= gap_ns:
+                gaps.append((r[0] - cur_e, cur_e, last, r))
+            cur_s, cur_e = r[0], r[1]
+        if r[1] >= cur_e:
+            cur_e, last = r[1], r
+    busy += cur_e - cur_s
+
+    streams: dict[int, list] = defaultdict(lambda: [0, 0])
+    for s, e, st, what in recs:
+        if not what.startswith(("copy", "memset")):
+            streams[st][0] += e - s
+            streams[st][1] += 1
+
+    in_span = [h for h in host if h[1] >= t0 and h[0] <= t1]
+    calls: dict[str, list] = defaultdict(lambda: [0, 0])
+    for s, e, _, name in in_span:
+        calls[name][0] += min(e, t1) - max(s, t0)
+        calls[name][1] += 1
+
+    def covering(gs: int, ge: int) -> str:
+        """The runtime call over most of the gap, and the synchronisation (what the host waited on)."""
+        best = {False: ("", 0), True: ("", 0)}
+        for s, e, _, name in in_span:
+            if s > ge:
+                break
+            ov = min(e, ge) - max(s, gs)
+            wait = name.startswith("wait: ")
+            if ov > best[wait][1]:
+                best[wait] = (f"{name} ({ov / 1e3:.0f} us of it)", ov)
+        return "; ".join(b for b, _ in (best[False], best[True]) if b) or "no runtime call"
+
+    gaps.sort(reverse=True)
+    return {
+        "span_ms": (t1 - t0) / 1e6,
+        "busy_ms": busy / 1e6,
+        "idle_ms": (t1 - t0 - busy) / 1e6,
+        "busy_share": busy / max(1, t1 - t0),
+        "records": len(recs),
+        "gaps": len(gaps),
+        "gaps_ms": sum(g[0] for g in gaps) / 1e6,
+        "streams": {str(k): {"kernel_ms": v[0] / 1e6, "kernels": v[1]} for k, v in sorted(streams.items())},
+        "host_calls": [
+            {"call": k, "ms": v[0] / 1e6, "n": v[1]}
+            for k, v in sorted(calls.items(), key=lambda kv: -kv[1][0])[:8]
+        ],
+        "longest_gaps": [
+            {
+                "at_ms": (g[1] - t0) / 1e6,
+                "us": g[0] / 1e3,
+                "before": f"{g[2][3]} (stream {g[2][2]})",
+                "after": f"{g[3][3]} (stream {g[3][2]})",
+                "host": covering(g[1], g[1] + g[0]),
+            }
+            for g in gaps[:top]
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("traces", nargs="+", help="NAME=trace.csv, or a path (named by its stem and whether the "
+                    "traced command line has -md)")
+    ap.add_argument("--split-ms", type=float, default=20.0, help="idle device that ends a burst (20)")
+    ap.add_argument("--gap-us", type=float, default=20.0, help="the shortest gap counted (20)")
+    ap.add_argument("--min-records", type=int, default=200, help="bursts with fewer records are not shown (200)")
+    ap.add_argument("--top", type=int, default=6, help="the longest gaps shown a burst (6)")
+    ap.add_argument("--json", help="write the figures here too")
+    a = ap.parse_args(argv)
+
+    result = {}
+    for spec in a.traces:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        path = Path(path)
+        if not path.is_file():
+            print(f"gpu_timeline: no trace at {path}", file=sys.stderr)
+            return 2
+        dev, host, cmdline = read_trace(path)
+        # unnamed: the traced server's kind, from its command line
+        name = name or f"{path.stem} ({'drafted' if ' -md ' in f' {cmdline} ' else 'plain'})"
+        if not dev:
+            # a process that initialised CUDA and ran nothing (a capability probe)
+            print(f"\n== {path.name}: no device records ({cmdline or 'no command line'})")
+            continue
+        shown = [
+            analyse(b, host, int(a.gap_us * 1e3), a.top)
+            for b in bursts(dev, int(a.split_ms * 1e6))
+            if len(b) >= a.min_records
+        ]
+        result[name] = {"cmdline": cmdline, "bursts": shown}
+        print(f"\n== {name} ({path.name}): {len(dev)} device records, {len(shown)} bursts of >= {a.min_records}")
+        print(f"{'#':>3} {'span ms':>9} {'busy ms':>9} {'idle ms':>9} {'busy':>6} {'gaps':>6}  kernel ms by stream")
+        for i, b in enumerate(shown):
+            st = ", ".join(f"{k}: {v['kernel_ms']:.2f} ({v['kernels']})" for k, v in b["streams"].items())
+            print(f"{i:>3} {b['span_ms']:>9.2f} {b['busy_ms']:>9.2f} {b['idle_ms']:>9.2f} "
+                  f"{b['busy_share'] * 100:>5.1f}% {b['gaps']:>6}  {st}")
+        for i, b in enumerate(shown):
+            print(f"-- burst {i}: host calls " + "; ".join(f"{c['call']} {c['ms']:.2f} ms x{c['n']}" for c in b["host_calls"][:5]))
+            for g in b["longest_gaps"]:
+                print(f"   gap {g['us']:8.1f} us at {g['at_ms']:8.2f} ms: {g['before']} -> {g['after']}; host: {g['host']}")
+    if not result:
+        print("gpu_timeline: no trace holds device records", file=sys.stderr)
+        return 2
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
