@@ -11,7 +11,8 @@
 //   S,start,end,stream,0             a memset
 //   Y,start,end,stream,type          a synchronisation (1 event sync, 2 stream wait event,
 //                                    3 stream sync, 4 context sync)
-//   R,start,end,thread,name          a runtime API call (host side)
+//   R,start,end,thread,name          a runtime API call (host side; GGUFDSPARK_CUPTI_API=1 only:
+//                                    recording each costs the host about a microsecond)
 //
 // benchmarks/gpu_timeline.py reads them. Built by `benchmarks/h200.sh timeline`:
 //   nvcc -shared -Xcompiler -fPIC -I CUPTI/include benchmarks/cupti_trace.cpp -L CUPTI/lib -lcupti
@@ -143,11 +144,18 @@ extern "C" int InitializeInjection(void) {
         return 1;
     }
     const CUpti_ActivityKind kinds[] = {
-        CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,  CUPTI_ACTIVITY_KIND_MEMSET,
-        CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,   CUPTI_ACTIVITY_KIND_RUNTIME,
+        CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+        CUPTI_ACTIVITY_KIND_MEMCPY,
+        CUPTI_ACTIVITY_KIND_MEMSET,
+        CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
     };
     for (const CUpti_ActivityKind k : kinds) {
         check(cuptiActivityEnable(k), "enable");
+    }
+    // every runtime call recorded slows the host by about a microsecond (a prefill makes some 8000
+    // calls a 512-token ubatch): only with GGUFDSPARK_CUPTI_API=1
+    if (const char * api = std::getenv("GGUFDSPARK_CUPTI_API"); api && std::atoi(api) != 0) {
+        check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "enable runtime");
     }
     check(cuptiActivityFlushPeriod(500), "flush period");
     std::atexit(at_exit);

@@ -69,6 +69,13 @@ def read_trace(path: Path) -> tuple[list[tuple], list[tuple], str]:
     return dev, host, cmdline
 
 
+def gap_class(before: tuple, after: tuple) -> str:
+    """A gap by what ends and what starts it: stream -> stream, copies and memsets named."""
+    def side(r: tuple) -> str:
+        return f"{r[3]} {r[2]}" if r[3].startswith(("copy", "memset")) else f"stream {r[2]}"
+    return f"{side(before)} -> {side(after)}"
+
+
 def bursts(dev: list[tuple], split_ns: int) -> list[list[tuple]]:
     """Runs of device records with less than split_ns of idle device between them."""
     out: list[list[tuple]] = []
@@ -125,6 +132,10 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
                 best[wait] = (f"{name} ({ov / 1e3:.0f} us of it)", ov)
         return "; ".join(b for b, _ in (best[False], best[True]) if b) or "no runtime call"
 
+    classes: dict[str, list] = defaultdict(lambda: [0, 0])
+    for g in gaps:
+        classes[gap_class(g[2], g[3])][0] += g[0]
+        classes[gap_class(g[2], g[3])][1] += 1
     gaps.sort(reverse=True)
     return {
         "span_ms": (t1 - t0) / 1e6,
@@ -135,6 +146,7 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
         "gaps": len(gaps),
         "gaps_ms": sum(g[0] for g in gaps) / 1e6,
         "streams": {str(k): {"kernel_ms": v[0] / 1e6, "kernels": v[1]} for k, v in sorted(streams.items())},
+        "gap_classes": {k: {"ms": v[0] / 1e6, "n": v[1]} for k, v in sorted(classes.items(), key=lambda kv: -kv[1][0])},
         "host_calls": [
             {"call": k, "ms": v[0] / 1e6, "n": v[1]}
             for k, v in sorted(calls.items(), key=lambda kv: -kv[1][0])[:8]
@@ -156,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("traces", nargs="+", help="NAME=trace.csv, or a path (named by its stem and whether the "
                     "traced command line has -md)")
-    ap.add_argument("--split-ms", type=float, default=20.0, help="idle device that ends a burst (20)")
+    ap.add_argument("--split-ms", type=float, default=5.0,
+                    help="idle device that ends a burst (5: one request's prompt or answer a burst when requests come one by one)")
     ap.add_argument("--gap-us", type=float, default=20.0, help="the shortest gap counted (20)")
     ap.add_argument("--min-records", type=int, default=200, help="bursts with fewer records are not shown (200)")
     ap.add_argument("--top", type=int, default=6, help="the longest gaps shown a burst (6)")
@@ -189,6 +202,15 @@ def main(argv: list[str] | None = None) -> int:
             st = ", ".join(f"{k}: {v['kernel_ms']:.2f} ({v['kernels']})" for k, v in b["streams"].items())
             print(f"{i:>3} {b['span_ms']:>9.2f} {b['busy_ms']:>9.2f} {b['idle_ms']:>9.2f} "
                   f"{b['busy_share'] * 100:>5.1f}% {b['gaps']:>6}  {st}")
+        classes: dict[str, list] = defaultdict(lambda: [0.0, 0])
+        for b in shown:
+            for k, v in b["gap_classes"].items():
+                classes[k][0] += v["ms"]
+                classes[k][1] += v["n"]
+        if shown:
+            print(f"gaps >= {a.gap_us:g} us over these bursts, by what ends and starts them:")
+            for k, (ms, n) in sorted(classes.items(), key=lambda kv: -kv[1][0])[:10]:
+                print(f"   {k:<36} {ms:9.2f} ms  x{n:<6} ({ms * 1e3 / n:.0f} us each)")
         for i, b in enumerate(shown):
             print(f"-- burst {i}: host calls " + "; ".join(f"{c['call']} {c['ms']:.2f} ms x{c['n']}" for c in b["host_calls"][:5]))
             for g in b["longest_gaps"]:

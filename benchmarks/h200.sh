@@ -64,7 +64,8 @@
 #             servers (CUDA_INJECTION64_PATH): the prefill stage's plain and drafted servers traced
 #             (TIMELINE: "prefill" and/or "decode": one request at a time decoding 256 tokens, plain
 #             and drafted at N_MAX (7), dspark_speed.py), each trace read by benchmarks/gpu_timeline.py
-#             (bursts of device work, busy share, the longest gaps and the host call over each);
+#             (bursts of device work, busy share, gaps by the streams that end and start them, the
+#             longest gaps; TIMELINE_API=1 records the runtime calls too, each costing the host ~1 us);
 #             timeline-prefill.txt/.json, timeline-decode.txt/.json. A minute or two a part.
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
 #             MUL_MAT F16/BF16 against the CPU backend, then perf at the verify's shapes (patch
@@ -210,7 +211,7 @@ timeline)
     if [ ! -f "$D" ]; then echo "stage timeline: no pair at $D: run the setup stage first"; continue; fi
     rm -rf "$W/tl" && mkdir -p "$W/tl"
     # every server the part's script starts is traced, one file a process (its command line names it)
-    tr=(env CUDA_INJECTION64_PATH="$W/libcupti_trace.so")
+    tr=(env CUDA_INJECTION64_PATH="$W/libcupti_trace.so" GGUFDSPARK_CUPTI_API="${TIMELINE_API:-0}")
     for part in ${TIMELINE:-prefill decode}; do
         case $part in
         prefill)

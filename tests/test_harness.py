@@ -241,7 +241,7 @@ def test_result_record_wraps_a_scripts_json_for_the_results_folder(tmp_path):
 
 def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     """benchmarks/gpu_timeline.py on a trace in benchmarks/cupti_trace.cpp's format: two bursts of
-    device work 50 ms apart; in the first, 2.6 ms of kernels and a copy over 3.1 ms, one 500 us gap
+    device work 50 ms apart (bursts split at 5 ms of idle device); in the first, 2.6 ms of kernels and a copy over 3.1 ms, one 500 us gap
     between a kernel on stream 7 and one on stream 13 with the host in a stream synchronisation over
     490 us of it. The traced command line has -md: the trace is named drafted. A missing trace is
     one line and exit 2; a trace with no device records is reported and left out."""
@@ -269,12 +269,14 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     assert math.isclose(first["span_ms"], 3.1) and math.isclose(first["busy_ms"], 2.6)
     assert math.isclose(first["idle_ms"], 0.5) and first["gaps"] == 1 and first["records"] == 4
     assert first["streams"] == {"7": {"kernel_ms": 2.0, "kernels": 2}, "13": {"kernel_ms": 0.5, "kernels": 1}}
+    assert first["gap_classes"] == {"stream 7 -> stream 13": {"ms": 0.5, "n": 1}}
     gap, = first["longest_gaps"]
     assert gap["us"] == 500.0 and gap["at_ms"] == 2.0
     assert gap["before"] == "mul_mat_f (stream 7)" and gap["after"] == "cutlass (stream 13)"
     assert gap["host"] == "cudaStreamSynchronize_v3020 (490 us of it); wait: stream sync on stream 7 (490 us of it)"
     assert second["records"] == 1 and second["gaps"] == 0 and math.isclose(second["busy_share"], 1.0)
     assert "0      3.10      2.60      0.50  83.9%" in p.stdout, p.stdout
+    assert "stream 7 -> stream 13                     0.50 ms  x1      (500 us each)" in p.stdout, p.stdout
 
     bad = subprocess.run([*script, str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == f"gpu_timeline: no trace at {tmp_path / 'none.csv'}"
