@@ -62,7 +62,9 @@ def base_settings(server: str | Path | None, target: str | Path, *, gpu: bool, p
     (default ``n_predict + CTX_MARGIN``), then ``extra_args``. ``quantized``: a quantized draft
     will be added (it counts for the workarounds). ``info``: the engine at ``server``, already probed."""
     info = info or engine.find_engine(server)
-    decision = launch.table_decision("cuda" if gpu else "cpu")
+    # with the engine: the drafted arms get serve's drafter n_ubatch on CUDA (patch 0037; without it a
+    # prompt went into the drafter in 512-row decodes, which serve never runs)
+    decision = launch.table_decision("cuda" if gpu else "cpu", info)
     ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot or n_predict + CTX_MARGIN,
                          extra_args=extra_args)
     return launch.server_settings(decision, info, model=target, ctx=ctx, parallel=parallel, threads=threads,

@@ -367,7 +367,8 @@ def without_draft(settings: ServerSettings) -> ServerSettings:
         extra_args=list(settings.extra_args))
 
 
-def table_decision(backend: str) -> hardware.Decision:
-    """The decision for a backend of ``hardware.DEFAULTS`` on no particular machine or build (a
-    model card's line, benchmarks run with ``--gpu``)."""
-    return decide(DeviceReport(backend=backend), None, parallel=None)
+def table_decision(backend: str, engine: EngineInfo | None = None) -> hardware.Decision:
+    """The decision for a backend of ``hardware.DEFAULTS`` on no particular machine (a model card's
+    line, benchmarks run with ``--gpu``); with ``engine``, what that build adds as ``serve`` would
+    (the drafter's n_ubatch where it has patch 0037, the load cut where it has 0021), no tune profile."""
+    return decide(DeviceReport(backend=backend), engine, parallel=None)

@@ -282,3 +282,25 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == f"gpu_timeline: no trace at {tmp_path / 'none.csv'}"
     empty = subprocess.run([*script, str(probe)], capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "no trace holds device records" in empty.stderr
+
+
+def test_a_drafted_arm_on_cuda_takes_serves_drafter_ubatch(dspark_engine, small_pair):
+    """The benchmarks' drafted arms run the draft as ``serve`` does on that backend: with ``--gpu`` an
+    engine with patch 0037 gets ``--spec-draft-ubatch 2048`` (the CUDA row's drafter n_ubatch: a
+    step's processed rows in one drafter decode), as ``serve``'s own decision for that engine gives it;
+    the plain arm has no draft flag, and the CPU row none either (its drafter takes the target's -ub)."""
+    from benchmarks import harness
+    from ggufdspark import hardware, launch
+    from ggufdspark.devices import DeviceReport
+
+    assert hardware.has_patch(dspark_engine, hardware.DRAFT_UBATCH), "the engine under test lacks patch 0037"
+    serve = launch.decide(DeviceReport(backend="cuda"), dspark_engine, parallel=8)
+    assert serve.draft_ubatch == hardware.DEFAULTS["cuda"].draft_ubatch == 2048
+
+    base = harness.base_settings(dspark_engine.path, small_pair.target, gpu=True, parallel=8, ctx_per_slot=4200)
+    cmd = " ".join(harness.drafted(base, small_pair.draft, 7, None).redacted())
+    assert "--spec-draft-ubatch 2048" in cmd and "--spec-draft-n-max 7" in cmd, cmd
+    assert "--spec-draft-ubatch" not in " ".join(base.redacted()) and "-md" not in base.redacted()
+
+    cpu = harness.base_settings(dspark_engine.path, small_pair.target, gpu=False, parallel=8, ctx_per_slot=4200)
+    assert "--spec-draft-ubatch" not in harness.drafted(cpu, small_pair.draft, 3, None).redacted()
