@@ -60,7 +60,7 @@
 #             against a CPU reference, then one call's time at 1-64 rows of 128000 logits; JSON topk.json.
 #             Seconds once the engine is built.
 #   timeline  where the device sits idle: benchmarks/cupti_trace.cpp built with nvcc against CUPTI
-#             (CUPTI, else .carry/cupti, else /usr/local/cuda/extras/CUPTI) and loaded into traced
+#             (CUPTI, else .carry/cupti, /usr/local/cuda/extras/CUPTI, nvcc's toolkit) and loaded into traced
 #             servers (CUDA_INJECTION64_PATH): the prefill stage's plain and drafted servers traced
 #             (TIMELINE: "prefill" and/or "decode": one request at a time decoding 256 tokens, plain
 #             and drafted at N_MAX (7), dspark_speed.py), each trace read by benchmarks/gpu_timeline.py
@@ -200,10 +200,12 @@ sampling)
         | tee "$OUT/sampling.txt" | tail -n 10
     ;;
 timeline)
-    C=""; for c in "${CUPTI:-}" .carry/cupti /usr/local/cuda/extras/CUPTI; do [ -n "$c" ] && [ -f "$c/include/cupti.h" ] && C=$c && break; done
-    if [ -z "$C" ]; then echo "stage timeline: no CUPTI (include/cupti.h) under CUPTI, .carry/cupti or /usr/local/cuda/extras/CUPTI"; continue; fi
-    CL=$(cd "$C" && pwd)/lib; [ -d "$CL" ] || CL=$(cd "$C" && pwd)/lib64
     nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    # the toolkit nvcc runs from (nvcc may be a wrapper script): its TOP in a dry run
+    tk=$("$nv" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
+    C=""; for c in "${CUPTI:-}" .carry/cupti /usr/local/cuda/extras/CUPTI "$tk"; do [ -n "$c" ] && [ -f "$c/include/cupti.h" ] && C=$c && break; done
+    if [ -z "$C" ]; then echo "stage timeline: no CUPTI (include/cupti.h) under CUPTI, .carry/cupti, /usr/local/cuda/extras/CUPTI or nvcc's toolkit ($tk)"; continue; fi
+    CL=$(cd "$C" && pwd)/lib; [ -f "$CL/libcupti.so" ] || CL=$(cd "$C" && pwd)/lib64
     if ! "$nv" -std=c++17 -shared -Xcompiler -fPIC -I "$C/include" benchmarks/cupti_trace.cpp -L "$CL" -lcupti \
             -Xlinker -rpath="$CL" -o "$W/libcupti_trace.so"; then
         echo "stage timeline: the tracer did not build"; continue
@@ -225,6 +227,7 @@ timeline)
         *) echo "stage timeline: TIMELINE part $part: expected prefill or decode"; continue ;;
         esac
         files=("$W"/tl/"$part"-*.csv)
+        if [ ! -f "${files[0]}" ]; then echo "stage timeline: $part wrote no trace (no process initialised CUDA)"; continue; fi
         $py benchmarks/gpu_timeline.py "${files[@]}" --json "$OUT/timeline-$part.json" > "$OUT/timeline-$part.txt" 2>&1
         echo "timeline $part rc=$?"; head -c 6000 "$OUT/timeline-$part.txt"
     done

@@ -304,3 +304,28 @@ def test_a_drafted_arm_on_cuda_takes_serves_drafter_ubatch(dspark_engine, small_
 
     cpu = harness.base_settings(dspark_engine.path, small_pair.target, gpu=False, parallel=8, ctx_per_slot=4200)
     assert "--spec-draft-ubatch" not in harness.drafted(cpu, small_pair.draft, 3, None).redacted()
+
+
+def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_traced(dspark_engine, small_pair,
+                                                                                  isolated, tmp_path):
+    """benchmarks/h200.sh timeline builds benchmarks/cupti_trace.cpp with nvcc against CUPTI (here the
+    toolkit's own, found through nvcc's dry run) into a library that exports CUDA's injection entry
+    point, then runs the prefill part with every server traced: on this CPU build no process
+    initialises CUDA, so no trace is written and the stage says so in one line."""
+    import os
+    import shutil
+
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    assert Path(nvcc).exists(), "the timeline stage needs nvcc (CUDA toolkit with CUPTI) on PATH to build cupti_trace.cpp"
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = {**os.environ, **isolated, "SERVER": dspark_engine.path, "OUT": str(out), "WORK": str(work),
+           "PYTHON": sys.executable, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft), "GPU": "",
+           "TIMELINE": "prefill", "PREFILL_TOKENS": "64"}
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "timeline"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    lib = work / "libcupti_trace.so"
+    assert lib.exists(), p.stdout + p.stderr
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert " T InitializeInjection" in syms, syms
+    assert "stage timeline: prefill wrote no trace (no process initialised CUDA)" in p.stdout, p.stdout + p.stderr
+    assert (out / "timeline-prefill-speed.json").is_file(), p.stdout  # the prefill itself ran
