@@ -19,7 +19,6 @@
 #include <cupti.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>

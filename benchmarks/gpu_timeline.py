@@ -133,9 +133,10 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
         return "; ".join(b for b, _ in (best[False], best[True]) if b) or "no runtime call"
 
     classes: dict[str, list] = defaultdict(lambda: [0, 0])
-    for g in gaps:
-        classes[gap_class(g[2], g[3])][0] += g[0]
-        classes[gap_class(g[2], g[3])][1] += 1
+    for length, _, before, after in gaps:
+        c = classes[gap_class(before, after)]
+        c[0] += length
+        c[1] += 1
     gaps.sort(reverse=True)
     return {
         "span_ms": (t1 - t0) / 1e6,

@@ -83,9 +83,12 @@ GPU=${GPU---gpu}
 BIN() { echo "${SERVER:-$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)}"; }
 hunt() { echo -m "$T" -md "$D" --server "$(BIN)" $GPU --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}" \
     --slots "${SLOTS:-32}" --envs="${ENVS:--}"; }
+# the prefill stage's measurement (benchmarks/prefill_speed.py), more arguments after it
+prefill_run() { $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" \
+    --prompt-tokens "${PREFILL_TOKENS:-4096}" --concurrency 8 "$@"; }
 
 for stage in ${*:-${STAGES:-setup speed}}; do
-if [ "$stage" != setup ] && [ "$stage" != kernels ] && [ "$stage" != topk ] && [ "$stage" != timeline ] && [ ! -f "$D" ]; then
+if [ "$stage" != setup ] && [ "$stage" != kernels ] && [ "$stage" != topk ] && [ ! -f "$D" ]; then
     echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
     continue
 fi
@@ -182,8 +185,7 @@ layout)
 prefill)
     arms=(); IFS=';' read -ra specs <<< "${PREFILL_ARMS:-}"
     for spec in "${specs[@]}"; do [ -n "$spec" ] && arms+=(--arm "$spec"); done
-    $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" \
-        --concurrency 8 "${arms[@]}" --json "$OUT/prefill-${TAG:-a}.json" --log-dir "$W/prefill-${TAG:-a}" 2>&1 \
+    prefill_run "${arms[@]}" --json "$OUT/prefill-${TAG:-a}.json" --log-dir "$W/prefill-${TAG:-a}" 2>&1 \
         | tee "$OUT/prefill-${TAG:-a}.txt" | tail -n $((8 + ${#arms[@]} / 2))
     # each request's "graphs replanned" (patch 0033: the target's allocation planned again), per arm
     for f in "$W/prefill-${TAG:-a}"/*.log; do
@@ -210,22 +212,24 @@ timeline)
             -Xlinker -rpath="$CL" -o "$W/libcupti_trace.so"; then
         echo "stage timeline: the tracer did not build"; continue
     fi
-    if [ ! -f "$D" ]; then echo "stage timeline: no pair at $D: run the setup stage first"; continue; fi
     rm -rf "$W/tl" && mkdir -p "$W/tl"
-    # every server the part's script starts is traced, one file a process (its command line names it)
-    tr=(env CUDA_INJECTION64_PATH="$W/libcupti_trace.so" GGUFDSPARK_CUPTI_API="${TIMELINE_API:-0}")
     for part in ${TIMELINE:-prefill decode}; do
+        if [ "$part" != prefill ] && [ "$part" != decode ]; then
+            echo "stage timeline: TIMELINE part $part: expected prefill or decode"; continue
+        fi
+        # every server the part's script starts is traced, one file a process (its command line names it)
+        (
+        export CUDA_INJECTION64_PATH="$W/libcupti_trace.so" GGUFDSPARK_CUPTI_API="${TIMELINE_API:-0}" \
+            GGUFDSPARK_CUPTI_OUT="$W/tl/$part-%p.csv"
         case $part in
         prefill)
-            "${tr[@]}" GGUFDSPARK_CUPTI_OUT="$W/tl/prefill-%p.csv" $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" \
-                --server "$(BIN)" --prompt-tokens "${PREFILL_TOKENS:-4096}" --concurrency 8 \
-                --json "$OUT/timeline-prefill-speed.json" --log-dir "$W/tl/prefill" 2>&1 | tail -n 6 ;;
+            prefill_run --json "$OUT/timeline-prefill-speed.json" --log-dir "$W/tl/prefill" 2>&1 | tail -n 6 ;;
         decode)
-            "${tr[@]}" GGUFDSPARK_CUPTI_OUT="$W/tl/decode-%p.csv" $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" \
-                --server "$(BIN)" --n-predict 256 --trials "${TRIALS:-3}" --lengths "${N_MAX:-7}" --concurrency "" \
+            $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-predict 256 \
+                --trials "${TRIALS:-3}" --lengths "${N_MAX:-7}" --concurrency "" \
                 --json "$OUT/timeline-decode-speed.json" --log-dir "$W/tl/decode" 2>&1 | tail -n 6 ;;
-        *) echo "stage timeline: TIMELINE part $part: expected prefill or decode"; continue ;;
         esac
+        )
         files=("$W"/tl/"$part"-*.csv)
         if [ ! -f "${files[0]}" ]; then echo "stage timeline: $part wrote no trace (no process initialised CUDA)"; continue; fi
         $py benchmarks/gpu_timeline.py "${files[@]}" --json "$OUT/timeline-$part.json" > "$OUT/timeline-$part.txt" 2>&1

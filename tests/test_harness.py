@@ -311,7 +311,8 @@ def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_trace
     """benchmarks/h200.sh timeline builds benchmarks/cupti_trace.cpp with nvcc against CUPTI (here the
     toolkit's own, found through nvcc's dry run) into a library that exports CUDA's injection entry
     point, then runs the prefill part with every server traced: on this CPU build no process
-    initialises CUDA, so no trace is written and the stage says so in one line."""
+    initialises CUDA, so no trace is written and the stage says so in one line. A TIMELINE part it
+    does not know is named in one line and nothing runs."""
     import os
     import shutil
 
@@ -329,3 +330,8 @@ def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_trace
     assert " T InitializeInjection" in syms, syms
     assert "stage timeline: prefill wrote no trace (no process initialised CUDA)" in p.stdout, p.stdout + p.stderr
     assert (out / "timeline-prefill-speed.json").is_file(), p.stdout  # the prefill itself ran
+
+    bad = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "timeline"], env={**env, "TIMELINE": "warmup"},
+                         capture_output=True, text=True, timeout=600)
+    assert "stage timeline: TIMELINE part warmup: expected prefill or decode" in bad.stdout, bad.stdout + bad.stderr
+    assert not list((work / "tl").glob("*.csv")) and not (out / "timeline-warmup.json").exists()
