@@ -4,7 +4,9 @@
 it into bursts of device work, separated by at least ``--split-ms`` of idle device. For each burst it
 prints the span, the time some kernel, copy or memset ran (the union over streams), the idle rest and
 its gaps of at least ``--gap-us``, each stream's kernel time, the host's longest runtime calls, and
-the longest gaps with the work on either side and the host call that covered most of it.
+the longest gaps with the work on either side and the host call that covered most of it. With the
+runtime calls recorded (``GGUFDSPARK_CUPTI_API=1``) each kind of gap also says how much of it the host
+spent inside a runtime call or synchronisation: the rest is host work outside CUDA.
 
     python benchmarks/gpu_timeline.py plain=trace-plain.csv drafted=trace-drafted.csv [--json out.json]
 
@@ -15,6 +17,7 @@ A burst is what a request (or a prompt) cost the device when nothing else ran: t
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import re
 import sys
@@ -92,6 +95,27 @@ def bursts(dev: list[tuple], split_ns: int) -> list[list[tuple]]:
     return out
 
 
+def merged(intervals: list[tuple]) -> list[list[int]]:
+    """The union of (start, end, ...) intervals sorted by start, as disjoint [start, end] pairs."""
+    out: list[list[int]] = []
+    for s, e, *_ in intervals:
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def covered(union: list[list[int]], starts: list[int], gs: int, ge: int) -> int:
+    """How much of [gs, ge] the disjoint intervals ``union`` (their starts in ``starts``) cover."""
+    i = max(0, bisect.bisect_right(starts, gs) - 1)
+    n = 0
+    while i < len(union) and union[i][0] < ge:
+        n += max(0, min(union[i][1], ge) - max(union[i][0], gs))
+        i += 1
+    return n
+
+
 def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict:
     t0 = recs[0][0]
     t1 = max(r[1] for r in recs)
@@ -132,11 +156,17 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
                 best[wait] = (f"{name} ({ov / 1e3:.0f} us of it)", ov)
         return "; ".join(b for b, _ in (best[False], best[True]) if b) or "no runtime call"
 
-    classes: dict[str, list] = defaultdict(lambda: [0, 0])
-    for length, _, before, after in gaps:
+    # with runtime calls recorded, the host's time inside CUDA (calls and waits) over each gap
+    api = any(not name.startswith("wait: ") for *_, name in in_span)
+    union = merged(in_span) if api else []
+    starts = [u[0] for u in union]
+    classes: dict[str, list] = defaultdict(lambda: [0, 0, 0])
+    for length, gs, before, after in gaps:
         c = classes[gap_class(before, after)]
         c[0] += length
         c[1] += 1
+        if api:
+            c[2] += covered(union, starts, gs, gs + length)
     gaps.sort(reverse=True)
     return {
         "span_ms": (t1 - t0) / 1e6,
@@ -147,7 +177,8 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
         "gaps": len(gaps),
         "gaps_ms": sum(g[0] for g in gaps) / 1e6,
         "streams": {str(k): {"kernel_ms": v[0] / 1e6, "kernels": v[1]} for k, v in sorted(streams.items())},
-        "gap_classes": {k: {"ms": v[0] / 1e6, "n": v[1]} for k, v in sorted(classes.items(), key=lambda kv: -kv[1][0])},
+        "gap_classes": {k: {"ms": v[0] / 1e6, "n": v[1], **({"in_calls_ms": v[2] / 1e6} if api else {})}
+                        for k, v in sorted(classes.items(), key=lambda kv: -kv[1][0])},
         "host_calls": [
             {"call": k, "ms": v[0] / 1e6, "n": v[1]}
             for k, v in sorted(calls.items(), key=lambda kv: -kv[1][0])[:8]
@@ -203,15 +234,18 @@ def main(argv: list[str] | None = None) -> int:
             st = ", ".join(f"{k}: {v['kernel_ms']:.2f} ({v['kernels']})" for k, v in b["streams"].items())
             print(f"{i:>3} {b['span_ms']:>9.2f} {b['busy_ms']:>9.2f} {b['idle_ms']:>9.2f} "
                   f"{b['busy_share'] * 100:>5.1f}% {b['gaps']:>6}  {st}")
-        classes: dict[str, list] = defaultdict(lambda: [0.0, 0])
+        classes: dict[str, list] = defaultdict(lambda: [0.0, 0, None])
         for b in shown:
             for k, v in b["gap_classes"].items():
                 classes[k][0] += v["ms"]
                 classes[k][1] += v["n"]
+                if "in_calls_ms" in v:
+                    classes[k][2] = (classes[k][2] or 0.0) + v["in_calls_ms"]
         if shown:
             print(f"gaps >= {a.gap_us:g} us over these bursts, by what ends and starts them:")
-            for k, (ms, n) in sorted(classes.items(), key=lambda kv: -kv[1][0])[:10]:
-                print(f"   {k:<36} {ms:9.2f} ms  x{n:<6} ({ms * 1e3 / n:.0f} us each)")
+            for k, (ms, n, calls) in sorted(classes.items(), key=lambda kv: -kv[1][0])[:10]:
+                inside = "" if calls is None else f"; {calls / ms * 100:.0f}% in runtime calls"
+                print(f"   {k:<36} {ms:9.2f} ms  x{n:<6} ({ms * 1e3 / n:.0f} us each{inside})")
         for i, b in enumerate(shown):
             print(f"-- burst {i}: host calls " + "; ".join(f"{c['call']} {c['ms']:.2f} ms x{c['n']}" for c in b["host_calls"][:5]))
             for g in b["longest_gaps"]:

@@ -65,7 +65,8 @@
 #             (TIMELINE: "prefill" and/or "decode": one request at a time decoding 256 tokens, plain
 #             and drafted at N_MAX (7), dspark_speed.py), each trace read by benchmarks/gpu_timeline.py
 #             (bursts of device work, busy share, gaps by the streams that end and start them, the
-#             longest gaps; TIMELINE_API=1 records the runtime calls too, each costing the host ~1 us);
+#             longest gaps; TIMELINE_API=1 records the runtime calls too, each costing the host ~1 us,
+#             and each kind of gap then says how much of it the host spent inside CUDA);
 #             timeline-prefill.txt/.json, timeline-decode.txt/.json. A minute or two a part.
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
 #             MUL_MAT F16/BF16 against the CPU backend, then perf at the verify's shapes (patch

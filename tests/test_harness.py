@@ -243,8 +243,10 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     """benchmarks/gpu_timeline.py on a trace in benchmarks/cupti_trace.cpp's format: two bursts of
     device work 50 ms apart (bursts split at 5 ms of idle device); in the first, 2.6 ms of kernels and a copy over 3.1 ms, one 500 us gap
     between a kernel on stream 7 and one on stream 13 with the host in a stream synchronisation over
-    490 us of it. The traced command line has -md: the trace is named drafted. A missing trace is
-    one line and exit 2; a trace with no device records is reported and left out."""
+    490 us of it, so 98% of that kind of gap is spent inside CUDA; a copy's 300 us gap with no call
+    over it is host work outside CUDA. The traced command line has -md: the trace is named drafted.
+    Without runtime calls recorded no share is claimed. A missing trace is one line and exit 2; a
+    trace with no device records is reported and left out."""
     trace = tmp_path / "prefill-123.csv"
     trace.write_text(
         "#,/x/llama-server -m t.gguf -md d.gguf --port 0\n"
@@ -254,6 +256,8 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
         "Y,3000000,3490000,7,3\n"
         "K,3500000,4000000,13,_ZN7cutlass6KernelIfEEvv\n"
         "C,4000000,4100000,7,1,4096\n"
+        "R,4150000,4200000,5,cudaMemcpyAsync_v3020\n"
+        "C,4400000,4500000,13,1,64\n"
         "K,54100000,55100000,7,k2\n")
     probe = tmp_path / "prefill-124.csv"
     probe.write_text("#,/x/llama-server --version\n")
@@ -266,17 +270,34 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     (name, res), = json.loads(out.read_text()).items()
     assert name == "prefill-123 (drafted)" and res["cmdline"].endswith("--port 0")
     first, second = res["bursts"]
-    assert math.isclose(first["span_ms"], 3.1) and math.isclose(first["busy_ms"], 2.6)
-    assert math.isclose(first["idle_ms"], 0.5) and first["gaps"] == 1 and first["records"] == 4
+    assert math.isclose(first["span_ms"], 3.5) and math.isclose(first["busy_ms"], 2.7)
+    assert math.isclose(first["idle_ms"], 0.8) and first["gaps"] == 2 and first["records"] == 5
     assert first["streams"] == {"7": {"kernel_ms": 2.0, "kernels": 2}, "13": {"kernel_ms": 0.5, "kernels": 1}}
-    assert first["gap_classes"] == {"stream 7 -> stream 13": {"ms": 0.5, "n": 1}}
-    gap, = first["longest_gaps"]
+    classes = first["gap_classes"]
+    assert list(classes) == ["stream 7 -> stream 13", "copy HtoD 7 -> copy HtoD 13"]
+    assert classes["stream 7 -> stream 13"]["n"] == 1 and math.isclose(classes["stream 7 -> stream 13"]["ms"], 0.5)
+    assert math.isclose(classes["stream 7 -> stream 13"]["in_calls_ms"], 0.49)
+    assert math.isclose(classes["copy HtoD 7 -> copy HtoD 13"]["ms"], 0.3)
+    assert math.isclose(classes["copy HtoD 7 -> copy HtoD 13"]["in_calls_ms"], 0.05)
+    gap, second_gap = first["longest_gaps"]
+    assert second_gap["us"] == 300.0 and second_gap["host"] == "cudaMemcpyAsync_v3020 (50 us of it)"
     assert gap["us"] == 500.0 and gap["at_ms"] == 2.0
     assert gap["before"] == "mul_mat_f (stream 7)" and gap["after"] == "cutlass (stream 13)"
     assert gap["host"] == "cudaStreamSynchronize_v3020 (490 us of it); wait: stream sync on stream 7 (490 us of it)"
     assert second["records"] == 1 and second["gaps"] == 0 and math.isclose(second["busy_share"], 1.0)
-    assert "0      3.10      2.60      0.50  83.9%" in p.stdout, p.stdout
-    assert "stream 7 -> stream 13                     0.50 ms  x1      (500 us each)" in p.stdout, p.stdout
+    assert "0      3.50      2.70      0.80  77.1%" in p.stdout, p.stdout
+    assert "stream 7 -> stream 13                     0.50 ms  x1      (500 us each; 98% in runtime calls)" in p.stdout, p.stdout
+    assert "copy HtoD 7 -> copy HtoD 13               0.30 ms  x1      (300 us each; 17% in runtime calls)" in p.stdout, p.stdout
+
+    # the same device work without runtime calls: no share claimed
+    bare = tmp_path / "bare.csv"
+    bare.write_text("".join(l for l in trace.read_text().splitlines(True) if not l.startswith("R,")))
+    q = subprocess.run([*script, str(bare), "--min-records", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert q.returncode == 0, q.stderr
+    assert "stream 7 -> stream 13                     0.50 ms  x1      (500 us each)\n" in q.stdout, q.stdout
+    (_, res2), = json.loads(out.read_text()).items()
+    assert all("in_calls_ms" not in v for v in res2["bursts"][0]["gap_classes"].values())
 
     bad = subprocess.run([*script, str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == f"gpu_timeline: no trace at {tmp_path / 'none.csv'}"
