@@ -464,14 +464,15 @@ def test_the_load_cut_counts_a_slot_processing_its_prompt(strong_conv_pair, star
     (1:0, two slots) for as long as the prompt takes; LLAMA_SPEC_CUT_GENERATING=1 counts only the
     generating slots, as 0021 did, and the same traffic never pauses: the newcomer asks for one token
     and never generates. Request A (a short prompt, a long answer) starts drafting alone; then B, a
-    600-token prompt in 32-token batches (about 20 steps beside A). Both outputs stay the plain
-    server's either way."""
-    common = dict(model=strong_conv_pair.target, parallel=2, ctx_size=2 * 1024,
+    600-token prompt in 32-token batches (about 20 steps beside A). A's answer is long (3000 tokens,
+    a few seconds on a 2-core x86) so that B's prompt lands while A generates: with 700 tokens A once
+    ended in 0.6 s, before B was sent. Both outputs stay the plain server's either way."""
+    common = dict(model=strong_conv_pair.target, parallel=2, ctx_size=2 * 4096,
                   extra_args=["-b", "32", "-ub", "32", "-v"])
     plain = start_server(spec_type=None, **common)
     vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
     rng = random.Random(53)
-    a = ([rng.randrange(16, vocab) for _ in range(20)], 700)
+    a = ([rng.randrange(16, vocab) for _ in range(20)], 3000)
     b = ([rng.randrange(16, vocab) for _ in range(600)], 1)
     want = _at_once(plain, [a]) + _at_once(plain, [b])
     plain.stop()
@@ -501,6 +502,10 @@ def test_the_load_cut_counts_a_slot_processing_its_prompt(strong_conv_pair, star
         spec.stop()
 
     log = logs["busy"]
+    a_slot = next(m[1] for line in log if (m := re.search(r"id +(\d+) \|.*task\.n_tokens = 20$", line)))
+    b_start = next(i for i, line in enumerate(log) if line.endswith("task.n_tokens = 600"))
+    a_end = next(i for i, line in enumerate(log) if re.search(rf"id +{a_slot} \|.*stop processing", line))
+    assert b_start < a_end, "B's prompt arrived after A's answer ended: the two never overlapped"
     paused = [i for i, line in enumerate(log) if "drafts paused: 2 slots busy" in line]
     assert paused, "a prompt processed beside a drafting slot did not pause drafts (1:0, two slots busy)"
     resumed = [i for i, line in enumerate(log) if "drafts no longer cut: 1 slots busy" in line and i > paused[0]]
