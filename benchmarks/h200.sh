@@ -21,7 +21,8 @@
 #             closed-loop CLIENTS (1,2,4,8,16,32,64), REQUESTS_PER_CLIENT (3) each, answers of
 #             ANSWERS tokens (256; "256 1024": a run each), synthetic acceptance at the published
 #             profile, greedy (TEMPERATURE=0.8: sampled; LOAD_ARGS: more bench options, e.g.
-#             --server-arg=-bs for the engine's backend sampling); ROUNDS (1): every level that many
+#             --server-arg=-bs for the engine's backend sampling, --noise-floor for a second plain
+#             server as the run's noise band); ROUNDS (1): every level that many
 #             times, figures over all rounds and each round's ratio (bench --load --rounds); JSON
 #             load-ANSWER.json. A few minutes a run.
 #   tune      the draft length for each load: `ggufdspark tune --load` (one plain arm beside a

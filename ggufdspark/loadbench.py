@@ -56,6 +56,9 @@ class DraftArm:
     layout: str | None = None
 
 
+NOISE_ARM = "plain2"  # --noise-floor's second plain server
+
+
 def paused_arm(n_max: int) -> DraftArm:
     """The draft loaded, no draft made at any load (``--spec-draft-n-max-by-slots 0:0``): what a
     pause costs the server, the tune table's "no draft" entry."""
@@ -96,6 +99,18 @@ class LoadReport:
             out["ratios_by_arm"] = {a: self.ratios_of(a) for a in self.drafted_arms}
         return out
 
+    def noise_floor_text(self) -> str:
+        """One line: how far the second plain server (``--noise-floor``) ran from the first, the band
+        inside which drafted / plain says nothing."""
+        rs = self.ratios_of(NOISE_ARM)
+        agg = [r["aggregate_tps"] for r in rs if r.get("aggregate_tps") is not None]
+        rounds = [v for r in rs for v in r.get("aggregate_tps_rounds") or [] if v is not None]
+        ttft = [r["ttft_p50_s"] for r in rs if r.get("ttft_p50_s") is not None]
+        band = lambda v: f"{min(v):.2f}-{max(v):.2f}x" if v else "-"  # noqa: E731
+        return (f"noise floor: a second plain server ({NOISE_ARM}, the same command) ran {band(agg)} of the first's "
+                f"aggregate over the levels" + (f" (single rounds {band(rounds)})" if rounds else "")
+                + f", TTFT p50 {band(ttft)}; a drafted / plain ratio inside that band is no measured difference")
+
     def text(self) -> str:
         """The report as a table: per level, each arm's figures and drafted / plain."""
         t, s = self.traffic, self.settings
@@ -131,6 +146,8 @@ class LoadReport:
                           f"{_x(r['decode_tps_median'], 10)} {_x(r['ttft_p50_s'], 9)} {_x(r['ttft_p95_s'], 9)} "
                           f"{_x(r['latency_p50_s'], 8)} {_x(r['latency_p95_s'], 8)}"
                           + (f"   agg by round {min(spread):.2f}-{max(spread):.2f}x" if spread else "")]
+        if NOISE_ARM in self.arms and not (s.get("drafted_arms") or {}).get(NOISE_ARM):
+            lines += ["", self.noise_floor_text()]
         lines += ["", "agg = output tokens / wall time of the level; dec = median over requests of (tokens - 1) / "
                       "(latency - TTFT); TTFT and latency measured by the client (streamed); ratio = drafted / plain"
                   + ("; several rounds: every figure over all rounds' requests, 'agg by round' the lowest and "
@@ -249,7 +266,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
              threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
              log_dir: str | Path | None = None, command: str | None = None, draft_cut: str | None = None,
              draft_arms: list[DraftArm] | None = None, interleave: bool = True, temperature: float = 0.0,
-             rounds: int = 1, progress: Progress | None = None) -> LoadReport:
+             rounds: int = 1, noise_floor: bool = False, progress: Progress | None = None) -> LoadReport:
     """Plain and drafted arms under the same traffic; see the module docstring.
 
     Args:
@@ -271,6 +288,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         rounds: every level this many times (the levels up, then down, and so on; round r with seed
             + r: another prompt order), the figures over all rounds (``traffic.pool_rounds``) and
             drafted / plain of each round's aggregate beside them, the run's own spread.
+        noise_floor: a second plain server (arm ``plain2``, the same command as ``plain``) beside
+            the others: plain2 / plain is the run's own noise, the band a drafted / plain ratio must
+            leave to mean anything.
 
     Raises:
         InvalidArgumentError: bad traffic options (before anything is loaded).
@@ -301,6 +321,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                                                                     or "the engine does not take it"))
     if p_min and not limits.confidence_head:
         raise BenchError(f"{draft}: has no confidence head, so --p-min must be 0 (got {p_min})")
+    if noise_floor and any(a.name in ("plain", NOISE_ARM) for a in draft_arms or []):
+        raise InvalidArgumentError(f"noise floor: an arm is already named {NOISE_ARM!r} or 'plain'")
     synthetic = _synthetic(synthetic_len, synthetic_rates, n_max)
     items = tr.traffic_items()
     per_slot = ctx_per_slot or tr.max_prompt_bytes(items) + answer_tokens + 16
@@ -322,6 +344,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
             settings[arm.name] = _arm_server(arm, s)
             drafted = drafted or settings[arm.name]
         drafted = drafted or settings["plain"]
+        if noise_floor:
+            settings[NOISE_ARM] = arm_settings(base, None)
         total = len(settings) * shape.rounds * sum(shape.n_requests(lv) for lv in shape.levels)
         done = [0]
 
@@ -405,7 +429,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                       "synthetic": asdict(synthetic) if synthetic else None,
                       "plain_command": settings["plain"].redacted(), "drafted_command": drafted.redacted(),
                       **({"drafted_arms": {a.name: _arm_text(a, settings[a.name]) for a in draft_arms}}
-                         if draft_arms else {})},
+                         if draft_arms else {}),
+                      **({"noise_floor": f"{NOISE_ARM}: a second plain server, the same command as plain"}
+                         if noise_floor else {})},
             synthetic=synthetic.describe() if synthetic else None, arms=arms,
             logs={a: str(logs / f"{a}.log") for a in settings})
 

@@ -115,6 +115,44 @@ def test_load_rounds_pool_every_round_and_keep_each_rounds_ratio(small_pair, ggu
         assert r["aggregate_tps_rounds"] == pytest.approx([y / x for x, y in zip(a["round_tps"], b["round_tps"])])
 
 
+def test_load_noise_floor_runs_a_second_plain_server_and_prints_its_band(small_pair, ggufdspark_cli, isolated, tmp_path):
+    """--noise-floor: a second plain server (plain2, the same command) runs every level and round
+    beside the two arms on the same prompts; its ratio to plain is kept per level and printed as the
+    band inside which drafted / plain is no measured difference. The drafted arm's ratios stay the
+    report's ratios."""
+    out = tmp_path / "load.json"
+    p = ggufdspark_cli(*_args(small_pair, "--clients", "1,2", "--answer-tokens", "8", "--requests-per-client", "1",
+                              "--draft-n-max", "3", "--rounds", "2", "--noise-floor", "--json", str(out),
+                              "--log-dir", str(tmp_path / "logs")), env=isolated)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert list(rep["arms"]) == ["plain", "drafted", "plain2"]
+    assert rep["settings"]["noise_floor"].startswith("plain2: a second plain server")
+    assert (tmp_path / "logs" / "plain2.log").is_file() and rep["logs"]["plain2"].endswith("plain2.log")
+    plain, drafted, plain2 = (rep["arms"][a] for a in ("plain", "drafted", "plain2"))
+    for lv in plain2:
+        _check_level(lv, int(lv["level"]) * 2, 8)  # two rounds of one request a client
+        assert lv["drafted"] == 0 and lv["accept_length"] is None
+        assert all(r["draft_n"] is None for r in lv["records"])
+    for a, b in zip(plain, plain2):  # the same prompts in the same order
+        assert [r["prompt"] for r in a["records"]] == [r["prompt"] for r in b["records"]]
+    floor = rep["ratios_by_arm"]["plain2"]
+    for r, a, b in zip(floor, plain, plain2):
+        assert r["aggregate_tps"] == pytest.approx(b["aggregate_tps"] / a["aggregate_tps"])
+        assert r["aggregate_tps_rounds"] == pytest.approx([y / x for x, y in zip(a["round_tps"], b["round_tps"])])
+    for r, a, b in zip(rep["ratios"], plain, drafted):  # the report's ratios are still the drafted arm's
+        assert r["aggregate_tps"] == pytest.approx(b["aggregate_tps"] / a["aggregate_tps"])
+    # the printed band: the lowest and highest plain2 / plain over the levels, and over single rounds
+    agg = [r["aggregate_tps"] for r in floor]
+    rounds = [v for r in floor for v in r["aggregate_tps_rounds"]]
+    ttft = [r["ttft_p50_s"] for r in floor]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("noise floor:"))
+    assert f"ran {min(agg):.2f}-{max(agg):.2f}x of the first's aggregate" in line, line
+    assert f"(single rounds {min(rounds):.2f}-{max(rounds):.2f}x)" in line, line
+    assert f"TTFT p50 {min(ttft):.2f}-{max(ttft):.2f}x" in line, line
+    assert "plain2/pl" in p.stdout
+
+
 def test_load_pause_cut_one_server_at_a_time(small_pair, ggufdspark_cli, isolated, tmp_path):
     """--draft-n-max-by-slots reaches the drafted arm (0:0: the draft loaded, never a draft: engine
     patch 0021 with L = 0), and --sequential runs one server after the other."""
@@ -219,6 +257,9 @@ def test_load_options_need_load(small_pair, ggufdspark_cli, isolated):
     p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--clients", "2",
                        env=isolated)
     assert p.returncode == 2 and "--clients needs --load" in p.stderr and "Traceback" not in p.stderr
+    p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--noise-floor",
+                       env=isolated)
+    assert p.returncode == 2 and "--noise-floor needs --load" in p.stderr and "Traceback" not in p.stderr
     p = ggufdspark_cli(*_args(small_pair, "--clients", "x"), env=isolated)  # click's own usage error
     assert p.returncode == 2 and "'x': expected comma-separated int values" in p.stderr and "Traceback" not in p.stderr
 
