@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0 greedy (default); above, every request sampled at it with its own seed (bench --load "
                          "--temperature), e.g. with NAME=plain LLAMA_OUTPUT_TOPK=64 beside a drafted arm with it")
+    ap.add_argument("--noise-floor", action="store_true",
+                    help="a second plain server (plain2, the same command as plain) beside the arms: the run's own "
+                         "noise band (bench --load --noise-floor)")
     ap.add_argument("--real", action="store_true", help="real acceptance instead of the published profile")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep the server logs here")
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         report = loadbench.run_load(a.target, a.draft, clients=clients, requests_per_client=a.requests_per_client,
                                     answer_tokens=a.answer_tokens, server=a.server, synthetic_rates=rates,
                                     draft_arms=arms, log_dir=a.log_dir, rounds=a.rounds, temperature=a.temperature,
+                                    noise_floor=a.noise_floor,
                                     command=" ".join(["load_arms.py", *(argv if argv is not None else sys.argv[1:])]))
     except GgufdsparkError as e:
         print(f"load_arms.py: {e}", file=sys.stderr)

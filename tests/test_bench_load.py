@@ -358,6 +358,40 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
     assert bare.returncode == 2 and "--arm 'y=plain': expected" in bare.stderr, bare.stderr
 
 
+def test_named_arms_with_the_noise_floor(small_pair, isolated, dspark_engine, tmp_path):
+    """load_arms.py --noise-floor (h200.sh arms with NOISE_FLOOR=1): a second plain server, plain2,
+    beside the named arms, on the same prompts, with its band printed after the table; an arm that
+    takes its name is refused in one line before any server starts."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out, logs = tmp_path / "arms.json", tmp_path / "logs"
+    env = {**os.environ, **isolated}
+    script = [sys.executable, str(repo / "benchmarks" / "load_arms.py"), "-m", str(small_pair.target),
+              "-md", str(small_pair.draft), "--server", dspark_engine.path, "--noise-floor"]
+    p = subprocess.run([*script, "--clients", "1", "--requests-per-client", "2", "--answer-tokens", "8",
+                        "--arm", "served=3", "--json", str(out), "--log-dir", str(logs)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert list(rep["arms"]) == ["plain", "served", "plain2"]
+    assert rep["settings"]["drafted_arms"] == {"served": "draft length 3"}
+    for a in ("plain", "plain2"):
+        assert "draft acceptance = " not in (logs / f"{a}.log").read_text()
+    assert [r["prompt"] for r in rep["arms"]["plain2"][0]["records"]] == \
+           [r["prompt"] for r in rep["arms"]["plain"][0]["records"]]
+    x = rep["ratios_by_arm"]["plain2"][0]["aggregate_tps"]
+    assert x == pytest.approx(rep["arms"]["plain2"][0]["aggregate_tps"] / rep["arms"]["plain"][0]["aggregate_tps"])
+    assert f"noise floor: a second plain server (plain2, the same command) ran {x:.2f}-{x:.2f}x" in p.stdout, p.stdout
+    clash = subprocess.run([*script, "--clients", "1", "--arm", "plain2=3"], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert clash.returncode == 1 and "already named 'plain2'" in clash.stderr, clash.stderr
+    assert "Traceback" not in clash.stderr and len(clash.stderr.strip().splitlines()) == 1, clash.stderr
+
+
 def test_named_arms_sample_at_the_temperature_given(small_pair, isolated, dspark_engine, tmp_path):
     """load_arms.py --temperature (h200.sh arms with TEMPERATURE): every arm's requests are sampled at
     it (the report's traffic says so, and every server's log shows the sampled chain ending in a
