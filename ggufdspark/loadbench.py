@@ -106,7 +106,9 @@ class LoadReport:
         agg = [r["aggregate_tps"] for r in rs if r.get("aggregate_tps") is not None]
         rounds = [v for r in rs for v in r.get("aggregate_tps_rounds") or [] if v is not None]
         ttft = [r["ttft_p50_s"] for r in rs if r.get("ttft_p50_s") is not None]
-        band = lambda v: f"{min(v):.2f}-{max(v):.2f}x" if v else "-"  # noqa: E731
+        def band(v: list[float]) -> str:
+            return f"{min(v):.2f}-{max(v):.2f}x" if v else "-"
+
         return (f"noise floor: a second plain server ({NOISE_ARM}, the same command) ran {band(agg)} of the first's "
                 f"aggregate over the levels" + (f" (single rounds {band(rounds)})" if rounds else "")
                 + f", TTFT p50 {band(ttft)}; a drafted / plain ratio inside that band is no measured difference")
@@ -146,7 +148,7 @@ class LoadReport:
                           f"{_x(r['decode_tps_median'], 10)} {_x(r['ttft_p50_s'], 9)} {_x(r['ttft_p95_s'], 9)} "
                           f"{_x(r['latency_p50_s'], 8)} {_x(r['latency_p95_s'], 8)}"
                           + (f"   agg by round {min(spread):.2f}-{max(spread):.2f}x" if spread else "")]
-        if NOISE_ARM in self.arms and not (s.get("drafted_arms") or {}).get(NOISE_ARM):
+        if s.get("noise_floor"):
             lines += ["", self.noise_floor_text()]
         lines += ["", "agg = output tokens / wall time of the level; dec = median over requests of (tokens - 1) / "
                       "(latency - TTFT); TTFT and latency measured by the client (streamed); ratio = drafted / plain"
