@@ -10,7 +10,7 @@ so a machine that slows down for a while (a shared host, a hot GPU) weighs on al
 server at a time is the fallback for memory that holds one. Each arm is warmed up (a short request,
 then the set's longest prompt) before the levels; each level is closed-loop clients or Poisson
 arrivals (``traffic.Shape``), every request streamed so the client measures its time to first
-token. One JSON result per run (``LoadReport.to_dict``): the exact command, the engine and its
+token. One JSON result per run (``loadreport.LoadReport.to_dict``): the exact command, the engine and its
 patch series, the devices, the traffic shape, per arm and level the figures and the raw requests,
 and drafted / plain of each figure.
 """
@@ -31,6 +31,7 @@ from ggufdspark import hardware, launch
 from ggufdspark import traffic as tr
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import BenchError, EngineError, InvalidArgumentError, OutputExistsError
+from ggufdspark.loadreport import NOISE_ARM, LoadReport
 from ggufdspark.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
                                 log_directory, prepare, running, server_failure, warm)
 from ggufdspark.runners.client import Client
@@ -56,121 +57,10 @@ class DraftArm:
     layout: str | None = None
 
 
-NOISE_ARM = "plain2"  # --noise-floor's second plain server
-
-
 def paused_arm(n_max: int) -> DraftArm:
     """The draft loaded, no draft made at any load (``--spec-draft-n-max-by-slots 0:0``): what a
     pause costs the server, the tune table's "no draft" entry."""
     return DraftArm("n0", n_max, [(0, 0)])
-
-
-@dataclass
-class LoadReport:
-    """The result of one ``bench --load`` run (``to_dict`` is the JSON written)."""
-
-    command: str | None
-    engine: dict
-    hardware: dict
-    traffic: dict
-    settings: dict
-    synthetic: str | None
-    arms: dict[str, list[tr.LevelResult]]
-    logs: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def drafted_arms(self) -> list[str]:
-        return [a for a in self.arms if a != "plain"]
-
-    def ratios_of(self, arm: str) -> list[dict]:
-        """``arm`` / plain of each figure, level by level."""
-        return [tr.ratios(p, d) for p, d in zip(self.arms["plain"], self.arms[arm])]
-
-    @property
-    def ratios(self) -> list[dict]:
-        return self.ratios_of(self.drafted_arms[0])
-
-    def to_dict(self) -> dict:
-        out = {"kind": "ggufdspark bench --load", "command": self.command, "engine": self.engine,
-               "hardware": self.hardware, "traffic": self.traffic, "settings": self.settings,
-               "synthetic": self.synthetic, "ratios": self.ratios,
-               "arms": {a: [lv.to_dict() for lv in levels] for a, levels in self.arms.items()}, "logs": self.logs}
-        if len(self.drafted_arms) > 1:
-            out["ratios_by_arm"] = {a: self.ratios_of(a) for a in self.drafted_arms}
-        return out
-
-    def noise_floor_text(self) -> str:
-        """One line: how far the second plain server (``--noise-floor``) ran from the first, the band
-        inside which drafted / plain says nothing."""
-        rs = self.ratios_of(NOISE_ARM)
-        agg = [r["aggregate_tps"] for r in rs if r.get("aggregate_tps") is not None]
-        rounds = [v for r in rs for v in r.get("aggregate_tps_rounds") or [] if v is not None]
-        ttft = [r["ttft_p50_s"] for r in rs if r.get("ttft_p50_s") is not None]
-        def band(v: list[float]) -> str:
-            return f"{min(v):.2f}-{max(v):.2f}x" if v else "-"
-
-        return (f"noise floor: a second plain server ({NOISE_ARM}, the same command) ran {band(agg)} of the first's "
-                f"aggregate over the levels" + (f" (single rounds {band(rounds)})" if rounds else "")
-                + f", TTFT p50 {band(ttft)}; a drafted / plain ratio inside that band is no measured difference")
-
-    def text(self) -> str:
-        """The report as a table: per level, each arm's figures and drafted / plain."""
-        t, s = self.traffic, self.settings
-        pl = t["prompt_tokens"]
-        lines = [f"ggufdspark bench --load: {Path(s['target']).name} + {Path(s['draft']).name} "
-                 f"({self.hardware['backend']}, engine {self.engine['commit'] or self.engine['version']}, "
-                 f"{len(self.engine['patches'])} patches)",
-                 f"traffic: {t['shape']['describe']}",
-                 f"prompts: {pl['count']} ({t['prompts']}), {pl['min']}-{pl['max']} tokens, median {pl['median']:g}",
-                 f"drafted arm: draft length {s['draft_n_max']}" + (f", SYNTHETIC SPEED: {self.synthetic}"
-                                                                    if self.synthetic else ", real acceptance"),
-                 *(f"  {a}: {d}" for a, d in (s.get("drafted_arms") or {}).items()),
-                 ""]
-        unit = "clients" if t["shape"]["mode"] == "closed" else "req/s"
-        head = (f"{unit:>7} {'arm':>8} {'reqs':>5} {'agg tok/s':>10} {'dec tok/s':>10} {'TTFT p50':>9} "
-                f"{'TTFT p95':>9} {'lat p50':>8} {'lat p95':>8} {'accept':>7}")
-        lines += [head, "-" * len(head)]
-
-        def row(lv: tr.LevelResult, arm: str) -> str:
-            return (f"{lv.level:>7g} {arm:>8} {lv.requests:>5} {lv.aggregate_tps:>10.1f} {_f(lv.decode_tps_median, 10, 1)} "
-                    f"{_ms(lv.ttft_p50_s)} {_ms(lv.ttft_p95_s)} {_s(lv.latency_p50_s)} {_s(lv.latency_p95_s)} "
-                    f"{_f(lv.accept_length, 7, 2)}")
-
-        several = len(self.drafted_arms) > 1
-        ratios = {a: self.ratios_of(a) for a in self.drafted_arms}
-        for i, p in enumerate(self.arms["plain"]):
-            lines.append(row(p, "plain"))
-            for a in self.drafted_arms:
-                r = ratios[a][i]
-                spread = [v for v in r.get("aggregate_tps_rounds") or [] if v is not None]
-                lines += [row(self.arms[a][i], a),
-                          f"{'':>7} {'ratio' if not several else a + '/pl':>8} {'':>5} {_x(r['aggregate_tps'], 10)} "
-                          f"{_x(r['decode_tps_median'], 10)} {_x(r['ttft_p50_s'], 9)} {_x(r['ttft_p95_s'], 9)} "
-                          f"{_x(r['latency_p50_s'], 8)} {_x(r['latency_p95_s'], 8)}"
-                          + (f"   agg by round {min(spread):.2f}-{max(spread):.2f}x" if spread else "")]
-        if s.get("noise_floor"):
-            lines += ["", self.noise_floor_text()]
-        lines += ["", "agg = output tokens / wall time of the level; dec = median over requests of (tokens - 1) / "
-                      "(latency - TTFT); TTFT and latency measured by the client (streamed); ratio = drafted / plain"
-                  + ("; several rounds: every figure over all rounds' requests, 'agg by round' the lowest and "
-                     "highest drafted / plain of one round's aggregate" if t["shape"].get("rounds", 1) > 1 else "")]
-        return "\n".join(lines)
-
-
-def _f(v: float | None, w: int, d: int) -> str:
-    return f"{v:>{w}.{d}f}" if v is not None else f"{'-':>{w}}"
-
-
-def _x(v: float | None, w: int) -> str:
-    return f"{v:>{w - 1}.2f}x" if v is not None else f"{'-':>{w}}"
-
-
-def _ms(v: float | None) -> str:
-    return f"{v * 1000:>7.0f}ms" if v is not None else f"{'-':>9}"
-
-
-def _s(v: float | None) -> str:
-    return f"{v:>7.2f}s" if v is not None else f"{'-':>8}"
 
 
 def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
