@@ -9,7 +9,9 @@
 #   speed     how much faster is one request with the draft? benchmarks/dspark_speed.py: plain
 #             against draft lengths LENGTHS (5,7), TRIALS (5) requests each, synthetic acceptance at
 #             the published profile; SPEED_ENVS: engine environments measured beside the default
-#             (dspark_speed.py --env-variants, e.g. "LLAMA_CONV_SNAPSHOT_ROWS=0"). A few minutes.
+#             (dspark_speed.py --env-variants, e.g. "LLAMA_CONV_SNAPSHOT_ROWS=0"; an arm with
+#             GGML_CUDA_GRAPH_DEBUG=N, developer 0056: its lines in graphdebug-ARM.txt, each key's
+#             last eager / captured / replayed counts printed). A few minutes.
 #   slots     does the engine survive many slots under mixed-length prompts? crash_hunt.py --traffic
 #             mixed: SLOTS (32) x ARMS (plain,draft) x ENVS (';'-separated engine environments, '-'
 #             as it is) x RUNS (3) fresh servers, 2 x slots closed-loop requests, prompts PROMPTS
@@ -118,6 +120,16 @@ speed)
         --lengths "${LENGTHS:-5,7}" --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} \
         --json "$OUT/speed.json" --log-dir "$W/speed" 2>&1 \
         | tee "$OUT/speed.txt" | tail -n 8
+    # developer 0056's lines (an arm with GGML_CUDA_GRAPH_DEBUG=N): each such arm's lines to
+    # OUT/graphdebug-ARM.txt, and its last per-key eager / captured / replayed counts printed
+    for f in "$W/speed"/*.log; do
+        grep -q "cuda graph debug" "$f" 2>/dev/null || continue
+        g="$OUT/graphdebug-$(basename "$f" .log).txt"
+        grep -h "cuda graph debug" "$f" > "$g"
+        n=$(grep -c "computes: key" "$g"); last=$(grep "computes: key" "$g" | tail -n 1 | sed 's/.*after \([0-9]*\) computes.*/\1/')
+        echo "== $(basename "$g"): $(grep -vc "computes: key" "$g") changes; per-key counts after ${last:-0} computes:"
+        [ "$n" -gt 0 ] && grep "after $last computes: key" "$g" | sed 's/.*computes: //'
+    done
     ;;
 slots)
     echo "== mixed traffic: slots ${SLOTS:-32}, arms ${ARMS:-plain,draft}, envs '${ENVS:--}', runs ${RUNS:-3}"
