@@ -128,7 +128,7 @@ speed)
         grep -h "cuda graph debug" "$f" > "$g"
         n=$(grep -c "computes: key" "$g"); last=$(grep "computes: key" "$g" | tail -n 1 | sed 's/.*after \([0-9]*\) computes.*/\1/')
         echo "== $(basename "$g"): $(grep -vc "computes: key" "$g") changes; per-key counts after ${last:-0} computes:"
-        [ "$n" -gt 0 ] && grep "after $last computes: key" "$g" | sed 's/.*computes: //'
+        if [ "$n" -gt 0 ]; then grep "after $last computes: key" "$g" | sed 's/.*computes: //'; fi
     done
     ;;
 slots)
