@@ -12,7 +12,6 @@ from ggufdspark import traffic as tr
 NOISE_ARM = "plain2"  # --noise-floor's second plain server
 
 
-
 @dataclass
 class LoadReport:
     """The result of one ``bench --load`` run (``to_dict`` is the JSON written)."""
@@ -54,6 +53,7 @@ class LoadReport:
         agg = [r["aggregate_tps"] for r in rs if r.get("aggregate_tps") is not None]
         rounds = [v for r in rs for v in r.get("aggregate_tps_rounds") or [] if v is not None]
         ttft = [r["ttft_p50_s"] for r in rs if r.get("ttft_p50_s") is not None]
+
         def band(v: list[float]) -> str:
             return f"{min(v):.2f}-{max(v):.2f}x" if v else "-"
 
