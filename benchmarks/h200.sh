@@ -11,7 +11,8 @@
 #             the published profile; SPEED_ENVS: engine environments measured beside the default
 #             (dspark_speed.py --env-variants, e.g. "LLAMA_CONV_SNAPSHOT_ROWS=0"; an arm with
 #             GGML_CUDA_GRAPH_DEBUG=N, developer 0056: its lines in graphdebug-ARM.txt, each key's
-#             last eager / captured / replayed counts printed). A few minutes.
+#             last eager / captured / replayed counts printed); SPEED_VARIANTS: llama-server flag sets
+#             measured at the best length (';'-separated, e.g. "--spec-draft-p-min 1e-30"). A few minutes.
 #   slots     does the engine survive many slots under mixed-length prompts? crash_hunt.py --traffic
 #             mixed: SLOTS (32) x ARMS (plain,draft) x ENVS (';'-separated engine environments, '-'
 #             as it is) x RUNS (3) fresh servers, 2 x slots closed-loop requests, prompts PROMPTS
@@ -118,6 +119,7 @@ setup)
 speed)
     $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-predict 256 --trials "${TRIALS:-5}" \
         --lengths "${LENGTHS:-5,7}" --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} \
+        ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} \
         --json "$OUT/speed.json" --log-dir "$W/speed" 2>&1 \
         | tee "$OUT/speed.txt" | tail -n 8
     # developer 0056's lines (an arm with GGML_CUDA_GRAPH_DEBUG=N): each such arm's lines to

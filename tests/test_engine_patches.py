@@ -227,3 +227,33 @@ def test_server_turns_cuda_graphs_off_above_16_slots(small_pair, start_server, m
     assert f"17 slots, more than 8: {said}" in log_of(17, LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS="8")
     assert said not in log_of(17, LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS="-1")
     assert said not in log_of(17, GGML_CUDA_DISABLE_GRAPHS="1")
+
+
+def test_greedy_draft_without_a_confidence_cut_leaves_the_head_out(small_pair, start_server):
+    """Patch 0058: with p_min 0 the drafter's greedy graph leaves the confidence head out (its log
+    says so); with p_min above 0 the head stays, and at a threshold no confidence falls below
+    (1e-30) it cuts nothing: the same drafts, so the same drafted / accepted counts and the same
+    text as without the head, request by request."""
+    said = "the draft graph leaves the confidence head out"
+    prompts = [[40 + 5 * i + k for k in range(12 + 3 * i)] for i in range(4)]
+
+    def serve(p_min: float | None) -> tuple[list[tuple[list[int], int, int]], str]:
+        srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=5, draft_p_min=p_min)
+        client = srv.client(timeout=300)
+        got = []
+        for p in prompts:
+            r = client.post_json("/completion", {"prompt": p, "n_predict": 40, "temperature": 0.0, "ignore_eos": True,
+                                                 "cache_prompt": False, "return_tokens": True})
+            got.append((r["tokens"], r["timings"].get("draft_n", 0), r["timings"].get("draft_n_accepted", 0)))
+        log = srv.log_text()
+        srv.stop()
+        return got, log
+
+    without, log0 = serve(None)
+    kept, log_kept = serve(1e-30)
+    assert said in log0, f"p_min 0: no '{said}' in the server's log: {log0[-2000:]}"
+    assert said not in log_kept, "p_min 1e-30: the head was left out though a confidence cut reads it"
+    assert sum(n for _, n, _ in without) > 0, f"nothing was drafted: the case tests nothing: {without}"
+    assert sum(a for _, _, a in without) > 0, f"nothing drafted was accepted: the case tests nothing: {without}"
+    for i, (w, k) in enumerate(zip(without, kept)):
+        assert w == k, f"request {i}: without the head (tokens, drafted, accepted) {w} != with it {k}"
