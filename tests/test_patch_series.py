@@ -16,6 +16,7 @@ from ggufdspark import engine
 
 REPO = Path(__file__).resolve().parent.parent
 REMOVED = ("0010", "0011", "0012", "0016", "0044")  # measured no gain (docs/engine-patches-history.md)
+N_PRODUCT = 39  # patches in the product series
 DEV = ("0014", "0015", "0029", "0031", "0035", "0039", "0042", "0043", "0047", "0049", "0054", "0055", "0056", "0057")
 # switches that turned a correctness fix off or picked a variant that measured slower
 FOOT_GUNS = ("LLAMA_RS_SNAPSHOTS_MOVE", "GGML_CUDA_MMF_FEW_MIN_ROWS", "GGML_CUDA_MMV_FEW",
@@ -29,7 +30,7 @@ def _number(p: Path) -> str:
 def test_the_product_series_has_only_kept_patches():
     product = engine.patch_files()
     numbers = [_number(p) for p in product]
-    assert numbers == sorted(numbers) and len(numbers) == 39, numbers
+    assert numbers == sorted(numbers) and len(numbers) == N_PRODUCT, numbers
     assert not set(numbers) & set(REMOVED + DEV), numbers
     for p in product:
         text = p.read_text()
@@ -68,7 +69,7 @@ def test_series_round_trip_through_the_git_checkout(tmp_path):
     p = subprocess.run(["bash", str(script), "checkout", str(tmp_path / "tree")], capture_output=True, text=True,
                        env=env, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert len(p.stdout.strip().splitlines()) == 38 + len(DEV), p.stdout
+    assert len(p.stdout.strip().splitlines()) == N_PRODUCT + len(DEV), p.stdout
     out = tmp_path / "out"
     p = subprocess.run(["bash", str(script), "export", str(tmp_path / "tree")], capture_output=True, text=True,
                        env={**env, "PATCHES_OUT": str(out)}, timeout=600)
