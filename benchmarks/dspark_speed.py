@@ -14,6 +14,11 @@ Arms (each its own llama-server start: the pinned server ignores per-request spe
   run);
 * aggregate throughput at ``--concurrency`` levels for plain, the best length and the block size.
 
+With ``--interleave`` the one-request arms' servers all run at once and take turns, one request
+each per trial (``harness.measure_interleaved``): a machine that drifts during the run (the H200's
+one-request ratio moved 2.22-2.33x between calls of one build, and arms measured later ran slower)
+moves every arm alike. ``--variants`` are then measured at every length, as ``--env-variants`` are.
+
 Prints a table (tok/s and ratios vs plain) and writes the raw numbers as JSON (``--json``).
 Used for the H200 figures in docs/benchmarks.md; runs on CPU with the small pair as a smoke test:
 
@@ -42,9 +47,16 @@ def run_arm(name: str, settings, args, *, concurrency=(1,), log_dir: Path, env: 
     N requests at once) at each other level."""
     arm = harness.measure_arm(name, settings, log_dir, levels=list(concurrency), n_predict=args.n_predict,
                               trials=args.trials, load_trials=args.load_trials, rounds=1, seed=args.seed, env=env)
-    res = {"arm": name, "cmd": arm.cmd}
+    return arm_row(arm, concurrency)
+
+
+def arm_row(arm: harness.Arm, concurrency=(1,)) -> dict:
+    """A harness arm as this script's row."""
+    res = {"arm": arm.name, "cmd": arm.cmd}
     if 1 in concurrency:
         res.update(decode_tps=arm.tps, decode_tps_all=arm.runs, e2e_s=arm.e2e_s, accept_length=arm.accept_length)
+        if arm.trial_t0_s:
+            res["trial_t0_s"] = arm.trial_t0_s
     for n, point in arm.load.items():
         res[f"aggregate_tps_c{n}"] = point["tps"]
         res[f"aggregate_tps_c{n}_all"] = point["waves"]
@@ -82,6 +94,8 @@ def main() -> None:
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="extra llama-server argument for every arm, plain included (repeat; e.g. --engine-arg=-bs)")
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
+    ap.add_argument("--interleave", action="store_true",
+                    help="run the one-request arms' servers at once, taking turns request by request")
     ap.add_argument("--env-variants", default="",
                     help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each measured "
                          "at every draft length beside the default (e.g. 'GGML_CUDA_MMF_FEW=4;LLAMA_OUTPUT_ARGMAX=0')")
@@ -110,10 +124,15 @@ def main() -> None:
         return harness.drafted(s, args.draft, draft_n, rates) if draft_n else s
 
     results = []
-    plain = run_arm("plain", settings(None), args, log_dir=args.log_dir)
-    results.append(plain)
-    print(f"plain: {plain['decode_tps']:.1f} tok/s", file=sys.stderr)
-    for n in [int(x) for x in args.lengths.split(",")]:
+    variants = [v for v in args.variants.split(";") if v.strip()]
+    if args.interleave:
+        results = interleaved(args, settings, env_variants, variants)
+        plain = results[0]
+    else:
+        plain = run_arm("plain", settings(None), args, log_dir=args.log_dir)
+        results.append(plain)
+        print(f"plain: {plain['decode_tps']:.1f} tok/s", file=sys.stderr)
+    for n in [] if args.interleave else [int(x) for x in args.lengths.split(",")]:
         r = run_arm(f"dspark-n{n}", settings(n), args, log_dir=args.log_dir)
         r["draft_n_max"] = n
         results.append(r)
@@ -126,9 +145,9 @@ def main() -> None:
             results.append(r)
             print(f"n_max {n} [{label}]: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})",
                   file=sys.stderr)
-    spec = [r for r in results if "draft_n_max" in r and not r.get("env")]
+    spec = [r for r in results if "draft_n_max" in r and not r.get("env") and not r.get("variant")]
     best = max(spec, key=lambda r: r["decode_tps"])
-    for i, v in enumerate(x for x in args.variants.split(";") if x.strip()):
+    for i, v in enumerate([] if args.interleave else variants):
         r = run_arm(f"dspark-n{best['draft_n_max']}-variant{i}", settings(best["draft_n_max"], v.split()), args,
                     log_dir=args.log_dir)
         r["variant"] = v
@@ -148,7 +167,8 @@ def main() -> None:
     base = plain["decode_tps"]
     print(f"\nsynthetic acceptance: mean length {args.accept_len} at block {args.block}, per-position rates "
           f"[{', '.join(f'{x:.3f}' for x in rates)}] truncated per length; {args.n_predict} tokens, greedy, "
-          f"median of {args.trials}\n")
+          f"median of {args.trials}" + (", the arms' servers running at once and taking turns a request each"
+                                        if args.interleave else "") + "\n")
     print(f"{'arm':<58}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}{'ms/step':>9}")
     for r in results:
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
@@ -170,6 +190,33 @@ def main() -> None:
             print(row)
     args.json.write_text(json.dumps({"rates": rates, "results": results, "load": load,
                                      "server": server, "args": vars(args)}, indent=2, default=str))
+
+
+def interleaved(args, settings, env_variants: list[dict[str, str]], variants: list[str]) -> list[dict]:
+    """Every one-request arm (plain, each length, each length under each environment and server-flag
+    variant) on its own server, all started together and measured in turns."""
+    specs = [harness.ArmSpec("plain", settings(None))]
+    meta: list[dict] = [{}]
+    for n in [int(x) for x in args.lengths.split(",")]:
+        specs.append(harness.ArmSpec(f"dspark-n{n}" + (f"-{len(specs)}" if any(s.name == f"dspark-n{n}" for s in specs) else ""),
+                                     settings(n)))
+        meta.append({"draft_n_max": n})
+        for env in env_variants:
+            label = ",".join(f"{k}={v}" for k, v in env.items())
+            specs.append(harness.ArmSpec(f"dspark-n{n}-{len(specs)}-" + label.replace("=", "").replace(",", "-"),
+                                         settings(n), env))
+            meta.append({"draft_n_max": n, "env": label})
+        for i, v in enumerate(variants):
+            specs.append(harness.ArmSpec(f"dspark-n{n}-{len(specs)}-variant{i}", settings(n, v.split())))
+            meta.append({"draft_n_max": n, "variant": v})
+    print(f"{len(specs)} servers at once, {args.trials} turns", file=sys.stderr)
+    rows = []
+    for arm, m in zip(harness.measure_interleaved(specs, args.log_dir, n_predict=args.n_predict, trials=args.trials,
+                                                  seed=args.seed), meta):
+        rows.append({**arm_row(arm), **m})
+        print(f"{arm.name}: {arm.tps:.1f} tok/s" + (f" (accept length {arm.accept_length})" if m else ""),
+              file=sys.stderr)
+    return rows
 
 
 if __name__ == "__main__":

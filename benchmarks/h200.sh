@@ -12,7 +12,9 @@
 #             (dspark_speed.py --env-variants, e.g. "LLAMA_CONV_SNAPSHOT_ROWS=0"; an arm with
 #             GGML_CUDA_GRAPH_DEBUG=N, developer 0056: its lines in graphdebug-ARM.txt, each key's
 #             last eager / captured / replayed counts printed); SPEED_VARIANTS: llama-server flag sets
-#             measured at the best length (';'-separated, e.g. "--spec-draft-p-min 1e-30"). A few minutes.
+#             measured at the best length (';'-separated, e.g. "--spec-draft-p-min 1e-30"); INTERLEAVE=1:
+#             every one-request arm's server up at once, the arms taking turns a request each (a drift
+#             of the machine falls on all arms alike; variants then at every length). A few minutes.
 #   slots     does the engine survive many slots under mixed-length prompts? crash_hunt.py --traffic
 #             mixed: SLOTS (32) x ARMS (plain,draft) x ENVS (';'-separated engine environments, '-'
 #             as it is) x RUNS (3) fresh servers, 2 x slots closed-loop requests, prompts PROMPTS
@@ -119,7 +121,7 @@ setup)
 speed)
     $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-predict 256 --trials "${TRIALS:-5}" \
         --lengths "${LENGTHS:-5,7}" --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} \
-        ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} \
+        ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} ${INTERLEAVE:+--interleave} \
         --json "$OUT/speed.json" --log-dir "$W/speed" 2>&1 \
         | tee "$OUT/speed.txt" | tail -n 8
     # developer 0056's lines (an arm with GGML_CUDA_GRAPH_DEBUG=N): each such arm's lines to

@@ -23,6 +23,7 @@ llama.cpp's geometric rates, truncated for a shorter draft, never rescaled per l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -36,7 +37,7 @@ from benchmarks.engine_env import environ
 from ggufdspark import engine, launch
 from ggufdspark import measure as ms
 from ggufdspark.acceptance import geometric_rates
-from ggufdspark.errors import GgufdsparkError
+from ggufdspark.errors import EngineError, GgufdsparkError
 from ggufdspark.devices import DeviceReport
 from ggufdspark.gate import first_difference, top_logprobs_by_position
 from ggufdspark.runners.server import ServerProcess, ServerSettings
@@ -125,6 +126,7 @@ class Arm:
     load: dict[int, dict] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     reference: dict | None = None  # greedy tokens (and top-2 probabilities) for the lossless check
+    trial_t0_s: list[float] = field(default_factory=list)  # interleaved runs: when each request was sent
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -143,14 +145,8 @@ def measure_arm(name: str, settings: ServerSettings, log_dir: Path, *, levels: l
         prompt = c.tokenize(PROMPT)
         ms.warm(c)
         if 1 in levels:
-            outs = [ms.request(c, prompt, n_predict, ignore_eos=True, seed=seed + i) for i in range(trials)]
-            arm.runs = [o.timings.decode_tps for o in outs]
-            arm.tps = statistics.median(arm.runs)
-            arm.e2e_s = statistics.median(o.wall_s for o in outs)
-            lengths = [o.timings.accept_length for o in outs if o.timings.accept_length]
-            arm.accept_length = statistics.median(lengths) if lengths else None
-            arm.draft_n = sum(o.timings.draft_n or 0 for o in outs)
-            arm.draft_n_accepted = sum(o.timings.draft_n_accepted or 0 for o in outs)
+            _single_requests(arm, [ms.request(c, prompt, n_predict, ignore_eos=True, seed=seed + i)
+                                   for i in range(trials)])
         for n in (x for x in levels if x > 1):
             waves = [ms.measure_load(c, [prompt], n, n_predict, rounds=rounds, ignore_eos=True).to_dict()
                      for _ in range(load_trials)]
@@ -164,6 +160,62 @@ def measure_arm(name: str, settings: ServerSettings, log_dir: Path, *, levels: l
             arm.reference = {"tokens": toks,
                              "top2": [[t.get("logprob") for t in by_pos.get(i, [])[:2]] for i in range(len(toks))]}
     return arm
+
+
+def _single_requests(arm: Arm, outs: list[ms.Outcome]) -> None:
+    """``arm``'s one-request figures from its trials' outcomes (medians, drafted / accepted sums)."""
+    arm.runs = [o.timings.decode_tps for o in outs]
+    arm.tps = statistics.median(arm.runs)
+    arm.e2e_s = statistics.median(o.wall_s for o in outs)
+    lengths = [o.timings.accept_length for o in outs if o.timings.accept_length]
+    arm.accept_length = statistics.median(lengths) if lengths else None
+    arm.draft_n = sum(o.timings.draft_n or 0 for o in outs)
+    arm.draft_n_accepted = sum(o.timings.draft_n_accepted or 0 for o in outs)
+
+
+@dataclass
+class ArmSpec:
+    """One server of an interleaved measurement: its name, settings and engine environment."""
+
+    name: str
+    settings: ServerSettings
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def measure_interleaved(specs: list[ArmSpec], log_dir: Path, *, n_predict: int, trials: int,
+                        seed: int = TRIAL_SEED) -> list[Arm]:
+    """One request at a time on every arm's server, all started at once, the arms taking turns:
+    trial i sends one request (seeded ``seed + i``) to each server in turn, starting at arm i mod N,
+    so a drift of the machine during the run (a GPU's clocks, another tenant) falls on every arm
+    alike instead of on the arms measured last. Each arm's ``trial_t0_s``: when its requests were
+    sent, seconds from the first trial's start."""
+    arms = [Arm(s.name, " ".join(s.settings.redacted()), env=dict(s.env)) for s in specs]
+    outs: list[list[ms.Outcome]] = [[] for _ in specs]
+    sent: list[list[float]] = [[] for _ in specs]
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for s in specs:
+            log = log_dir / f"{s.name}.log"
+            with environ(s.env):  # the engine's environment is taken at its start
+                srv = stack.enter_context(ServerProcess(s.settings, log_path=log, start_timeout=600))
+            servers.append((srv, srv.client(), log))
+        prompt = servers[0][1].tokenize(PROMPT)
+        for srv, c, log in servers:
+            ms.warm(c)
+        t_start = time.perf_counter()
+        for i in range(trials):
+            for k in range(len(specs)):
+                j = (i + k) % len(specs)
+                srv, c, log = servers[j]
+                sent[j].append(round(time.perf_counter() - t_start, 4))
+                try:
+                    outs[j].append(ms.request(c, prompt, n_predict, ignore_eos=True, seed=seed + i))
+                except EngineError as e:
+                    raise ms.server_failure(srv, specs[j].settings, log, e) from None
+    for arm, o, t in zip(arms, outs, sent):
+        _single_requests(arm, o)
+        arm.trial_t0_s = t
+    return arms
 
 
 def lossless(name: str, settings: ServerSettings, log_dir: Path, reference: dict) -> dict:

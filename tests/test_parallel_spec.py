@@ -246,6 +246,47 @@ def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_pa
         assert r["aggregate_tps_c2"] == statistics.median(waves), r
 
 
+def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp_path):
+    """benchmarks/dspark_speed.py --interleave: every one-request arm's server (plain, two lengths,
+    an engine-environment variant and a server-flag variant of each) is up at once, and the arms
+    take turns: every arm's request of trial i is sent before any arm's of trial i + 1, trial i
+    starting at arm i mod N; each arm's figures come from its own server's answers."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "dspark_speed.py"
+    out, logs = tmp_path / "speed.json", tmp_path / "logs"
+    p = subprocess.run([sys.executable, str(bench), "-m", str(small_pair.target), "-md", str(small_pair.draft),
+                        "--n-predict", "64", "--trials", "3", "--lengths", "2,3", "--concurrency", "",
+                        "--env-variants", "LLAMA_SPEC_PROFILE=1", "--variants", "--spec-draft-p-min 1e-30",
+                        "--interleave", "--json", str(out), "--log-dir", str(logs)],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
+    assert "7 servers at once, 3 turns" in p.stderr, p.stderr
+    assert "taking turns a request each" in p.stdout, p.stdout
+    rows = json.loads(out.read_text())["results"]
+    assert [(r.get("draft_n_max"), r.get("env"), r.get("variant")) for r in rows] == [
+        (None, None, None),
+        (2, None, None), (2, "LLAMA_SPEC_PROFILE=1", None), (2, None, "--spec-draft-p-min 1e-30"),
+        (3, None, None), (3, "LLAMA_SPEC_PROFILE=1", None), (3, None, "--spec-draft-p-min 1e-30")], rows
+    n = len(rows)
+    for i in range(3):
+        sent = [r["trial_t0_s"][i] for r in rows]
+        if i + 1 < 3:
+            assert max(sent) < min(r["trial_t0_s"][i + 1] for r in rows), f"trial {i} overlaps the next: {rows}"
+        assert sent.index(min(sent)) == i % n, f"trial {i} did not start at arm {i % n}: {sent}"
+    for r in rows:
+        assert len(r["decode_tps_all"]) == 3 and all(t > 0 for t in r["decode_tps_all"]), r
+        if r.get("draft_n_max"):
+            assert r["accept_length"] and f"--spec-draft-n-max {r['draft_n_max']}" in r["cmd"], r
+    # the environment reached its own servers only: the step profile (a line every 128 target decodes;
+    # 3 x 64 tokens at these acceptances take more) is in theirs alone
+    for r in rows:
+        profiled = "spec profile" in (logs / f"{r['arm']}.log").read_text()
+        assert profiled == (r.get("env") == "LLAMA_SPEC_PROFILE=1"), (r["arm"], profiled)
+
+
 def test_crash_hunt_mixed_traffic_through_many_slots(small_pair, dspark_engine, tmp_path):
     """benchmarks/crash_hunt.py --traffic mixed (issue 28's shape, the one that killed the engine at
     32 slots on CUDA): fresh servers at 16 slots, plain and drafted, 16 closed-loop clients and 32
