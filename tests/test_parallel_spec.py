@@ -258,7 +258,7 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
     bench = Path(__file__).resolve().parent.parent / "benchmarks" / "dspark_speed.py"
     out, logs = tmp_path / "speed.json", tmp_path / "logs"
     p = subprocess.run([sys.executable, str(bench), "-m", str(small_pair.target), "-md", str(small_pair.draft),
-                        "--n-predict", "64", "--trials", "3", "--lengths", "2,3", "--concurrency", "",
+                        "--n-predict", "200", "--trials", "3", "--lengths", "2,3", "--concurrency", "",
                         "--env-variants", "LLAMA_SPEC_PROFILE=1", "--variants", "--spec-draft-p-min 1e-30",
                         "--interleave", "--json", str(out), "--log-dir", str(logs)],
                        capture_output=True, text=True, timeout=900)
@@ -281,7 +281,7 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
         if r.get("draft_n_max"):
             assert r["accept_length"] and f"--spec-draft-n-max {r['draft_n_max']}" in r["cmd"], r
     # the environment reached its own servers only: the step profile (a line every 128 target decodes;
-    # 3 x 64 tokens at these acceptances take more) is in theirs alone
+    # 3 x 200 tokens at these acceptances take more) is in theirs alone
     for r in rows:
         profiled = "spec profile" in (logs / f"{r['arm']}.log").read_text()
         assert profiled == (r.get("env") == "LLAMA_SPEC_PROFILE=1"), (r["arm"], profiled)
