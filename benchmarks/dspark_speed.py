@@ -17,7 +17,9 @@ Arms (each its own llama-server start: the pinned server ignores per-request spe
 With ``--interleave`` the one-request arms' servers all run at once and take turns, one request
 each per trial (``harness.measure_interleaved``): a machine that drifts during the run (the H200's
 one-request ratio moved 2.22-2.33x between calls of one build, and arms measured later ran slower)
-moves every arm alike. ``--variants`` are then measured at every length, as ``--env-variants`` are.
+moves every arm alike. ``--variants`` are then measured at every length, as ``--env-variants`` are,
+and on a plain server of their own too (a flag such as ``-ot token_embd.weight=CUDA0`` changes the
+plain server as well: its ratio is against that plain arm).
 
 Prints a table (tok/s and ratios vs plain) and writes the raw numbers as JSON (``--json``).
 Used for the H200 figures in docs/benchmarks.md; runs on CPU with the small pair as a smoke test:
@@ -39,6 +41,7 @@ from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import parse_env  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
+from ggufdspark.errors import GgufdsparkError  # noqa: E402
 
 
 def run_arm(name: str, settings, args, *, concurrency=(1,), log_dir: Path, env: dict[str, str] | None = None) -> dict:
@@ -169,15 +172,20 @@ def main() -> None:
           f"[{', '.join(f'{x:.3f}' for x in rates)}] truncated per length; {args.n_predict} tokens, greedy, "
           f"median of {args.trials}" + (", the arms' servers running at once and taking turns a request each"
                                         if args.interleave else "") + "\n")
+    # a server-flag variant with a plain arm of its own (--interleave) is compared with that arm
+    plain_of = {r["variant"]: r["decode_tps"] for r in results if r.get("plain")}
+    if plain_of:
+        print("a variant's rows are against the plain server with the same flags (its own plain row: against plain)\n")
     print(f"{'arm':<58}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}{'ms/step':>9}")
     for r in results:
+        ref = plain_of.get(r.get("variant"), base) if not r.get("plain") else base
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
         # a step makes accept-length tokens: its time, free of how lucky the acceptance draws were
         step = f"{1000 * r['accept_length'] / r['decode_tps']:.2f}" if r.get("accept_length") else "-"
         label = r["arm"] + (f" [{r['variant']}]" if r.get("variant") else "")
         if r.get("env"):
             label = f"dspark-n{r['draft_n_max']} [{r['env']}]"
-        print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / base:>9.2f}x{al:>12}{step:>9}")
+        print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / ref:>9.2f}x{al:>12}{step:>9}")
     if load:
         if args.load_trials > 1:
             print(f"\nunder load: median of {args.load_trials} waves a level")
@@ -197,6 +205,9 @@ def interleaved(args, settings, env_variants: list[dict[str, str]], variants: li
     variant) on its own server, all started together and measured in turns."""
     specs = [harness.ArmSpec("plain", settings(None))]
     meta: list[dict] = [{}]
+    for i, v in enumerate(variants):
+        specs.append(harness.ArmSpec(f"plain-variant{i}", settings(None, v.split())))
+        meta.append({"variant": v, "plain": True})
     for n in [int(x) for x in args.lengths.split(",")]:
         specs.append(harness.ArmSpec(f"dspark-n{n}" + (f"-{len(specs)}" if any(s.name == f"dspark-n{n}" for s in specs) else ""),
                                      settings(n)))
@@ -220,4 +231,7 @@ def interleaved(args, settings, env_variants: list[dict[str, str]], variants: li
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except GgufdsparkError as e:  # a missing file, a server that died: one line, not a traceback
+        sys.exit(f"dspark_speed.py: {e}")

@@ -206,7 +206,8 @@ def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engi
 
 def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
     """A malformed --env (crash_hunt.py, parallel_load.py) or --load-lengths (dspark_speed.py) is
-    refused before any server starts: exit 2, one line naming the value."""
+    refused before any server starts: exit 2, one line naming the value; a missing model file
+    (dspark_speed.py): exit 1, one line naming it."""
     import subprocess
     import sys
     from pathlib import Path
@@ -216,10 +217,13 @@ def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
     for script, args, said in (("crash_hunt.py", ["--env", "FOO"], "--env: 'FOO' is not NAME=VALUE"),
                                ("parallel_load.py", ["--env", "A=1,B"], "--env: 'B' is not NAME=VALUE"),
                                ("dspark_speed.py", ["--load-lengths", "5,x"], "--load-lengths '5,x': expected draft lengths"),
-                               ("dspark_speed.py", ["--load-trials", "0"], "--load-trials 0: at least 1")):
+                               ("dspark_speed.py", ["--load-trials", "0"], "--load-trials 0: at least 1"),
+                               ("dspark_speed.py", ["-m", str(tmp_path / "none.gguf")], "none.gguf: no such file")):
         p = subprocess.run([sys.executable, str(bench / script), *pair, *args, "--log-dir", str(tmp_path / script)],
                            capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (script, p.stderr)
+        code = 1 if "no such file" in said else 2  # a missing file is not a usage error
+        assert p.returncode == code and said in p.stderr and "Traceback" not in p.stderr, (script, p.stderr)
+        assert code == 2 or len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_path):
@@ -248,7 +252,8 @@ def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_pa
 
 def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp_path):
     """benchmarks/dspark_speed.py --interleave: every one-request arm's server (plain, two lengths,
-    an engine-environment variant and a server-flag variant of each) is up at once, and the arms
+    an engine-environment variant and a server-flag variant of each, the flag variant on a plain
+    server too, its drafted rows compared with that one) is up at once, and the arms
     take turns: every arm's request of trial i is sent before any arm's of trial i + 1, trial i
     starting at arm i mod N; each arm's figures come from its own server's answers."""
     import subprocess
@@ -263,11 +268,11 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
                         "--interleave", "--json", str(out), "--log-dir", str(logs)],
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
-    assert "7 servers at once, 3 turns" in p.stderr, p.stderr
+    assert "8 servers at once, 3 turns" in p.stderr, p.stderr
     assert "taking turns a request each" in p.stdout, p.stdout
     rows = json.loads(out.read_text())["results"]
     assert [(r.get("draft_n_max"), r.get("env"), r.get("variant")) for r in rows] == [
-        (None, None, None),
+        (None, None, None), (None, None, "--spec-draft-p-min 1e-30"),
         (2, None, None), (2, "LLAMA_SPEC_PROFILE=1", None), (2, None, "--spec-draft-p-min 1e-30"),
         (3, None, None), (3, "LLAMA_SPEC_PROFILE=1", None), (3, None, "--spec-draft-p-min 1e-30")], rows
     n = len(rows)
@@ -280,6 +285,12 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
         assert len(r["decode_tps_all"]) == 3 and all(t > 0 for t in r["decode_tps_all"]), r
         if r.get("draft_n_max"):
             assert r["accept_length"] and f"--spec-draft-n-max {r['draft_n_max']}" in r["cmd"], r
+    table = p.stdout[p.stdout.index("arm "):]
+    plain_v = next(r for r in rows if r.get("variant") and not r.get("draft_n_max"))
+    for r in rows:
+        if r.get("variant") and r.get("draft_n_max"):
+            want = f"{r['decode_tps'] / plain_v['decode_tps']:.2f}x"
+            assert any(line.startswith(f"{r['arm']} [") and want in line for line in table.splitlines()), (want, table)
     # the environment reached its own servers only: the step profile (a line every 128 target decodes;
     # 3 x 200 tokens at these acceptances take more) is in theirs alone
     for r in rows:
