@@ -209,8 +209,8 @@ def interleaved(args, settings, env_variants: list[dict[str, str]], variants: li
         specs.append(harness.ArmSpec(f"plain-variant{i}", settings(None, v.split())))
         meta.append({"variant": v, "plain": True})
     for n in [int(x) for x in args.lengths.split(",")]:
-        specs.append(harness.ArmSpec(f"dspark-n{n}" + (f"-{len(specs)}" if any(s.name == f"dspark-n{n}" for s in specs) else ""),
-                                     settings(n)))
+        name = f"dspark-n{n}"
+        specs.append(harness.ArmSpec(name if all(s.name != name for s in specs) else f"{name}-{len(specs)}", settings(n)))
         meta.append({"draft_n_max": n})
         for env in env_variants:
             label = ",".join(f"{k}={v}" for k, v in env.items())
