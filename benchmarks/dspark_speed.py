@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
     ap.add_argument("--interleave", action="store_true",
                     help="run the one-request arms' servers at once, taking turns request by request")
+    ap.add_argument("--cross-variants", action="store_true",
+                    help="with --interleave: also every --variants flag set under every --env-variants environment")
     ap.add_argument("--env-variants", default="",
                     help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each measured "
                          "at every draft length beside the default (e.g. 'GGML_CUDA_MMF_FEW=4;LLAMA_OUTPUT_ARGMAX=0')")
@@ -118,6 +120,8 @@ def main() -> None:
         load_lengths = [int(x) for x in args.load_lengths.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--load-lengths {args.load_lengths!r}: expected draft lengths, comma-separated")
+    if args.cross_variants and not args.interleave:
+        ap.error("--cross-variants: only with --interleave")
     max_np = max(conc + [1])
 
     def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1):
@@ -184,7 +188,7 @@ def main() -> None:
         step = f"{1000 * r['accept_length'] / r['decode_tps']:.2f}" if r.get("accept_length") else "-"
         label = r["arm"] + (f" [{r['variant']}]" if r.get("variant") else "")
         if r.get("env"):
-            label = f"dspark-n{r['draft_n_max']} [{r['env']}]"
+            label = f"dspark-n{r['draft_n_max']} [{r['env']}]" + (f" [{r['variant']}]" if r.get("variant") else "")
         print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / ref:>9.2f}x{al:>12}{step:>9}")
     if load:
         if args.load_trials > 1:
@@ -220,6 +224,11 @@ def interleaved(args, settings, env_variants: list[dict[str, str]], variants: li
         for i, v in enumerate(variants):
             specs.append(harness.ArmSpec(f"dspark-n{n}-{len(specs)}-variant{i}", settings(n, v.split())))
             meta.append({"draft_n_max": n, "variant": v})
+            for env in env_variants if args.cross_variants else []:
+                label = ",".join(f"{k}={v}" for k, v in env.items())
+                specs.append(harness.ArmSpec(f"dspark-n{n}-{len(specs)}-variant{i}-" + label.replace("=", "").replace(",", "-"),
+                                             settings(n, v.split()), env))
+                meta.append({"draft_n_max": n, "variant": v, "env": label})
     print(f"{len(specs)} servers at once, {args.trials} turns", file=sys.stderr)
     rows = []
     for arm, m in zip(harness.measure_interleaved(specs, args.log_dir, n_predict=args.n_predict, trials=args.trials,

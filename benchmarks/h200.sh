@@ -14,7 +14,9 @@
 #             last eager / captured / replayed counts printed); SPEED_VARIANTS: llama-server flag sets
 #             measured at the best length (';'-separated, e.g. "--spec-draft-p-min 1e-30"); INTERLEAVE=1:
 #             every one-request arm's server up at once, the arms taking turns a request each (a drift
-#             of the machine falls on all arms alike; variants then at every length). A few minutes.
+#             of the machine falls on all arms alike; variants then at every length, and on a plain
+#             server too; CROSS=1: each SPEED_VARIANTS flag set under each SPEED_ENVS environment as
+#             well). A few minutes.
 #   slots     does the engine survive many slots under mixed-length prompts? crash_hunt.py --traffic
 #             mixed: SLOTS (32) x ARMS (plain,draft) x ENVS (';'-separated engine environments, '-'
 #             as it is) x RUNS (3) fresh servers, 2 x slots closed-loop requests, prompts PROMPTS
@@ -121,7 +123,7 @@ setup)
 speed)
     $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-predict 256 --trials "${TRIALS:-5}" \
         --lengths "${LENGTHS:-5,7}" --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} \
-        ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} ${INTERLEAVE:+--interleave} \
+        ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} ${INTERLEAVE:+--interleave} ${CROSS:+--cross-variants} \
         --json "$OUT/speed.json" --log-dir "$W/speed" 2>&1 \
         | tee "$OUT/speed.txt" | tail -n 8
     # developer 0056's lines (an arm with GGML_CUDA_GRAPH_DEBUG=N): each such arm's lines to

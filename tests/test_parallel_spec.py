@@ -218,6 +218,7 @@ def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
                                ("parallel_load.py", ["--env", "A=1,B"], "--env: 'B' is not NAME=VALUE"),
                                ("dspark_speed.py", ["--load-lengths", "5,x"], "--load-lengths '5,x': expected draft lengths"),
                                ("dspark_speed.py", ["--load-trials", "0"], "--load-trials 0: at least 1"),
+                               ("dspark_speed.py", ["--cross-variants"], "--cross-variants: only with --interleave"),
                                ("dspark_speed.py", ["-m", str(tmp_path / "none.gguf")], "none.gguf: no such file")):
         p = subprocess.run([sys.executable, str(bench / script), *pair, *args, "--log-dir", str(tmp_path / script)],
                            capture_output=True, text=True, timeout=120)
@@ -252,8 +253,9 @@ def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_pa
 
 def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp_path):
     """benchmarks/dspark_speed.py --interleave: every one-request arm's server (plain, two lengths,
-    an engine-environment variant and a server-flag variant of each, the flag variant on a plain
-    server too, its drafted rows compared with that one) is up at once, and the arms
+    an engine-environment variant and a server-flag variant of each and, with --cross-variants, the
+    two together; the flag variant on a plain server too, its drafted rows compared with that one)
+    is up at once, and the arms
     take turns: every arm's request of trial i is sent before any arm's of trial i + 1, trial i
     starting at arm i mod N; each arm's figures come from its own server's answers."""
     import subprocess
@@ -265,16 +267,18 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
     p = subprocess.run([sys.executable, str(bench), "-m", str(small_pair.target), "-md", str(small_pair.draft),
                         "--n-predict", "200", "--trials", "3", "--lengths", "2,3", "--concurrency", "",
                         "--env-variants", "LLAMA_SPEC_PROFILE=1", "--variants", "--spec-draft-p-min 1e-30",
-                        "--interleave", "--json", str(out), "--log-dir", str(logs)],
+                        "--interleave", "--cross-variants", "--json", str(out), "--log-dir", str(logs)],
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
-    assert "8 servers at once, 3 turns" in p.stderr, p.stderr
+    assert "10 servers at once, 3 turns" in p.stderr, p.stderr
     assert "taking turns a request each" in p.stdout, p.stdout
     rows = json.loads(out.read_text())["results"]
     assert [(r.get("draft_n_max"), r.get("env"), r.get("variant")) for r in rows] == [
         (None, None, None), (None, None, "--spec-draft-p-min 1e-30"),
         (2, None, None), (2, "LLAMA_SPEC_PROFILE=1", None), (2, None, "--spec-draft-p-min 1e-30"),
-        (3, None, None), (3, "LLAMA_SPEC_PROFILE=1", None), (3, None, "--spec-draft-p-min 1e-30")], rows
+        (2, "LLAMA_SPEC_PROFILE=1", "--spec-draft-p-min 1e-30"),
+        (3, None, None), (3, "LLAMA_SPEC_PROFILE=1", None), (3, None, "--spec-draft-p-min 1e-30"),
+        (3, "LLAMA_SPEC_PROFILE=1", "--spec-draft-p-min 1e-30")], rows
     n = len(rows)
     for i in range(3):
         sent = [r["trial_t0_s"][i] for r in rows]
@@ -290,7 +294,8 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
     for r in rows:
         if r.get("variant") and r.get("draft_n_max"):
             want = f"{r['decode_tps'] / plain_v['decode_tps']:.2f}x"
-            assert any(line.startswith(f"{r['arm']} [") and want in line for line in table.splitlines()), (want, table)
+            label = f"dspark-n{r['draft_n_max']} [{r['env']}] [" if r.get("env") else f"{r['arm']} ["
+            assert any(line.startswith(label) and want in line for line in table.splitlines()), (want, table)
     # the environment reached its own servers only: the step profile (a line every 128 target decodes;
     # 3 x 200 tokens at these acceptances take more) is in theirs alone
     for r in rows:
