@@ -121,6 +121,7 @@ setup)
     if [ -n "${gen:-}" ]; then wait "$gen"; echo "generate+convert rc=$? at $((SECONDS - t0)) s"; tail -n 3 "$W/gen.log"; fi
     ;;
 speed)
+    rm -rf "$W/speed"  # this call's servers' logs only (a warm machine keeps the last call's)
     $py benchmarks/dspark_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" --n-predict 256 --trials "${TRIALS:-5}" \
         --lengths "${LENGTHS:-5,7}" --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} \
         ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} ${INTERLEAVE:+--interleave} ${CROSS:+--cross-variants} \
@@ -133,7 +134,8 @@ speed)
         g="$OUT/graphdebug-$(basename "$f" .log).txt"
         grep -h "cuda graph debug" "$f" > "$g"
         n=$(grep -c "computes: key" "$g"); last=$(grep "computes: key" "$g" | tail -n 1 | sed 's/.*after \([0-9]*\) computes.*/\1/')
-        echo "== $(basename "$g"): $(grep -vc "computes: key" "$g") changes; per-key counts after ${last:-0} computes:"
+        echo "== $(basename "$g"): $(grep -c "changed: \|nodes -> " "$g") changes, $(grep -c "kept capture replays" "$g")" \
+             "kept captures replayed (0059); per-key counts after ${last:-0} computes:"
         if [ "$n" -gt 0 ]; then grep "after $last computes: key" "$g" | sed 's/.*computes: //'; fi
     done
     ;;

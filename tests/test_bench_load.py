@@ -292,6 +292,43 @@ def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark
             assert len(lv["round_tps"]) == 2
 
 
+def test_device_script_speed_stage_interleaves_and_keeps_only_its_own_logs(small_pair, dspark_engine, isolated,
+                                                                           tmp_path):
+    """benchmarks/h200.sh speed on CPU with the small pair: INTERLEAVE=1, CROSS=1, SPEED_ENVS and
+    SPEED_VARIANTS reach dspark_speed.py (every arm in one interleaved run, the flag set under the
+    environment too); a second call on the same work folder (a warm machine) leaves that call's
+    server logs only."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    base = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
+            "SERVER": dspark_engine.path, "GPU": "", "TRIALS": "2", "LENGTHS": "2", "WORK": str(tmp_path / "work"),
+            "PYTHON": sys.executable}
+
+    def speed(out: Path, **env: str) -> dict:
+        p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "speed"], env={**base, "OUT": str(out), **env},
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return json.loads((out / "speed.json").read_text())
+
+    first = speed(tmp_path / "out1", INTERLEAVE="1", CROSS="1", SPEED_ENVS="LLAMA_SPEC_PROFILE=1",
+                  SPEED_VARIANTS="--spec-draft-p-min 1e-30")
+    assert first["args"]["interleave"] and first["args"]["cross_variants"], first["args"]
+    arms = [(r.get("draft_n_max"), r.get("env"), r.get("variant")) for r in first["results"]]
+    assert arms == [(None, None, None), (None, None, "--spec-draft-p-min 1e-30"), (2, None, None),
+                    (2, "LLAMA_SPEC_PROFILE=1", None), (2, None, "--spec-draft-p-min 1e-30"),
+                    (2, "LLAMA_SPEC_PROFILE=1", "--spec-draft-p-min 1e-30")], arms
+    assert all(len(r["trial_t0_s"]) == 2 for r in first["results"]), first["results"]
+    logs = tmp_path / "work" / "speed"
+    assert len(list(logs.glob("*.log"))) == 6, sorted(p.name for p in logs.glob("*.log"))
+    second = speed(tmp_path / "out2")
+    assert not second["args"]["interleave"] and [r["arm"] for r in second["results"]] == ["plain", "dspark-n2"]
+    assert sorted(p.name for p in logs.glob("*.log")) == ["dspark-n2.log", "plain.log"]
+
+
 def test_one_request_bench_writes_its_json_file_too(small_pair, ggufdspark_cli, isolated, tmp_path):
     out = tmp_path / "bench.json"
     p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--limit", "1",
