@@ -177,19 +177,27 @@ def main() -> None:
           f"median of {args.trials}" + (", the arms' servers running at once and taking turns a request each"
                                         if args.interleave else "") + "\n")
     # a server-flag variant with a plain arm of its own (--interleave) is compared with that arm
-    plain_of = {r["variant"]: r["decode_tps"] for r in results if r.get("plain")}
+    plain_of = {r["variant"]: r for r in results if r.get("plain")}
     if plain_of:
         print("a variant's rows are against the plain server with the same flags (its own plain row: against plain)\n")
-    print(f"{'arm':<58}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}{'ms/step':>9}")
+    # interleaved: each turn's ratio (this arm's request against its plain server's in the same turn)
+    turns = " per-turn ratio" if args.interleave else ""
+    print(f"{'arm':<58}{'decode tok/s':>14}{'vs plain':>10}{'accept len':>12}{'ms/step':>9}{turns}")
     for r in results:
-        ref = plain_of.get(r.get("variant"), base) if not r.get("plain") else base
+        ref_row = plain_of.get(r.get("variant"), plain) if not r.get("plain") else plain
+        ref = ref_row["decode_tps"]
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
         # a step makes accept-length tokens: its time, free of how lucky the acceptance draws were
         step = f"{1000 * r['accept_length'] / r['decode_tps']:.2f}" if r.get("accept_length") else "-"
         label = r["arm"] + (f" [{r['variant']}]" if r.get("variant") else "")
         if r.get("env"):
             label = f"dspark-n{r['draft_n_max']} [{r['env']}]" + (f" [{r['variant']}]" if r.get("variant") else "")
-        print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / ref:>9.2f}x{al:>12}{step:>9}")
+        spread = ""
+        if args.interleave and r is not ref_row:
+            per = sorted(a / b for a, b in zip(r["decode_tps_all"], ref_row["decode_tps_all"]))
+            r["turn_ratios"] = per
+            spread = f"  {per[0]:.2f}-{per[-1]:.2f}x"
+        print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / ref:>9.2f}x{al:>12}{step:>9}{spread}")
     if load:
         if args.load_trials > 1:
             print(f"\nunder load: median of {args.load_trials} waves a level")

@@ -280,6 +280,7 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
         (3, None, None), (3, "LLAMA_SPEC_PROFILE=1", None), (3, None, "--spec-draft-p-min 1e-30"),
         (3, "LLAMA_SPEC_PROFILE=1", "--spec-draft-p-min 1e-30")], rows
     n = len(rows)
+    plain_v = next(r for r in rows if r.get("variant") and not r.get("draft_n_max"))
     for i in range(3):
         sent = [r["trial_t0_s"][i] for r in rows]
         if i + 1 < 3:
@@ -289,8 +290,14 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
         assert len(r["decode_tps_all"]) == 3 and all(t > 0 for t in r["decode_tps_all"]), r
         if r.get("draft_n_max"):
             assert r["accept_length"] and f"--spec-draft-n-max {r['draft_n_max']}" in r["cmd"], r
+    # each turn's ratio: an arm's request against its plain server's in the same turn, the range printed
+    for r in rows[1:]:
+        ref = plain_v if r.get("variant") and r.get("draft_n_max") else rows[0]
+        want = sorted(a / b for a, b in zip(r["decode_tps_all"], ref["decode_tps_all"]))
+        assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(r["turn_ratios"], want)) and \
+            len(r["turn_ratios"]) == 3, (r["arm"], r["turn_ratios"], want)
+    assert "per-turn ratio" in p.stdout, p.stdout
     table = p.stdout[p.stdout.index("arm "):]
-    plain_v = next(r for r in rows if r.get("variant") and not r.get("draft_n_max"))
     for r in rows:
         if r.get("variant") and r.get("draft_n_max"):
             want = f"{r['decode_tps'] / plain_v['decode_tps']:.2f}x"
