@@ -145,8 +145,8 @@ def main() -> None:
         results.append(r)
         print(f"n_max {n}: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})", file=sys.stderr)
         for env in env_variants:
-            label = ",".join(f"{k}={v}" for k, v in env.items())
-            r = run_arm(f"dspark-n{n}-" + label.replace("=", "").replace(",", "-"), settings(n), args,
+            label = env_label(env)
+            r = run_arm(f"dspark-n{n}-{arm_suffix(label)}", settings(n), args,
                         log_dir=args.log_dir, env=env)
             r["draft_n_max"], r["env"] = n, label
             results.append(r)
@@ -212,6 +212,15 @@ def main() -> None:
                                      "server": server, "args": vars(args)}, indent=2, default=str))
 
 
+def env_label(env: dict[str, str]) -> str:
+    """``{"A": "1", "B": "8"}`` -> ``"A=1,B=8"``; :func:`arm_suffix` makes it a file name part."""
+    return ",".join(f"{k}={v}" for k, v in env.items())
+
+
+def arm_suffix(label: str) -> str:
+    return label.replace("=", "").replace(",", "-")
+
+
 def interleaved(args, settings, env_variants: list[dict[str, str]], variants: list[str]) -> list[dict]:
     """Every one-request arm (plain, each length, each length under each environment and server-flag
     variant) on its own server, all started together and measured in turns."""
@@ -220,23 +229,19 @@ def interleaved(args, settings, env_variants: list[dict[str, str]], variants: li
     for i, v in enumerate(variants):
         specs.append(harness.ArmSpec(f"plain-variant{i}", settings(None, v.split())))
         meta.append({"variant": v, "plain": True})
+    # (environment, flag variant index) a length is measured under, in the table's order
+    combos: list[tuple[dict[str, str], int | None]] = [({}, None)] + [(e, None) for e in env_variants]
+    for i in range(len(variants)):
+        combos += [({}, i)] + ([(e, i) for e in env_variants] if args.cross_variants else [])
     for n in [int(x) for x in args.lengths.split(",")]:
-        name = f"dspark-n{n}"
-        specs.append(harness.ArmSpec(name if all(s.name != name for s in specs) else f"{name}-{len(specs)}", settings(n)))
-        meta.append({"draft_n_max": n})
-        for env in env_variants:
-            label = ",".join(f"{k}={v}" for k, v in env.items())
-            specs.append(harness.ArmSpec(f"dspark-n{n}-{len(specs)}-" + label.replace("=", "").replace(",", "-"),
-                                         settings(n), env))
-            meta.append({"draft_n_max": n, "env": label})
-        for i, v in enumerate(variants):
-            specs.append(harness.ArmSpec(f"dspark-n{n}-{len(specs)}-variant{i}", settings(n, v.split())))
-            meta.append({"draft_n_max": n, "variant": v})
-            for env in env_variants if args.cross_variants else []:
-                label = ",".join(f"{k}={v}" for k, v in env.items())
-                specs.append(harness.ArmSpec(f"dspark-n{n}-{len(specs)}-variant{i}-" + label.replace("=", "").replace(",", "-"),
-                                             settings(n, v.split()), env))
-                meta.append({"draft_n_max": n, "variant": v, "env": label})
+        for env, i in combos:
+            name = f"dspark-n{n}"
+            if env or i is not None or any(s.name == name for s in specs):
+                name += f"-{len(specs)}" + (f"-variant{i}" if i is not None else "") + \
+                    (f"-{arm_suffix(env_label(env))}" if env else "")
+            specs.append(harness.ArmSpec(name, settings(n, variants[i].split() if i is not None else None), env))
+            meta.append({"draft_n_max": n, **({"env": env_label(env)} if env else {}),
+                         **({"variant": variants[i]} if i is not None else {})})
     print(f"{len(specs)} servers at once, {args.trials} turns", file=sys.stderr)
     rows = []
     for arm, m in zip(harness.measure_interleaved(specs, args.log_dir, n_predict=args.n_predict, trials=args.trials,
