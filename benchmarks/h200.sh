@@ -16,7 +16,8 @@
 #             every one-request arm's server up at once, the arms taking turns a request each (a drift
 #             of the machine falls on all arms alike; variants then at every length, and on a plain
 #             server too; CROSS=1: each SPEED_VARIANTS flag set under each SPEED_ENVS environment as
-#             well). A few minutes.
+#             well); an arm with LLAMA_SPEC_PROFILE=1 leaves its profile lines in speed-profile.txt.
+#             A few minutes.
 #   slots     does the engine survive many slots under mixed-length prompts? crash_hunt.py --traffic
 #             mixed: SLOTS (32) x ARMS (plain,draft) x ENVS (';'-separated engine environments, '-'
 #             as it is) x RUNS (3) fresh servers, 2 x slots closed-loop requests, prompts PROMPTS
@@ -127,6 +128,13 @@ speed)
         ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} ${INTERLEAVE:+--interleave} ${CROSS:+--cross-variants} \
         --json "$OUT/speed.json" --log-dir "$W/speed" 2>&1 \
         | tee "$OUT/speed.txt" | tail -n 8
+    # an arm with LLAMA_SPEC_PROFILE=1: its profile lines to OUT/speed-profile.txt, after its log's name
+    : > "$OUT/speed-profile.txt"
+    for f in "$W/speed"/*.log; do
+        grep -q "spec profile\|decode profile" "$f" 2>/dev/null || continue
+        { echo "== $(basename "$f")"; grep -h "spec profile\|decode profile" "$f"; } >> "$OUT/speed-profile.txt"
+    done
+    [ -s "$OUT/speed-profile.txt" ] && cat "$OUT/speed-profile.txt" || rm -f "$OUT/speed-profile.txt"
     # developer 0056's lines (an arm with GGML_CUDA_GRAPH_DEBUG=N): each such arm's lines to
     # OUT/graphdebug-ARM.txt, and its last per-key eager / captured / replayed counts printed
     for f in "$W/speed"/*.log; do

@@ -296,8 +296,8 @@ def test_device_script_speed_stage_interleaves_and_keeps_only_its_own_logs(small
                                                                            tmp_path):
     """benchmarks/h200.sh speed on CPU with the small pair: INTERLEAVE=1, CROSS=1, SPEED_ENVS and
     SPEED_VARIANTS reach dspark_speed.py (every arm in one interleaved run, the flag set under the
-    environment too); a second call on the same work folder (a warm machine) leaves that call's
-    server logs only."""
+    environment too); the profiled arms' lines land in speed-profile.txt; a second call on the same
+    work folder (a warm machine) leaves that call's server logs only."""
     import os
     import subprocess
     import sys
@@ -324,9 +324,15 @@ def test_device_script_speed_stage_interleaves_and_keeps_only_its_own_logs(small
     assert all(len(r["trial_t0_s"]) == 2 for r in first["results"]), first["results"]
     logs = tmp_path / "work" / "speed"
     assert len(list(logs.glob("*.log"))) == 6, sorted(p.name for p in logs.glob("*.log"))
+    # the profiled arms' lines (two servers with LLAMA_SPEC_PROFILE=1), each after its log's name
+    profile = (tmp_path / "out1" / "speed-profile.txt").read_text().splitlines()
+    heads = [line for line in profile if line.startswith("== ")]
+    assert len(heads) == 2 and all("LLAMA_SPEC_PROFILE1" in h for h in heads), profile
+    assert sum(line.startswith("spec profile:") for line in profile) == 2, profile
     second = speed(tmp_path / "out2")
     assert not second["args"]["interleave"] and [r["arm"] for r in second["results"]] == ["plain", "dspark-n2"]
     assert sorted(p.name for p in logs.glob("*.log")) == ["dspark-n2.log", "plain.log"]
+    assert not (tmp_path / "out2" / "speed-profile.txt").exists()  # no profiled arm, no file
 
 
 def test_one_request_bench_writes_its_json_file_too(small_pair, ggufdspark_cli, isolated, tmp_path):
