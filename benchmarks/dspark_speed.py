@@ -18,8 +18,9 @@ With ``--interleave`` the one-request arms' servers all run at once and take tur
 each per trial (``harness.measure_interleaved``): a machine that drifts during the run (the H200's
 one-request ratio moved 2.22-2.33x between calls of one build, and arms measured later ran slower)
 moves every arm alike. ``--variants`` are then measured at every length, as ``--env-variants`` are,
-and on a plain server of their own too (a flag such as ``-ot token_embd.weight=CUDA0`` changes the
-plain server as well: its ratio is against that plain arm).
+and on a plain server of their own too (a flag such as ``-ot token_embd.weight=CPU`` changes the
+plain server as well: its ratio is against that plain arm; with ``--gpu`` every arm has the token
+table on the GPU, as ``serve`` runs it on CUDA, and that flag puts it back where llama.cpp keeps it).
 
 Prints a table (tok/s and ratios vs plain) and writes the raw numbers as JSON (``--json``).
 Used for the H200 figures in docs/benchmarks.md; runs on CPU with the small pair as a smoke test:

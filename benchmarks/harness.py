@@ -58,9 +58,10 @@ def base_settings(server: str | Path | None, target: str | Path, *, gpu: bool, p
                   ctx_per_slot: int | None = None, threads: int | None = None, quantized: bool = False,
                   extra_args: list[str] | None = None, info: engine.EngineInfo | None = None) -> ServerSettings:
     """The plain server every arm of one target shares, through ``ggufdspark.launch`` as ``serve``
-    builds its own: the table's CUDA row under ``gpu`` (everything offloaded, flash attention on),
-    the CPU row otherwise, the engine's workarounds for this build, ``ctx_per_slot`` tokens a slot
-    (default ``n_predict + CTX_MARGIN``), then ``extra_args``. ``quantized``: a quantized draft
+    builds its own: the table's CUDA row under ``gpu`` (everything offloaded, flash attention on, the
+    token table on CUDA0, a buffer a CPU-only engine refuses), the CPU row otherwise, the engine's
+    workarounds for this build, ``ctx_per_slot`` tokens a slot (default ``n_predict + CTX_MARGIN``),
+    then ``extra_args``. ``quantized``: a quantized draft
     will be added (it counts for the workarounds). ``info``: the engine at ``server``, already probed."""
     info = info or engine.find_engine(server)
     # with the engine: the drafted arms get serve's drafter n_ubatch on CUDA (patch 0037; without it a

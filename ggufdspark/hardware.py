@@ -29,6 +29,10 @@ class BackendDefaults:
     # the drafter's n_ubatch (engine patch 0037, --spec-draft-ubatch): a server step's processed rows
     # go into the drafter in one decode. None: the target's -ub.
     draft_ubatch: int | None = None
+    # the target's token embedding table on the GPU (-ot token_embd\.weight=CUDA0): the pinned
+    # llama.cpp keeps the input layer on the CPU (src/llama-model.cpp), so every decode's get_rows runs
+    # there and its rows are copied up; the DSpark drafter borrows the target's table and follows it.
+    token_table_on_device: bool = False
 
 
 # The draft length per backend. Overridden by a tune profile, and by --draft-n-max.
@@ -53,8 +57,14 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # a cut to 2 ran below 3 at 32 and 64. The time to first token at 64 clients pays for it: p50
     # 1.25x and 1.95x of plain's (drafts paused above 48 as well, 16:3,48:0: 1.01x, TTFT 1.09x).
     # Families (docs/families.md): 7 also wins for 1.2B and 2.6B at one request; 8B-A1B prefers 5.
+    # The token table on the device (product-37, one H200, one request, 256-token greedy answers,
+    # draft length 7, every arm's server up at once taking turns, 20 turns;
+    # benchmarks/results/0c1e570-product-37/speed-ot.json): plain 401.3 -> 401.2 tok/s (1.00x),
+    # drafted 920.6 -> 942.9 (2.29x -> 2.35x of its plain, 4.40 -> 4.29 ms a step), for 256 MiB of
+    # VRAM (the 3B's 65536 x 2048 F16 table). Not measured under load yet. Metal's memory is unified
+    # (and unmeasured); the CPU has no device to put it on.
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
-                            draft_cut=((16, 3),), draft_ubatch=2048),
+                            draft_cut=((16, 3),), draft_ubatch=2048, token_table_on_device=True),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
     "metal": BackendDefaults(8, True, "on", "Metal: 8 rows fill the verifier threadgroup"),
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core
@@ -129,6 +139,8 @@ class Decision:
 
     ``draft_cut``: the --spec-draft-n-max-by-slots (N, L) steps the engine gets (None: no cut).
     ``draft_ubatch``: the --spec-draft-ubatch the engine gets with a draft (None: not given).
+    ``token_table_device``: the buffer the target's token table is loaded into (``CUDA0``: ``-ot
+    token_embd\\.weight=CUDA0``, with or without the draft; None: where llama.cpp puts it, the CPU).
     ``warnings``: options asked for that this engine or load cannot honour (not in ``to_dict``:
     ``serve``'s plan lists them with its own).
     """
@@ -143,6 +155,7 @@ class Decision:
     draft_cut: list[tuple[int, int]] | None = None
     warnings: list[str] = field(default_factory=list)
     draft_ubatch: int | None = None
+    token_table_device: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -5,6 +5,7 @@ plainly by the real engine, which goes on serving."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -43,6 +44,8 @@ def _value(argv: list[str], flag: str) -> str | None:
 
 H200 = DeviceReport(devices=[Device("CUDA0", "NVIDIA H200", "gpu", 140 << 30, 141 << 30)], backend="cuda",
                     source="bindings")
+# the token table on the GPU (launch.decide on CUDA with one device)
+TABLE_ON_GPU = ["-ot", r"token_embd\.weight=CUDA0"]
 
 
 def test_bench_drafted_arm_is_serves_server_on_cpu(ggufdspark_cli, small_pair, isolated, tmp_path):
@@ -87,6 +90,10 @@ def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isol
         assert engine_args(plain.args()) == engine_args(alone.settings.args())
         assert "-md" not in plain.args() and "-ngld" not in plain.args() and "-ngl" in plain.args()
         assert "--spec-draft-ubatch" not in plain.args()
+        # the token table on the GPU in serve's line (what serve --dry-run prints) and both arms
+        assert argv[-2:] == spec.args()[-2:] == plain.args()[-2:] == TABLE_ON_GPU, argv
+        assert p.to_dict()["decision"]["token_table_device"] == "CUDA0"
+        assert shlex.join(p.settings.redacted()).endswith(r"-ot 'token_embd\.weight=CUDA0'")
     # tune's drafted arms: each length as 'serve --draft-n-max N' runs it (no cut), the plain one serve's without draft
     base = ms.base_settings(info, small_pair.target, decision=decision, parallel=32, draft=small_pair.draft)
     assert ms.arm_settings(base, small_pair.draft, n_max=7).draft_n_max_by_slots is None
@@ -181,6 +188,59 @@ def test_cuda_graphs_above_16_slots_are_said():
     for dev, engine, n in ((H200, bare, 16), (DeviceReport(backend="cpu", source="none"), bare, 64)):
         d = launch.decide(dev, engine, parallel=n)
         assert not [x for x in d.reasons + d.warnings if "CUDA graphs" in x], (n, d)
+
+
+
+def test_the_token_table_goes_on_the_gpu_on_cuda_only():
+    """On CUDA with one GPU the target's token table is loaded onto it (TABLE_ON_GPU,
+    llama.cpp's buffer named as the device; CUDA0 where no device is listed), drafted or not, with
+    the measured reason; Metal, the CPU and other GPUs keep it where llama.cpp puts it; two CUDA GPUs
+    do too, the reason saying why (a tensor override turns pipeline parallelism off)."""
+    for no_draft in (False, True):
+        d = launch.decide(H200, None, no_draft=no_draft)
+        assert d.token_table_device == "CUDA0" and d.to_dict()["token_table_device"] == "CUDA0", d
+        said = [r for r in d.reasons if r"-ot token_embd\.weight=CUDA0" in r]
+        assert len(said) == 1 and "2.35x" in said[0] and "speed-ot.json" in said[0], d.reasons
+    assert launch.decide(DeviceReport(backend="cuda"), None).token_table_device == "CUDA0"
+    assert launch.table_decision("cuda").token_table_device == "CUDA0"
+    only1 = DeviceReport(devices=[Device("CUDA1", "NVIDIA H200", "gpu", 140 << 30, 141 << 30)], backend="cuda")
+    assert launch.decide(only1, None).token_table_device == "CUDA1"
+    for backend in ("metal", "cpu", "vulkan"):
+        d = launch.decide(DeviceReport(backend=backend), None, parallel=4)
+        assert d.token_table_device is None and not [r for r in d.reasons if "token table" in r], d
+    two = DeviceReport(devices=[Device(f"CUDA{i}", "NVIDIA H200", "gpu", 140 << 30, 141 << 30) for i in (0, 1)],
+                       backend="cuda", source="bindings")
+    d = launch.decide(two, None)
+    assert d.token_table_device is None and d.offload, d
+    assert [r for r in d.reasons if r.startswith("2 GPUs: the token table stays on the CPU")
+            and "pipeline parallelism" in r], d.reasons
+
+
+def test_the_token_table_flag_follows_extra_args_and_yields_to_the_users():
+    """The override comes after the user's engine arguments, stays on the plain arm (a hardware
+    decision, not the draft's) and on other draft lengths; a user's own -ot / --override-tensor whose
+    pattern finds token_embd.weight replaces it (the loader takes the first match), one that does not
+    leaves it on."""
+    d = launch.decide(H200, None)
+    s = launch.server_settings(d, None, model="t.gguf", draft="d.gguf", extra_args=["--seed", "7"])
+    argv = s.args()
+    assert argv[-4:] == ["--seed", "7", *TABLE_ON_GPU] and argv.count("-ot") == 1, argv
+    plain = launch.without_draft(s).args()
+    assert plain[-2:] == TABLE_ON_GPU and "-md" not in plain, plain
+    assert launch.with_draft(s, "d.gguf", 3).args()[-2:] == TABLE_ON_GPU
+    arm = ms.arm_settings(s, None).args()  # bench's and tune's plain arm
+    assert arm[-2:] == TABLE_ON_GPU
+    for user in (["-ot", r"token_embd\.weight=CPU"], ["--override-tensor", "token_embd.weight=CPU"],
+                 ["--override_tensor", ".*=CPU"], ["-ot", "blk\\.0\\..*=CPU,token_embd=CPU"]):
+        mine = launch.server_settings(d, None, model="t.gguf", extra_args=user)
+        argv = mine.args()
+        assert mine.token_table_device is None and argv[-2:] == user and "CUDA0" not in " ".join(argv), argv
+        # a flag added later (a benchmark's variant, harness.with_args) is honoured too
+        later = replace(s, extra_args=list(s.extra_args) + user).args()
+        assert later[-2:] == user and "CUDA0" not in " ".join(later), later
+    other = ["-ot", r"blk\.0\.ffn_.*=CPU"]
+    argv = launch.server_settings(d, None, model="t.gguf", extra_args=other).args()
+    assert argv[-4:] == [*other, *TABLE_ON_GPU], argv
 
 
 def test_each_slot_gets_a_usable_context(ggufdspark_cli, small_pair, isolated):

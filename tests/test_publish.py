@@ -110,6 +110,9 @@ def test_publish_puts_pair_on_hub_with_cards(ggufdspark_cli, small_pair, mmproj,
     metal = cuda.replace(f"--spec-draft-n-max {DEFAULTS['cuda'].draft_n_max}",
                          f"--spec-draft-n-max {DEFAULTS['metal'].draft_n_max}")
     assert cuda in card and metal in card
+    lines = card.splitlines()  # the token table on the GPU: on the CUDA line only, quoted for a shell
+    assert cuda + r" -ot 'token_embd\.weight=CUDA0'" in lines and metal in lines
+    assert [ln for ln in lines if ln.startswith("On CUDA, `-ot 'token_embd") and "more than one GPU" in ln]
     # the draft card
     dcard = dfiles["README.md"].decode()
     assert front_matter(dcard)["base_model"] == "LiquidAI/LFM2.5-VL-3B-DSpark"

@@ -218,6 +218,7 @@ def test_serve_dry_run_json_is_the_plan_with_keys_redacted(ggufdspark_cli, small
     d = plan_["decision"]
     assert d["backend"] == "cpu" and d["draft_enabled"] and d["draft_n_max"] == 3 == s["draft_n_max"]
     assert d["reasons"] and all(isinstance(r, str) for r in d["reasons"])
+    assert d["token_table_device"] is None and s["token_table_device"] is None and "-ot" not in plan_["argv"]
     assert plan_["engine"]["dspark"] is True and plan_["check"]["ok"] is True and plan_["warnings"] == []
 
 

@@ -3,6 +3,7 @@ its checks, the command lines per backend, and the measurements."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -13,6 +14,7 @@ from ggufdspark.gguffile.reader import GGUFFile
 from ggufdspark.inspect import summarize_gguf
 from ggufdspark.publish.naming import llama_cpp_pick
 from ggufdspark.publish.records import PlannedFile
+from ggufdspark.runners.tensor_overrides import TOKEN_TABLE_PATTERN
 
 CARD_TAGS = ["gguf", "llama.cpp", "speculative-decoding", "dspark"]
 
@@ -70,12 +72,13 @@ def human_size(n: int) -> str:
 
 
 def llama_server_command(target_ref: str, draft_ref: str, backend: str) -> str:
-    """The llama-server line for a backend of ``hardware.DEFAULTS`` (draft length, offload, -fa), as
-    ``ggufdspark.launch`` builds it for any llama-server (no patch known: no load cut), without
-    ``-c``, ``-np``, ``--metrics`` or the network flags, which are the reader's to choose."""
+    """The llama-server line for a backend of ``hardware.DEFAULTS`` (draft length, offload, -fa, the
+    token table on one CUDA GPU), as ``ggufdspark.launch`` builds it for any llama-server (no patch
+    known: no load cut), without ``-c``, ``-np``, ``--metrics`` or the network flags, which are the
+    reader's to choose; quoted for a shell (the token table's pattern holds a backslash)."""
     settings = launch.server_settings(launch.table_decision(backend), None, hf=target_ref, hfd=draft_ref,
                                       ctx=None, parallel=None, metrics=False)
-    return " ".join(settings.args(network=False))
+    return shlex.join(settings.args(network=False))
 
 
 def serve_command(target_ref: str, draft_ref: str) -> str:
@@ -192,6 +195,11 @@ def _run_section(pair: Pair) -> list[str]:
         out += ["With ggufdspark (checks the pair, picks the draft length for your hardware):", "", "```sh",
                 serve_command(pair.ref("target", q), pair.ref("draft", q)), "```", "",
                 f"Without the draft: `llama-server -hf {pair.ref('target', q)}`.", ""]
+    table = launch.table_decision("cuda").token_table_device
+    if table:
+        out += [f"On CUDA, `-ot '{TOKEN_TABLE_PATTERN}={table}'` loads the token table onto the GPU, where "
+                "llama.cpp would keep it on the CPU (a faster drafted step); leave it out with more than one "
+                "GPU, where any tensor override turns llama.cpp's pipeline parallelism off.", ""]
     untagged = _untagged_draft(pair)
     if untagged and len(pair.drafts) > 1:
         out += [f"Give the draft's quant with `-hfd`: without one, llama.cpp takes `{untagged}` "

@@ -28,6 +28,7 @@ from ggufdspark.errors import EngineError, InvalidArgumentError, LogWaitTimeoutE
 from ggufdspark.runners import lifeline
 from ggufdspark.runners.deaths import exit_cause, explain_failure  # noqa: F401 (also public here)
 from ggufdspark.runners.client import Client, urlopen_direct
+from ggufdspark.runners.tensor_overrides import overrides_token_table, token_table_args
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ class ServerSettings:
     n_gpu_layers: int | str | None = None
     n_gpu_layers_draft: int | str | None = None
     flash_attn: str | None = None
+    # the buffer the target's token table is loaded into (-ot token_embd\.weight=CUDA0, after
+    # extra_args; left off where extra_args override that tensor themselves: overrides_token_table)
+    token_table_device: str | None = None
     ctx_size: int | None = 4096
     parallel: int | None = 1
     # one KV cache shared by the slots, each capped at this many tokens (-kvu --kv-unified-per-slot N;
@@ -172,6 +176,8 @@ class ServerSettings:
         if network:
             a += ["--host", self.host, "--port", str(self.port)]
         a += _split_key_args(self.extra_args)[0]
+        if self.token_table_device and not overrides_token_table(self.extra_args):
+            a += token_table_args(self.token_table_device)  # after extra_args: the first match wins
         return a
 
     def pick_port(self) -> int:
