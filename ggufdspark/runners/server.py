@@ -28,7 +28,7 @@ from ggufdspark.errors import EngineError, InvalidArgumentError, LogWaitTimeoutE
 from ggufdspark.runners import lifeline
 from ggufdspark.runners.deaths import exit_cause, explain_failure  # noqa: F401 (also public here)
 from ggufdspark.runners.client import Client, urlopen_direct
-from ggufdspark.runners.tensor_overrides import overrides_token_table, token_table_args
+from ggufdspark.runners.tensor_overrides import overrides_token_table, with_token_table
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class ServerSettings:
             a += ["--host", self.host, "--port", str(self.port)]
         a += _split_key_args(self.extra_args)[0]
         if self.token_table_device and not overrides_token_table(self.extra_args):
-            a += token_table_args(self.token_table_device)  # after extra_args: the first match wins
+            a = with_token_table(a, self.token_table_device)  # after extra_args': the first match wins
         return a
 
     def pick_port(self) -> int:

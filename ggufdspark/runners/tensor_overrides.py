@@ -21,6 +21,18 @@ def token_table_args(buffer: str) -> list[str]:
     return ["-ot", f"{TOKEN_TABLE_PATTERN}={buffer}"]
 
 
+def with_token_table(args: list[str], buffer: str) -> list[str]:
+    """``args`` with the token table loaded into ``buffer``: joined to the last tensor override there
+    (after its own patterns, which match first), else as a flag pair at the end. One ``-ot`` flag:
+    the engine applies every ``-ot`` given, but warns that a repeated flag is deprecated."""
+    out = list(args)
+    for i in range(len(out) - 2, -1, -1):
+        if (out[i].replace("_", "-") if out[i].startswith("--") else out[i]) in OVERRIDE_TENSOR_FLAGS:
+            out[i + 1] = f"{out[i + 1]},{TOKEN_TABLE_PATTERN}={buffer}"
+            return out
+    return out + token_table_args(buffer)
+
+
 def overrides_token_table(args: list[str]) -> bool:
     """Whether llama-server arguments ``args`` place the token table themselves: a tensor override
     (``OVERRIDE_TENSOR_FLAGS``, ``--override_tensor`` as the engine reads it too) with a pattern that
