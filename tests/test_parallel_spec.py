@@ -848,3 +848,63 @@ def test_a_slot_near_its_answers_end_drafts_full_length_beside_busy_slots(strong
     assert not past_end["bounded"], f"LLAMA_SERVER_DRAFT_END_BOUND=1, yet A drafted past its end: {past_end['bounded']}"
     assert past_end["past end"] and max(past_end["past end"]) == 6, (
         f"beside a busy slot, A's last drafts stayed within its answer: {past_end['past end']}")
+
+
+def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_server, monkeypatch):
+    """Patch 0061: a greedy DSpark draft without a confidence cut hands its ids to the target's
+    verify through a token map on the token table's device (here the CPU backend's memory), and the
+    host waits for the drafter only after the verify; the server says so. The verify reads the
+    drafted ids from that map, so a wrong or stale row would put another token than the accepted one
+    into the context and change what follows: every request of three 8-slot waves with mixed prompt
+    lengths gives the plain server's tokens (or departs at a near-tie), with drafts accepted. One
+    request at a time, tokens and drafted / accepted counts equal the host path's
+    (LLAMA_SPEC_IDS_HOST=1). With a confidence cut (p_min above 0) a draft's length is known only
+    from its ids, which then go through the host."""
+    said = "drafted ids reach the target's verify on the device"
+    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = workload(vocab, seed=61)
+    want = serve_all(plain, work)
+    plain.stop()
+
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+    got = serve_all(spec, work)
+    assert said in spec.log_text(), f"no '{said}' in the server's log: {spec.log_text()[-2000:]}"
+    errors = [g["error"] for g in got if "error" in g]
+    assert not errors and spec.alive(), f"{len(errors)} requests failed, first: {errors[:1]}"
+    assert sum(g["timings"].get("draft_n_accepted", 0) for g in got) > 0, "nothing drafted was accepted"
+    for i, (p, s) in enumerate(zip(want, got)):
+        assert_same_or_near_tie(p, s["tokens"], f"request {i}, drafted ids read on the device")
+    spec.stop()
+
+    def one_by_one(host: bool) -> tuple[list[tuple[list[int], int, int]], str]:
+        if host:
+            monkeypatch.setenv("LLAMA_SPEC_IDS_HOST", "1")  # the server inherits the environment
+        else:
+            monkeypatch.delenv("LLAMA_SPEC_IDS_HOST", raising=False)
+        srv = start_server(model=strong_conv_pair.target, draft=strong_conv_pair.draft, draft_n_max=6,
+                           parallel=1, ctx_size=512)
+        c = srv.client(timeout=300)
+        out = []
+        for prompt, n in work[:6]:
+            r = c.post_json("/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
+                                            "cache_prompt": False, "return_tokens": True})
+            out.append((r["tokens"], r["timings"].get("draft_n", 0), r["timings"].get("draft_n_accepted", 0)))
+        log = srv.log_text()
+        srv.stop()
+        return out, log
+
+    device, log_device = one_by_one(host=False)
+    host, log_host = one_by_one(host=True)
+    assert said in log_device and said not in log_host, "LLAMA_SPEC_IDS_HOST=1 did not keep the ids on the host"
+    assert sum(a for _, _, a in device) > 0, f"nothing drafted was accepted one at a time: {device}"
+    for i, (d, h) in enumerate(zip(device, host)):
+        assert d == h, f"request {i}: device ids (tokens, drafted, accepted) {d} != host ids {h}"
+
+    cut = start_server(model=strong_conv_pair.target, draft=strong_conv_pair.draft, draft_n_max=6, draft_p_min=0.5,
+                       parallel=1, ctx_size=512)
+    r = cut.client(timeout=300).post_json("/completion", {"prompt": work[0][0], "n_predict": 16, "temperature": 0.0,
+                                                            "cache_prompt": False})
+    assert r["timings"].get("draft_n", 0) > 0, "p_min 0.5: nothing drafted"
+    assert said not in cut.log_text(), "p_min 0.5: the drafted ids went to the device though a confidence cut reads them"
