@@ -73,7 +73,7 @@ def _cut_text(cut: list[tuple[int, int]]) -> str:
 def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | None = None,
            draft_n_max: int | None = None, no_draft: bool = False, parallel: int | None = 1,
            draft_cut: str | None = None, precision_note: str | None = None,
-           measuring: bool = False) -> hardware.Decision:
+           measuring: bool = False, draft_max: int | None = None) -> hardware.Decision:
     """The final serving decision: table default < tune profile < explicit arguments, then what
     this ``engine`` build can do (its patches: ``hardware.has_patch``).
 
@@ -87,6 +87,9 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         precision_note: the check report's note on the draft's precision (said on CUDA).
         measuring: for bench and tune, which need their drafted arm: a tune profile that turns
             drafting off here is said in the reasons, not followed.
+        draft_max: the longest draft this drafter makes (its block: ``measure.draft_limits``); a
+            table or profile length above it is cut to it (said in the reasons), a ``draft_n_max``
+            given is not (the engine clamps it).
 
     Returns:
         The ``hardware.Decision``; ``warnings`` holds what was asked for and cannot be done here.
@@ -123,6 +126,10 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         d.reasons.append(f"tune profile: drafting stops paying above {cap} parallel request(s) on this "
                          f"machine and {parallel} slots were asked for; "
                          + ("measured with the draft all the same" if measuring else "serving without the draft"))
+    if draft_n_max is None and draft_max and d.draft_n_max and d.draft_n_max > draft_max:
+        d.reasons.append(f"the draft makes at most {draft_max} tokens a step (its block): draft length {draft_max} "
+                         f"instead of {d.draft_n_max}")
+        d.draft_n_max = draft_max  # the table's load cut still applies: it bounds drafts by load
     if draft_n_max is not None:
         d.draft_n_max, d.draft_enabled, table_length = draft_n_max, True, False
         d.reasons.append(f"--draft-n-max {draft_n_max} given")
@@ -163,6 +170,18 @@ def _token_table(d: hardware.Decision, devices: DeviceReport) -> None:
                      f"{d.token_table_device}; llama.cpp keeps it on the CPU): on an H200 at one request the "
                      "drafted server 2.35x of plain instead of 2.29x (4.29 against 4.40 ms a step), plain "
                      "unchanged, for 256 MiB of VRAM with a 3B (0c1e570-product-37/speed-ot.json)")
+
+
+def draft_block(draft: str | Path) -> tuple[int, int] | None:
+    """The drafter's trained block size and the longest draft llama.cpp makes with it, from its GGUF
+    (an anchor-first DSpark draft yields ``block_size`` tokens, otherwise ``block_size - 1``:
+    ``common/speculative.cpp``, ``n_draft_max``; longer requests are clamped by the engine), or None
+    without a ``dflash.block_size`` key."""
+    g = read_gguf(draft)
+    bs = g.get(Key.BLOCK_SIZE)
+    if not bs:
+        return None
+    return int(bs), int(bs) if g.get(Key.SAMPLE_FROM_ANCHOR) in (None, True) else int(bs) - 1
 
 
 def _cuda_graphs_note(d: hardware.Decision, engine: EngineInfo | None, parallel: int) -> None:

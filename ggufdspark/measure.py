@@ -57,13 +57,11 @@ def draft_limits(draft: str | Path) -> DraftLimits:
     An anchor-first DSpark draft yields ``block_size`` tokens, otherwise ``block_size - 1``
     (``common/speculative.cpp``, ``n_draft_max``); longer requests are clamped by the engine.
     """
-    g = read_gguf(draft)
-    bs = g.get(Key.BLOCK_SIZE)
-    if not bs:
+    block = launch.draft_block(draft)
+    if block is None:
         raise BenchError(f"{draft}: no dflash.block_size key: not a DSpark draft (run 'ggufdspark check')")
-    anchor = g.get(Key.SAMPLE_FROM_ANCHOR)
-    conf = g.get(Key.HAS_CONFIDENCE_HEAD)
-    return DraftLimits(int(bs), int(bs) if anchor in (None, True) else int(bs) - 1, conf in (None, True))
+    conf = read_gguf(draft).get(Key.HAS_CONFIDENCE_HEAD)
+    return DraftLimits(block[0], block[1], conf in (None, True))
 
 
 # --------------------------------------------------------------------------- synthetic acceptance
@@ -426,9 +424,10 @@ def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None 
     devices = devices or hardware.detect(info)
     prof = profiles.load_profile(devices, target, draft)
     parallel = max(concurrency_levels(concurrency, devices.backend or "cpu"))
+    limits = draft_limits(draft)
     decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max, parallel=parallel,
-                             draft_cut=draft_cut, measuring=True)
-    return info, devices, decision, draft_limits(draft)
+                             draft_cut=draft_cut, measuring=True, draft_max=limits.max_n)
+    return info, devices, decision, limits
 
 
 def warm(client: Client) -> None:

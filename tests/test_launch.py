@@ -84,7 +84,8 @@ def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isol
         assert engine_args(spec.args()) == engine_args(argv), (spec.args(), argv)
         assert _value(argv, "--spec-draft-n-max-by-slots") == cut
         assert _value(argv, "--spec-draft-ubatch") == "2048"
-        assert _value(argv, "--spec-draft-n-max") == str(extra.get("draft_n_max", 7))
+        # the table's 7, cut to what the small pair's drafter makes a step (its block: 6)
+        assert _value(argv, "--spec-draft-n-max") == str(extra.get("draft_n_max", launch.draft_block(small_pair.draft)[1]))
         assert {"-ngl", "-ngld", "-fa"} <= set(argv) and _value(argv, "-c") == str(32 * launch.CTX_PER_SLOT)
         alone = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, no_draft=True)
         assert engine_args(plain.args()) == engine_args(alone.settings.args())
@@ -328,3 +329,22 @@ def test_slot_context_is_what_the_engine_gives_each_slot(small_pair, start_serve
     want = launch.slot_context(total, parallel, launch.trained_context(small_pair.target), unified=bool(extra), cap=cap)
     assert int(m.group(1)) == want
     assert f"kv_unified = '{'true' if extra else 'false'}'" in log
+
+
+def test_a_table_length_beyond_the_drafters_block_is_cut_to_it(small_pair, dspark_engine):
+    """The CUDA table's draft length (7) on a drafter whose block makes fewer tokens a step: serve's
+    plan and bench's decision both cut it to what the drafter makes, and say why (bench refused the
+    pair before, while serve ran it with the engine clamping silently); a length given explicitly is
+    not cut, a drafter that makes more is not touched."""
+    block = launch.draft_block(small_pair.draft)
+    assert block is not None and block[1] < 7, f"the small pair's drafter makes {block}: the case tests nothing"
+    n = block[1]
+    d = launch.decide(H200, dspark_engine, draft_max=n)
+    assert d.draft_n_max == n and any(f"draft length {n} instead of 7" in r for r in d.reasons), d.reasons
+    assert launch.decide(H200, dspark_engine, draft_max=n, draft_n_max=7).draft_n_max == 7
+    assert launch.decide(H200, dspark_engine, draft_max=9).draft_n_max == 7
+    p = plan(small_pair.target, small_pair.draft, server=dspark_engine.path, devices=H200, use_profile=False)
+    assert p.decision.draft_n_max == n and f"--spec-draft-n-max {n}" in " ".join(p.settings.args()), p.settings.args()
+    _, _, decision, limits = ms.prepare(small_pair.target, small_pair.draft, server=dspark_engine.path,
+                                        concurrency=[1], devices=H200)
+    assert decision.draft_n_max == limits.max_n == n, (decision.draft_n_max, limits)
