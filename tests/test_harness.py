@@ -72,12 +72,14 @@ def test_prefill_speed_reports_prompt_processing_plain_and_drafted(small_pair, i
 
 def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, ggufdspark_cli):
     """crash_hunt's default drafted arm (harness.serve_drafted) is serve's drafted server for the
-    backend, decided with the real engine: on CUDA at 32 slots draft length 7 and the 16:3 load cut
+    backend, decided with the real engine: on CUDA at 32 slots the table's draft length 7 (cut to what the
+    small pair's drafter makes a step) and the 16:3 load cut
     (drafts cut to 3 above 16 busy slots; the engine has patch 0021) and the drafter's n_ubatch 2048
     (patch 0037), as `serve`'s plan for an
     H200 has them; on this CPU, serve's own
     --dry-run. Synthetic rates truncated to the length."""
     from benchmarks import harness
+    from ggufdspark import launch
     from ggufdspark.devices import Device, DeviceReport
     from ggufdspark.serve import plan
 
@@ -87,9 +89,12 @@ def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, 
     base = harness.base_settings(None, small_pair.target, gpu=True, parallel=32)
     s = harness.serve_drafted(base, small_pair.draft, gpu=True, rates=rates)
     served = plan(small_pair.target, small_pair.draft, parallel=32, devices=h200, ui=False).settings
-    assert (s.draft_n_max, s.draft_n_max_by_slots) == (served.draft_n_max, served.draft_n_max_by_slots) == (7, [(16, 3)])
+    # the table's 7, cut to what the small pair's drafter makes a step (its block), as serve cuts it
+    n = launch.draft_block(small_pair.draft)[1]
+    assert n < 7 and (s.draft_n_max, s.draft_n_max_by_slots) == (served.draft_n_max, served.draft_n_max_by_slots) \
+        == (n, [(16, 3)])
     assert s.draft_ubatch == served.draft_ubatch == 2048
-    assert s.synth_rates == rates[:7]
+    assert s.synth_rates == rates[:n]
     base = harness.base_settings(None, small_pair.target, gpu=False, parallel=4)
     s = harness.serve_drafted(base, small_pair.draft, gpu=False, rates=None)
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "-np", "4",
