@@ -87,7 +87,7 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         precision_note: the check report's note on the draft's precision (said on CUDA).
         measuring: for bench and tune, which need their drafted arm: a tune profile that turns
             drafting off here is said in the reasons, not followed.
-        draft_max: the longest draft this drafter makes (its block: ``measure.draft_limits``); a
+        draft_max: the longest draft this drafter makes (its block: ``draft_block``); a
             table or profile length above it is cut to it (said in the reasons), a ``draft_n_max``
             given is not (the engine clamps it).
 
@@ -169,7 +169,8 @@ def _token_table(d: hardware.Decision, devices: DeviceReport) -> None:
     d.reasons.append(f"default for {d.backend}: the token table on the GPU (-ot {TOKEN_TABLE_PATTERN}="
                      f"{d.token_table_device}; llama.cpp keeps it on the CPU): on an H200 at one request the "
                      "drafted server 2.35x of plain instead of 2.29x (4.29 against 4.40 ms a step), plain "
-                     "unchanged, for 256 MiB of VRAM with a 3B (0c1e570-product-37/speed-ot.json)")
+                     "unchanged, for 256 MiB of VRAM with a 3B (0c1e570-product-37/speed-ot.json); the drafted "
+                     "ids reach the verify there (engine patch 0061)")
 
 
 def draft_block(draft: str | Path) -> tuple[int, int] | None:
