@@ -134,7 +134,9 @@ speed)
         grep -q "spec profile\|decode profile" "$f" 2>/dev/null || continue
         { echo "== $(basename "$f")"; grep -h "spec profile\|decode profile" "$f"; } >> "$OUT/speed-profile.txt"
     done
-    [ -s "$OUT/speed-profile.txt" ] && cat "$OUT/speed-profile.txt" || rm -f "$OUT/speed-profile.txt"
+    # printed: each profiled arm's last step profile (the file keeps every line)
+    [ -s "$OUT/speed-profile.txt" ] && awk '/^== /{a=$0} /spec profile/{l[a]=$0} END{for (k in l) print k "\n" l[k]}' \
+        "$OUT/speed-profile.txt" || rm -f "$OUT/speed-profile.txt"
     # developer 0056's lines (an arm with GGML_CUDA_GRAPH_DEBUG=N): each such arm's lines to
     # OUT/graphdebug-ARM.txt, and its last per-key eager / captured / replayed counts printed
     for f in "$W/speed"/*.log; do

@@ -86,9 +86,9 @@ def serve_drafted(base: ServerSettings, draft: str | Path, *, gpu: bool, rates: 
     drafter n_ubatch where it has 0037),
     synthetic acceptance at ``rates`` truncated to that length (or real acceptance for None)."""
     devices = DeviceReport(backend="cuda" if gpu else "cpu")
-    block = launch.draft_block(draft)  # a table length beyond the drafter's block is cut to it, as serve does
+    # a table length beyond the drafter's block is cut to it, as serve does
     decision = launch.decide(devices, engine.find_engine(base.server), parallel=base.parallel, measuring=True,
-                             draft_max=block[1] if block else None)
+                             draft_max=launch.longest_draft(draft))
     n_max = decision.draft_n_max or 1
     with_serves_draft = launch.with_draft(base, draft, n_max, cut=decision.draft_cut, ubatch=decision.draft_ubatch)
     syn = ms.Synthetic(rates=list(rates[:n_max])) if rates else None

@@ -61,8 +61,9 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # draft length 7, every arm's server up at once taking turns, 20 turns;
     # benchmarks/results/0c1e570-product-37/speed-ot.json): plain 401.3 -> 401.2 tok/s (1.00x),
     # drafted 920.6 -> 942.9 (2.29x -> 2.35x of its plain, 4.40 -> 4.29 ms a step), for 256 MiB of
-    # VRAM (the 3B's 65536 x 2048 F16 table). Not measured under load yet. Metal's memory is unified
-    # (and unmeasured); the CPU has no device to put it on.
+    # VRAM (the 3B's 65536 x 2048 F16 table); product-38's drafted ids reach the verify there (engine
+    # patch 0061), and its load figures have it in both arms. Metal's memory is unified (and
+    # unmeasured); the CPU has no device to put it on.
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
                             draft_cut=((16, 3),), draft_ubatch=2048, token_table_on_device=True),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).

@@ -27,7 +27,7 @@ from ggufdspark.devices import DeviceReport
 from ggufdspark.engine import EngineInfo
 from ggufdspark.errors import InvalidArgumentError
 from ggufdspark.gguffile.constants import Key
-from ggufdspark.gguffile.reader import read_gguf
+from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.quants import is_quantized_file, is_quantized_tag
 from ggufdspark.runners.server import ServerSettings
 from ggufdspark.runners.tensor_overrides import TOKEN_TABLE_PATTERN, overrides_token_table
@@ -173,16 +173,23 @@ def _token_table(d: hardware.Decision, devices: DeviceReport) -> None:
                      "ids reach the verify there (engine patch 0061)")
 
 
-def draft_block(draft: str | Path) -> tuple[int, int] | None:
+def draft_block(draft: str | Path | GGUFFile) -> tuple[int, int] | None:
     """The drafter's trained block size and the longest draft llama.cpp makes with it, from its GGUF
-    (an anchor-first DSpark draft yields ``block_size`` tokens, otherwise ``block_size - 1``:
-    ``common/speculative.cpp``, ``n_draft_max``; longer requests are clamped by the engine), or None
-    without a ``dflash.block_size`` key."""
-    g = read_gguf(draft)
+    (a path, or the file already read; an anchor-first DSpark draft yields ``block_size`` tokens,
+    otherwise ``block_size - 1``: ``common/speculative.cpp``, ``n_draft_max``; longer requests are
+    clamped by the engine), or None without a ``dflash.block_size`` key."""
+    g = draft if isinstance(draft, GGUFFile) else read_gguf(draft)
     bs = g.get(Key.BLOCK_SIZE)
     if not bs:
         return None
     return int(bs), int(bs) if g.get(Key.SAMPLE_FROM_ANCHOR) in (None, True) else int(bs) - 1
+
+
+def longest_draft(draft: str | Path | None) -> int | None:
+    """``decide``'s ``draft_max`` for a draft file: the longest draft it makes (``draft_block``), or
+    None without a file or a block."""
+    block = draft_block(draft) if draft else None
+    return block[1] if block else None
 
 
 def _cuda_graphs_note(d: hardware.Decision, engine: EngineInfo | None, parallel: int) -> None:

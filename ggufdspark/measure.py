@@ -57,11 +57,11 @@ def draft_limits(draft: str | Path) -> DraftLimits:
     An anchor-first DSpark draft yields ``block_size`` tokens, otherwise ``block_size - 1``
     (``common/speculative.cpp``, ``n_draft_max``); longer requests are clamped by the engine.
     """
-    block = launch.draft_block(draft)
+    g = read_gguf(draft)
+    block = launch.draft_block(g)
     if block is None:
         raise BenchError(f"{draft}: no dflash.block_size key: not a DSpark draft (run 'ggufdspark check')")
-    conf = read_gguf(draft).get(Key.HAS_CONFIDENCE_HEAD)
-    return DraftLimits(block[0], block[1], conf in (None, True))
+    return DraftLimits(block[0], block[1], g.get(Key.HAS_CONFIDENCE_HEAD) in (None, True))
 
 
 # --------------------------------------------------------------------------- synthetic acceptance

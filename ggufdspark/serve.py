@@ -166,11 +166,10 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         eng.require_dspark(info)
     devices = devices or hardware.detect(info)
     prof = profiles.load_profile(devices, model, draft) if (use_profile and model and draft) else None
-    block = launch.draft_block(draft) if use_draft and draft else None
     decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max,
                              no_draft=no_draft or not use_draft, parallel=parallel,
                              draft_cut=draft_n_max_by_slots, precision_note=precision_note,
-                             draft_max=block[1] if block else None)
+                             draft_max=launch.longest_draft(draft if use_draft else None))
     warnings += decision.warnings
     if decision.draft_enabled and draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
         check_draft_cut(parse_draft_cut(draft_n_max_by_slots), decision.draft_n_max, draft_n_max_by_slots)
