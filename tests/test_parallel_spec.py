@@ -42,6 +42,43 @@ def assert_same_or_near_tie(plain: dict, tokens: list[int], what: str) -> None:
     gap = math.exp(top[0]["logprob"]) - math.exp(top[1]["logprob"])
     assert gap < 0.05, f"{what}: differs from the plain output at token {k} (plain top-2 gap {gap:.4f}: not a near-tie)"
 
+def in_turn_with_two(srv, prompts: list[list[int]]) -> list[dict]:
+    """The first three prompts one after another, then a request for two completions (n_cmpl 2) of
+    the fourth: 40 greedy tokens each, with the top-2 probabilities for near-tie checks."""
+    c = srv.client(timeout=300)
+    body = {"n_predict": 40, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False,
+            "return_tokens": True, "n_probs": 2}
+    out = [c.post_json("/completion", {**body, "prompt": p}) for p in prompts[:3]]
+    two = c.post_json("/completion", {**body, "prompt": prompts[3], "n_cmpl": 2})
+    assert isinstance(two, list) and len(two) == 2, f"n_cmpl 2: expected two completions, got {str(two)[:300]}"
+    return out + two
+
+
+
+def one_at_a_time(start_server, pair, work, monkeypatch, env: dict[str, str | None]
+                  ) -> tuple[list[tuple[list[int], int, int]], str]:
+    """The first six requests of `work` one after another on a one-slot drafted server (draft length
+    6) started with `env` (None: unset; the server inherits the environment): each request's
+    (tokens, drafted, accepted), and the server's log."""
+    for k, v in env.items():
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v)
+    srv = start_server(model=pair.target, draft=pair.draft, draft_n_max=6, parallel=1, ctx_size=512)
+    c = srv.client(timeout=300)
+    out = []
+    for prompt, n in work[:6]:
+        r = c.post_json("/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
+                                        "cache_prompt": False, "return_tokens": True})
+        out.append((r["tokens"], r["timings"].get("draft_n", 0), r["timings"].get("draft_n_accepted", 0)))
+    log = srv.log_text()
+    srv.stop()
+    for k in env:
+        monkeypatch.delenv(k, raising=False)
+    return out, log
+
+
 
 def test_many_slots_with_draft_are_lossless_and_never_abort(strong_conv_pair, start_server):
     """On the strong-conv pair, whose output a wrong conv state changes: with the small pair's weak
@@ -647,13 +684,7 @@ def test_first_token_goes_out_before_the_drafter_takes_in_the_prompt(hidden_conf
     prompts = [[rng.randrange(16, vocab) for _ in range(n)] for n in (40, 200, 330, 90)]
 
     def run(srv) -> list[dict]:
-        c = srv.client(timeout=300)
-        body = {"n_predict": 40, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False,
-                "return_tokens": True, "n_probs": 2}
-        out = [c.post_json("/completion", {**body, "prompt": p}) for p in prompts[:3]]
-        two = c.post_json("/completion", {**body, "prompt": prompts[3], "n_cmpl": 2})
-        assert isinstance(two, list) and len(two) == 2, f"n_cmpl 2: expected two completions, got {str(two)[:300]}"
-        return out + two
+        return in_turn_with_two(srv, prompts)
 
     want = run(plain)
     plain.stop()
@@ -878,25 +909,8 @@ def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_serv
         assert_same_or_near_tie(p, s["tokens"], f"request {i}, drafted ids read on the device")
     spec.stop()
 
-    def one_by_one(host: bool) -> tuple[list[tuple[list[int], int, int]], str]:
-        if host:
-            monkeypatch.setenv("LLAMA_SPEC_IDS_HOST", "1")  # the server inherits the environment
-        else:
-            monkeypatch.delenv("LLAMA_SPEC_IDS_HOST", raising=False)
-        srv = start_server(model=strong_conv_pair.target, draft=strong_conv_pair.draft, draft_n_max=6,
-                           parallel=1, ctx_size=512)
-        c = srv.client(timeout=300)
-        out = []
-        for prompt, n in work[:6]:
-            r = c.post_json("/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
-                                            "cache_prompt": False, "return_tokens": True})
-            out.append((r["tokens"], r["timings"].get("draft_n", 0), r["timings"].get("draft_n_accepted", 0)))
-        log = srv.log_text()
-        srv.stop()
-        return out, log
-
-    device, log_device = one_by_one(host=False)
-    host, log_host = one_by_one(host=True)
+    device, log_device = one_at_a_time(start_server, strong_conv_pair, work, monkeypatch, {"LLAMA_SPEC_IDS_HOST": None})
+    host, log_host = one_at_a_time(start_server, strong_conv_pair, work, monkeypatch, {"LLAMA_SPEC_IDS_HOST": "1"})
     assert said in log_device and said not in log_host, "LLAMA_SPEC_IDS_HOST=1 did not keep the ids on the host"
     assert sum(a for _, _, a in device) > 0, f"nothing drafted was accepted one at a time: {device}"
     for i, (d, h) in enumerate(zip(device, host)):
