@@ -202,6 +202,7 @@ class RequestRecord:
     draft_n: int | None = None
     draft_n_accepted: int | None = None
     passes: int | None = None
+    turn: int | None = None  # closed loop: the client's request number (0: its first); None: open loop
 
     @property
     def decode_tps(self) -> float | None:
@@ -214,16 +215,17 @@ class RequestRecord:
 
 
 def send(client: Client, p: Prompt, answer_tokens: int, *, index: int, who: int, t0: float,
-         temperature: float = 0.0, seed: int | None = None) -> RequestRecord:
+         temperature: float = 0.0, seed: int | None = None, turn: int | None = None) -> RequestRecord:
     """One streamed request of exactly ``answer_tokens`` tokens (``ignore_eos``), timed: greedy, or
     sampled at ``temperature`` with ``seed`` (the engine's default chain: top-k 40, top-p 0.95,
-    min-p 0.05)."""
+    min-p 0.05); ``turn``: the closed-loop client's request number."""
     start = time.perf_counter() - t0
     extra = {"seed": seed} if temperature > 0 and seed is not None else {}
     out = client.stream_complete(p.tokens, n_predict=answer_tokens, ignore_eos=True, temperature=temperature, **extra)
     t = out.timings
     return RequestRecord(index, who, p.id, p.n_tokens, start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
-                         t.prompt_n, t.prompt_ms, t.predicted_per_second, t.draft_n, t.draft_n_accepted, t.passes)
+                         t.prompt_n, t.prompt_ms, t.predicted_per_second, t.draft_n, t.draft_n_accepted, t.passes,
+                         turn)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -260,6 +262,9 @@ class LevelResult:
     passes: int
     records: list[RequestRecord] = field(default_factory=list, repr=False)
     round_tps: list[float] = field(default_factory=list)  # aggregate tok/s of each round (several rounds)
+    # closed loop: TTFT p50 of the requests that were not their client's first, which all arrive
+    # at once at the level's start (the opening burst); None in an open loop or with one request a client
+    ttft_p50_later_s: float | None = None
 
     @property
     def accept_length(self) -> float | None:
@@ -284,7 +289,8 @@ def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -
         percentile(ttft, 50), percentile(ttft, 95), statistics.fmean(ttft) if ttft else None,
         percentile(lat, 50), percentile(lat, 95), statistics.fmean(lat) if lat else None,
         sum(r.draft_n or 0 for r in drafted), sum(r.draft_n_accepted or 0 for r in drafted),
-        sum(r.passes or 0 for r in drafted), sorted(records, key=lambda r: r.index))
+        sum(r.passes or 0 for r in drafted), sorted(records, key=lambda r: r.index),
+        ttft_p50_later_s=percentile([r.ttft_s for r in records if r.turn], 50))
 
 
 def pool_rounds(rounds: list[LevelResult]) -> LevelResult:
@@ -321,7 +327,7 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
             if failed.is_set():
                 return
             i = j * clients + c
-            _send_recorded(client, prompts[order[i]], shape, i, c, t0, records, lock, failed)
+            _send_recorded(client, prompts[order[i]], shape, i, c, t0, records, lock, failed, turn=j)
             if tick:
                 tick(f"{clients} clients")
 
@@ -335,12 +341,13 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
 
 
 def _send_recorded(client: Client, prompt: Prompt, shape: Shape, index: int, who: int, t0: float,
-                   records: list[RequestRecord], lock: threading.Lock, failed: threading.Event) -> None:
+                   records: list[RequestRecord], lock: threading.Lock, failed: threading.Event,
+                   turn: int | None = None) -> None:
     """One request of a schedule: its record appended under ``lock``; a failure sets ``failed`` (no
     later request is sent) and is raised."""
     try:
         r = send(client, prompt, shape.answer_tokens, index=index, who=who, t0=t0, temperature=shape.temperature,
-                 seed=shape.seed * 1_000_003 + index)
+                 seed=shape.seed * 1_000_003 + index, turn=turn)
     except BaseException:
         failed.set()
         raise
@@ -411,7 +418,7 @@ def render_all(client: Client, items: list[pr.PromptItem]) -> list[Prompt]:
 def ratios(plain: LevelResult, drafted: LevelResult) -> dict[str, Any]:
     """drafted / plain of each figure (None where either is missing or zero)."""
     keys = ("aggregate_tps", "decode_tps_median", "engine_decode_tps_median", "ttft_p50_s", "ttft_p95_s",
-            "ttft_mean_s", "latency_p50_s", "latency_p95_s", "latency_mean_s")
+            "ttft_mean_s", "latency_p50_s", "latency_p95_s", "latency_mean_s", "ttft_p50_later_s")
     out: dict[str, Any] = {"level": plain.level}
     for k in keys:
         a, b = getattr(plain, k), getattr(drafted, k)

@@ -67,6 +67,20 @@ def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated
     # the closed loop: client c's j-th request is order[j * clients + c]
     two = plain[1]["records"]
     assert [r["client"] for r in two] == [0, 1, 0, 1]
+    # each client's request number; TTFT p50 of the requests after each client's first, and its ratio
+    for arm in (plain, drafted):
+        for lv in arm:
+            recs = lv["records"]
+            assert [r["turn"] for r in recs] == [j for j in range(2) for _ in range(int(lv["level"]))]
+            later = sorted(r["ttft_s"] for r in recs if r["turn"] > 0)
+            assert later and lv["ttft_p50_later_s"] == pytest.approx((later[0] + later[-1]) / 2 if len(later) == 2
+                                                                     else later[0])
+    assert all(r["ttft_p50_later_s"] == pytest.approx(b["ttft_p50_later_s"] / a["ttft_p50_later_s"])
+               for r, a, b in zip(rep["ratios"], plain, drafted))
+    assert "TTFT p50 of the requests after each client's first (the opening burst left out):" in p.stdout
+    block = p.stdout.split("(the opening burst left out):")[1].splitlines()
+    assert block[1].split() == ["clients", "plain", "drafted", "ratio"]
+    assert [ln.split()[0] for ln in block[2:4]] == ["1", "2"], block[:4]
     assert all(lv["drafted"] == 0 and lv["accept_length"] is None for lv in plain)
     assert all(lv["drafted"] > 0 and lv["passes"] > 0 and lv["accept_length"] >= 1.0 for lv in drafted)
     for r, a, b in zip(rep["ratios"], plain, drafted):
@@ -89,6 +103,7 @@ def test_load_rounds_pool_every_round_and_keep_each_rounds_ratio(small_pair, ggu
                               str(tmp_path / "logs")), env=isolated)
     assert p.returncode == 0, p.stderr
     assert "3 rounds a level (seeds 0-2)" in p.stdout and "agg by round" in p.stdout
+    assert "opening burst" not in p.stdout
     assert "round 3/3" in p.stderr
     # the levels up, then down, then up: no round starts quiet right after the busiest level
     order = re.findall(r"plain, (\d+) clients, round (\d)/3", p.stderr)
@@ -100,6 +115,8 @@ def test_load_rounds_pool_every_round_and_keep_each_rounds_ratio(small_pair, ggu
         assert [lv["level"] for lv in arm] == [1, 2]
         for lv in arm:
             _check_level(lv, int(lv["level"]) * 3, 8)  # three rounds of one request a client
+            # every request was its client's first: no TTFT without the opening burst, no such table
+            assert {r["turn"] for r in lv["records"]} == {0} and lv["ttft_p50_later_s"] is None
             assert len(lv["round_tps"]) == 3 and all(t > 0 for t in lv["round_tps"])
             # the pooled aggregate lies between the rounds' and is their tokens over their summed wall
             assert min(lv["round_tps"]) - 1e-9 <= lv["aggregate_tps"] <= max(lv["round_tps"]) + 1e-9
@@ -224,6 +241,8 @@ def test_load_poisson_with_synthetic_acceptance(small_pair, ggufdspark_cli, isol
         _check_level(lv, 5, 8)
         starts = [r["start_s"] for r in lv["records"]]
         assert starts == sorted(starts)  # sent in arrival order
+        # open loop: no client sends "after its first", so no such TTFT
+        assert all(r["turn"] is None for r in lv["records"]) and lv["ttft_p50_later_s"] is None
     assert rep["arms"]["drafted"][0]["accept_length"] > 1.0
 
 
