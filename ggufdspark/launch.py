@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from ggufdspark.gguffile.constants import Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.quants import is_quantized_file, is_quantized_tag
 from ggufdspark.runners.server import ServerSettings
-from ggufdspark.runners.tensor_overrides import TOKEN_TABLE_PATTERN, overrides_token_table
+from ggufdspark.runners.tensor_overrides import TOKEN_TABLE_PATTERN, env_override_args, overrides_token_table
 
 log = logging.getLogger(__name__)
 
@@ -373,8 +374,9 @@ def server_settings(decision: hardware.Decision, engine: EngineInfo | None, *, s
     """The llama-server of ``decision``: the draft (``draft`` / ``hfd``) when it drafts, offload,
     flash attention, the load cut, the context ``ctx`` (None: no ``-c``), the engine's workarounds
     for this backend (``hardware.engine_workarounds``), then ``extra_args``, then the token table's
-    override (``decision.token_table_device``), left off where ``extra_args`` override that tensor
-    themselves (the loader takes the first override that matches).
+    override (``decision.token_table_device``), left off where ``extra_args`` or the environment's
+    ``LLAMA_ARG_OVERRIDE_TENSOR`` override that tensor themselves (the loader takes the first
+    override that matches; the environment's come first).
 
     ``server`` defaults to ``engine.path``. ``quantized`` (for the workarounds) defaults to whether
     a file or Hub tag served is quantized; True where a quantized file joins later (a benchmark's
@@ -388,7 +390,8 @@ def server_settings(decision: hardware.Decision, engine: EngineInfo | None, *, s
         server=server or (engine.path if engine else "llama-server"), model=model, mmproj=mmproj, hf_repo=hf,
         host=host, port=port, api_key=api_key, spec_type=None, draft_n_min=None,
         n_gpu_layers=hardware.OFFLOAD_ALL_LAYERS if decision.offload else None, flash_attn=decision.flash_attn,
-        token_table_device=None if overrides_token_table(list(extra_args or [])) else decision.token_table_device,
+        token_table_device=None if overrides_token_table(list(extra_args or []) + env_override_args(os.environ))
+        else decision.token_table_device,
         ctx_size=ctx.total if ctx else None, parallel=parallel, threads=threads, metrics=metrics,
         draft_ubatch=decision.draft_ubatch,  # on the command line only with a draft
         extra_args=hardware.engine_workarounds(decision.backend, parallel, engine, quantized=quantized)

@@ -246,6 +246,25 @@ def test_the_token_table_flag_follows_extra_args_and_yields_to_the_users():
     assert argv[-2:] == ["-ot", rf"{other[1]},{TABLE_ON_GPU[1]}"] and argv.count("-ot") == 1, argv
 
 
+def test_the_token_table_flag_yields_to_the_engines_environment(monkeypatch):
+    """The engine reads LLAMA_ARG_OVERRIDE_TENSOR before its command line and puts those overrides
+    first (common/arg.cpp), so one there that places the token table wins over any -ot: serve then
+    adds none and does not claim the table (from this process's environment, or a server's own
+    ``env``); one that does not touch the table leaves serve's flag in place."""
+    d = launch.decide(H200, None)
+    monkeypatch.setenv("LLAMA_ARG_OVERRIDE_TENSOR", r"token_embd\.weight=CPU")
+    s = launch.server_settings(d, None, model="t.gguf", draft="d.gguf")
+    assert s.token_table_device is None and "-ot" not in s.args(), s.args()
+    mine = replace(launch.server_settings(d, None, model="t.gguf"), token_table_device="CUDA0")
+    assert "-ot" not in mine.args(), mine.args()  # claimed, yet the environment's override goes first
+    monkeypatch.setenv("LLAMA_ARG_OVERRIDE_TENSOR", r"blk\.0\.ffn_.*=CPU")
+    s = launch.server_settings(d, None, model="t.gguf", draft="d.gguf")
+    assert s.token_table_device == "CUDA0" and s.args()[-2:] == TABLE_ON_GPU, s.args()
+    assert "-ot" not in replace(s, env={"LLAMA_ARG_OVERRIDE_TENSOR": ".*=CPU"}).args()
+    monkeypatch.delenv("LLAMA_ARG_OVERRIDE_TENSOR")
+    assert launch.server_settings(d, None, model="t.gguf").args()[-2:] == TABLE_ON_GPU
+
+
 def test_each_slot_gets_a_usable_context(ggufdspark_cli, small_pair, isolated):
     """serve -np 32: 4096 tokens a slot by default (stated in --json and on stderr); -c stays the
     user's whole context, warned about when a slot gets under 1024; --ctx-per-slot sets the share."""

@@ -28,7 +28,7 @@ from ggufdspark.errors import EngineError, InvalidArgumentError, LogWaitTimeoutE
 from ggufdspark.runners import lifeline
 from ggufdspark.runners.deaths import exit_cause, explain_failure  # noqa: F401 (also public here)
 from ggufdspark.runners.client import Client, urlopen_direct
-from ggufdspark.runners.tensor_overrides import overrides_token_table, with_token_table
+from ggufdspark.runners.tensor_overrides import env_override_args, overrides_token_table, with_token_table
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +176,14 @@ class ServerSettings:
         if network:
             a += ["--host", self.host, "--port", str(self.port)]
         a += _split_key_args(self.extra_args)[0]
-        if self.token_table_device and not overrides_token_table(self.extra_args):
+        if self.token_table_device and not overrides_token_table(self.extra_args + self.env_overrides()):
             a = with_token_table(a, self.token_table_device)  # after extra_args': the first match wins
         return a
+
+    def env_overrides(self) -> list[str]:
+        """The tensor overrides the engine will take from its environment (this process's with
+        ``env`` on top), as a flag pair: they apply before any on the command line."""
+        return env_override_args({**os.environ, **self.env})
 
     def pick_port(self) -> int:
         """Replace port 0 by a free port on this host (loopback for wildcard hosts)."""

@@ -7,6 +7,7 @@ src/llama-model-loader.cpp)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 # The target's token embedding table (GGUF tensor name) and the pattern that names it alone
 # (LFM2's token_embd_norm.weight does not match).
@@ -14,6 +15,16 @@ TOKEN_TABLE_TENSOR = "token_embd.weight"
 TOKEN_TABLE_PATTERN = r"token_embd\.weight"
 # llama-server's tensor override flags; the value is always the next argument (no FLAG=VALUE form)
 OVERRIDE_TENSOR_FLAGS = ("-ot", "--override-tensor")
+# the same overrides from the engine's environment: common/arg.cpp reads it before the command line
+# and appends to the same list, so its patterns come first, with or without an -ot flag
+OVERRIDE_TENSOR_ENV = "LLAMA_ARG_OVERRIDE_TENSOR"
+
+
+def env_override_args(env: Mapping[str, str]) -> list[str]:
+    """The tensor overrides the engine takes from its environment ``env`` (``OVERRIDE_TENSOR_ENV``),
+    as the flag pair they amount to; [] where it holds none."""
+    value = env.get(OVERRIDE_TENSOR_ENV)
+    return ["-ot", value] if value else []
 
 
 def token_table_args(buffer: str) -> list[str]:
