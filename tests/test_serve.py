@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -175,6 +176,42 @@ def test_serve_no_draft_serves_target_alone(small_pair, dspark_engine):
         assert "-md" not in srv.settings.args() and "--spec-type" not in srv.settings.args()
         out = client.complete("The model draft target", n_predict=16)
         assert out.timings.draft_n is None and out.timings.predicted_n == 16
+
+
+def test_the_users_llama_arg_environment_adds_no_draft_nor_model(small_pair, dspark_engine, monkeypatch, caplog):
+    """llama-server reads LLAMA_ARG_* variables before its command line: a user's shell that names a
+    draft (LLAMA_ARG_SPEC_DRAFT_MODEL alone makes the pinned engine draft) or a projector would change
+    what serve serves and what bench measures as plain. Our engines start without the variables of
+    options ggufdspark owns, with one warning each; others (LLAMA_ARG_THREADS) pass through. Through
+    the CLI too: `serve --no-draft` with them set serves undrafted and says which it ignored."""
+    monkeypatch.setenv("LLAMA_ARG_SPEC_DRAFT_MODEL", str(small_pair.draft))
+    monkeypatch.setenv("LLAMA_ARG_SPEC_TYPE", "draft-dspark")
+    monkeypatch.setenv("LLAMA_ARG_MMPROJ", "/nonexistent/mmproj.gguf")  # the engine would fail to start
+    monkeypatch.setenv("LLAMA_ARG_THREADS", "1")
+    with caplog.at_level("WARNING", logger="ggufdspark.runners.server"):
+        with serving(small_pair.target, small_pair.draft, no_draft=True) as (srv, client):
+            env, dropped = srv.settings.engine_env()
+            assert dropped == ["LLAMA_ARG_MMPROJ", "LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_SPEC_TYPE"], dropped
+            assert env["LLAMA_ARG_THREADS"] == "1" and not [k for k in env if k in dropped], env
+            out = client.complete("The model draft target", n_predict=16)
+            assert out.timings.draft_n is None and out.timings.predicted_n == 16, out.timings
+    said = [r.getMessage() for r in caplog.records if "in the environment is ignored" in r.getMessage()]
+    assert sorted(m.split()[0] for m in said) == dropped, said
+    # an arm's own environment (settings.env) is kept, whatever it names
+    kept = dataclasses.replace(srv.settings, env={"LLAMA_ARG_SPEC_TYPE": "none"}).engine_env()
+    assert kept[0]["LLAMA_ARG_SPEC_TYPE"] == "none" and "LLAMA_ARG_SPEC_TYPE" not in kept[1], kept[1]
+    port = _free_port()
+    p, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--no-draft",
+                            "--server", dspark_engine.path, "--port", str(port))
+    try:
+        out = _complete(port)
+        assert "draft_n" not in out["timings"] or not out["timings"]["draft_n"], out["timings"]
+        warned = [ln for ln in lines if "in the environment is ignored" in ln]
+        assert [ln.removeprefix("WARNING: ").split()[0] for ln in warned] == ["LLAMA_ARG_MMPROJ", "LLAMA_ARG_SPEC_DRAFT_MODEL",
+                                                     "LLAMA_ARG_SPEC_TYPE"], lines
+    finally:
+        p.terminate()
+        p.wait(timeout=60)
 
 
 def test_serve_refuses_mismatched_pair(ggufdspark_cli, small_pair, other_pair):

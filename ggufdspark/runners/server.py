@@ -32,6 +32,15 @@ from ggufdspark.runners.tensor_overrides import env_override_args, overrides_tok
 
 log = logging.getLogger(__name__)
 
+# LLAMA_ARG_* variables of the options ggufdspark sets on the engine's command line or leaves off on
+# purpose: the models served (target, draft, projector, from files or the Hub), every speculative
+# option, and where the engine listens. llama-server reads its environment before its command line
+# (common/arg.cpp), so one of these left in a user's shell would add a draft to a plain server,
+# a confidence cut to a drafted one, or another model or projector; our engines start without them.
+OWNED_ENV = re.compile(r"LLAMA_ARG_(SPEC_\w+|DRAFT_\w+|\w+_DRAFT|MODEL|MODEL_URL|HF_REPO|HF_FILE|DOCKER_REPO"
+                       r"|MMPROJ\w*|HOST|PORT|API_KEY_FILE)")
+_owned_env_said: set[str] = set()  # the names already warned about (once a process)
+
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -181,9 +190,16 @@ class ServerSettings:
         return a
 
     def env_overrides(self) -> list[str]:
-        """The tensor overrides the engine will take from its environment (this process's with
-        ``env`` on top), as a flag pair: they apply before any on the command line."""
-        return env_override_args({**os.environ, **self.env})
+        """The tensor overrides the engine will take from its environment (``engine_env``), as a
+        flag pair: they apply before any on the command line."""
+        return env_override_args(self.engine_env()[0])
+
+    def engine_env(self) -> tuple[dict[str, str], list[str]]:
+        """The engine's environment: this process's without the variables of options ggufdspark
+        owns (``OWNED_ENV``), with ``env`` on top (an arm's own, kept whatever they are); and the
+        names left out."""
+        dropped = sorted(k for k in os.environ if OWNED_ENV.fullmatch(k) and k not in self.env)
+        return {**{k: v for k, v in os.environ.items() if k not in dropped}, **self.env}, dropped
 
     def pick_port(self) -> int:
         """Replace port 0 by a free port on this host (loopback for wildcard hosts)."""
@@ -277,10 +293,14 @@ class ServerProcess:
         try:
             self._log_start = os.fstat(fd).st_size
             args = s.args(key_file=key_dir / "api-key" if key_dir else None)
+            env, dropped = s.engine_env()
+            for name in (n for n in dropped if n not in _owned_env_said):
+                _owned_env_said.add(name)
+                log.warning("%s in the environment is ignored: ggufdspark sets the models, the draft and the "
+                            "address on llama-server's command line (engine flags go after --)", name)
             try:
                 self.proc, self._lifeline = lifeline.spawn(args, stdout=fd, stderr=subprocess.STDOUT,
-                                                           stdin=subprocess.DEVNULL,
-                                                           env={**os.environ, **s.env} if s.env else None)
+                                                           stdin=subprocess.DEVNULL, env=env)
             except OSError as e:
                 raise EngineError(f"{s.server}: cannot start llama-server: {e.strerror}") from None
             finally:
