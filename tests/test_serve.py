@@ -197,6 +197,10 @@ def test_the_users_llama_arg_environment_adds_no_draft_nor_model(small_pair, dsp
             assert out.timings.draft_n is None and out.timings.predicted_n == 16, out.timings
     said = [r.getMessage() for r in caplog.records if "in the environment is ignored" in r.getMessage()]
     assert sorted(m.split()[0] for m in said) == dropped, said
+    # a user's key file is kept: it protects the engine still
+    monkeypatch.setenv("LLAMA_ARG_API_KEY_FILE", "/somewhere/keys")
+    assert srv.settings.engine_env()[0]["LLAMA_ARG_API_KEY_FILE"] == "/somewhere/keys"
+    monkeypatch.delenv("LLAMA_ARG_API_KEY_FILE")
     # an arm's own environment (settings.env) is kept, whatever it names
     kept = dataclasses.replace(srv.settings, env={"LLAMA_ARG_SPEC_TYPE": "none"}).engine_env()
     assert kept[0]["LLAMA_ARG_SPEC_TYPE"] == "none" and "LLAMA_ARG_SPEC_TYPE" not in kept[1], kept[1]

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 # option, and where the engine listens. llama-server reads its environment before its command line
 # (common/arg.cpp), so one of these left in a user's shell would add a draft to a plain server,
 # a confidence cut to a drafted one, or another model or projector; our engines start without them.
+# LLAMA_ARG_API_KEY_FILE is not among them: a key the user set protects the engine still.
 OWNED_ENV = re.compile(r"LLAMA_ARG_(SPEC_\w+|DRAFT_\w+|\w+_DRAFT|MODEL|MODEL_URL|HF_REPO|HF_FILE|DOCKER_REPO"
-                       r"|MMPROJ\w*|HOST|PORT|API_KEY_FILE)")
+                       r"|MMPROJ\w*|HOST|PORT)")
 _owned_env_said: set[str] = set()  # the names already warned about (once a process)
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
