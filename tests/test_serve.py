@@ -204,6 +204,9 @@ def test_the_users_llama_arg_environment_adds_no_draft_nor_model(small_pair, dsp
     # an arm's own environment (settings.env) is kept, whatever it names
     kept = dataclasses.replace(srv.settings, env={"LLAMA_ARG_SPEC_TYPE": "none"}).engine_env()
     assert kept[0]["LLAMA_ARG_SPEC_TYPE"] == "none" and "LLAMA_ARG_SPEC_TYPE" not in kept[1], kept[1]
+    # the plan says so before anything starts (serve --dry-run --json: its warnings)
+    dry = plan(small_pair.target, small_pair.draft, no_draft=True, server=dspark_engine.path)
+    assert [w.split()[0] for w in dry.warnings if "in the environment is ignored" in w] == dropped, dry.warnings
     port = _free_port()
     p, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--no-draft",
                             "--server", dspark_engine.path, "--port", str(port))

@@ -226,6 +226,19 @@ class ServerSettings:
 KEY_FILE_PLACEHOLDER = "<api-key-file>"
 
 
+def owned_env_warnings(settings: ServerSettings, *, again: bool = False) -> list[str]:
+    """One warning for each variable ``settings``' engine will start without (``engine_env``) that
+    this process has not warned about yet, or (``again``: a plan's list) every one; either way they
+    count as said, so a server started from a plan does not repeat them."""
+    out = []
+    for name in settings.engine_env()[1]:
+        if again or name not in _owned_env_said:
+            _owned_env_said.add(name)
+            out.append(f"{name} in the environment is ignored: ggufdspark sets the models, the draft and the "
+                       "address on llama-server's command line (engine flags go after --)")
+    return out
+
+
 def _split_key_args(extra: list[str]) -> tuple[list[str], list[str]]:
     """``extra`` without ``--api-key K`` / ``--api-key=K``, and the keys those held."""
     rest: list[str] = []
@@ -294,11 +307,9 @@ class ServerProcess:
         try:
             self._log_start = os.fstat(fd).st_size
             args = s.args(key_file=key_dir / "api-key" if key_dir else None)
-            env, dropped = s.engine_env()
-            for name in (n for n in dropped if n not in _owned_env_said):
-                _owned_env_said.add(name)
-                log.warning("%s in the environment is ignored: ggufdspark sets the models, the draft and the "
-                            "address on llama-server's command line (engine flags go after --)", name)
+            env, _ = s.engine_env()
+            for w in owned_env_warnings(s):
+                log.warning("%s", w)
             try:
                 self.proc, self._lifeline = lifeline.spawn(args, stdout=fd, stderr=subprocess.STDOUT,
                                                            stdin=subprocess.DEVNULL, env=env)
