@@ -28,7 +28,8 @@ from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.deaths import engine_error_line, exit_cause
-from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings, owned_env_warnings
+from ggufdspark.runners.engine_env import dropped_warnings
+from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
 from ggufdspark.runners.watchdog import HealthWatch, note_in_log
 from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
 
@@ -183,7 +184,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     settings.public_path = ui_dir
     if host not in LOOPBACK and not settings.api_keys():
         warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
-    warnings += owned_env_warnings(settings, again=True)
+    warnings += dropped_warnings(settings.engine_env()[1], again=True)
     return ServePlan(settings, decision, info, ctx, warnings, report, ui_dir, ui_note)
 
 

@@ -28,19 +28,10 @@ from ggufdspark.errors import EngineError, InvalidArgumentError, LogWaitTimeoutE
 from ggufdspark.runners import lifeline
 from ggufdspark.runners.deaths import exit_cause, explain_failure  # noqa: F401 (also public here)
 from ggufdspark.runners.client import Client, urlopen_direct
+from ggufdspark.runners.engine_env import dropped_warnings, engine_environment
 from ggufdspark.runners.tensor_overrides import env_override_args, overrides_token_table, with_token_table
 
 log = logging.getLogger(__name__)
-
-# LLAMA_ARG_* variables of the options ggufdspark sets on the engine's command line or leaves off on
-# purpose: the models served (target, draft, projector, from files or the Hub), every speculative
-# option, and where the engine listens. llama-server reads its environment before its command line
-# (common/arg.cpp), so one of these left in a user's shell would add a draft to a plain server,
-# a confidence cut to a drafted one, or another model or projector; our engines start without them.
-# LLAMA_ARG_API_KEY_FILE is not among them: a key the user set protects the engine still.
-OWNED_ENV = re.compile(r"LLAMA_ARG_(SPEC_\w+|DRAFT_\w+|\w+_DRAFT|MODEL|MODEL_URL|HF_REPO|HF_FILE|DOCKER_REPO"
-                       r"|MMPROJ\w*|HOST|PORT)")
-_owned_env_said: set[str] = set()  # the names already warned about (once a process)
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -196,11 +187,9 @@ class ServerSettings:
         return env_override_args(self.engine_env()[0])
 
     def engine_env(self) -> tuple[dict[str, str], list[str]]:
-        """The engine's environment: this process's without the variables of options ggufdspark
-        owns (``OWNED_ENV``), with ``env`` on top (an arm's own, kept whatever they are); and the
-        names left out."""
-        dropped = sorted(k for k in os.environ if OWNED_ENV.fullmatch(k) and k not in self.env)
-        return {**{k: v for k, v in os.environ.items() if k not in dropped}, **self.env}, dropped
+        """The engine's environment and the variables left out of it (``engine_env.OWNED_ENV``):
+        this process's, with ``env`` on top."""
+        return engine_environment(self.env)
 
     def pick_port(self) -> int:
         """Replace port 0 by a free port on this host (loopback for wildcard hosts)."""
@@ -225,18 +214,6 @@ class ServerSettings:
 
 KEY_FILE_PLACEHOLDER = "<api-key-file>"
 
-
-def owned_env_warnings(settings: ServerSettings, *, again: bool = False) -> list[str]:
-    """One warning for each variable ``settings``' engine will start without (``engine_env``) that
-    this process has not warned about yet, or (``again``: a plan's list) every one; either way they
-    count as said, so a server started from a plan does not repeat them."""
-    out = []
-    for name in settings.engine_env()[1]:
-        if again or name not in _owned_env_said:
-            _owned_env_said.add(name)
-            out.append(f"{name} in the environment is ignored: ggufdspark sets the models, the draft and the "
-                       "address on llama-server's command line (engine flags go after --)")
-    return out
 
 
 def _split_key_args(extra: list[str]) -> tuple[list[str], list[str]]:
@@ -308,7 +285,7 @@ class ServerProcess:
             self._log_start = os.fstat(fd).st_size
             args = s.args(key_file=key_dir / "api-key" if key_dir else None)
             env, _ = s.engine_env()
-            for w in owned_env_warnings(s):
+            for w in dropped_warnings(s.engine_env()[1]):
                 log.warning("%s", w)
             try:
                 self.proc, self._lifeline = lifeline.spawn(args, stdout=fd, stderr=subprocess.STDOUT,
