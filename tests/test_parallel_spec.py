@@ -42,6 +42,7 @@ def assert_same_or_near_tie(plain: dict, tokens: list[int], what: str) -> None:
     gap = math.exp(top[0]["logprob"]) - math.exp(top[1]["logprob"])
     assert gap < 0.05, f"{what}: differs from the plain output at token {k} (plain top-2 gap {gap:.4f}: not a near-tie)"
 
+
 def in_turn_with_two(srv, prompts: list[list[int]]) -> list[dict]:
     """The first three prompts one after another, then a request for two completions (n_cmpl 2) of
     the fourth: 40 greedy tokens each, with the top-2 probabilities for near-tie checks."""
@@ -52,7 +53,6 @@ def in_turn_with_two(srv, prompts: list[list[int]]) -> list[dict]:
     two = c.post_json("/completion", {**body, "prompt": prompts[3], "n_cmpl": 2})
     assert isinstance(two, list) and len(two) == 2, f"n_cmpl 2: expected two completions, got {str(two)[:300]}"
     return out + two
-
 
 
 def one_at_a_time(start_server, pair, work, monkeypatch, env: dict[str, str | None]
@@ -77,7 +77,6 @@ def one_at_a_time(start_server, pair, work, monkeypatch, env: dict[str, str | No
     for k in env:
         monkeypatch.delenv(k, raising=False)
     return out, log
-
 
 
 def test_many_slots_with_draft_are_lossless_and_never_abort(strong_conv_pair, start_server):

@@ -215,7 +215,6 @@ class ServerSettings:
 KEY_FILE_PLACEHOLDER = "<api-key-file>"
 
 
-
 def _split_key_args(extra: list[str]) -> tuple[list[str], list[str]]:
     """``extra`` without ``--api-key K`` / ``--api-key=K``, and the keys those held."""
     rest: list[str] = []
@@ -284,8 +283,8 @@ class ServerProcess:
         try:
             self._log_start = os.fstat(fd).st_size
             args = s.args(key_file=key_dir / "api-key" if key_dir else None)
-            env, _ = s.engine_env()
-            for w in dropped_warnings(s.engine_env()[1]):
+            env, dropped = s.engine_env()
+            for w in dropped_warnings(dropped):
                 log.warning("%s", w)
             try:
                 self.proc, self._lifeline = lifeline.spawn(args, stdout=fd, stderr=subprocess.STDOUT,
