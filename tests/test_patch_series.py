@@ -80,3 +80,19 @@ def test_series_round_trip_through_the_git_checkout(tmp_path):
         assert sorted(have) == sorted(want), (sorted(have), sorted(want))
         for name in want:
             assert have[name] == want[name], f"{name}: exported differently from the shipped file"
+
+
+def test_the_docs_count_and_table_the_series_as_shipped():
+    """README and docs/engine-patches.md say how many patches the product series holds, and the
+    latter's table has a row for each patch of both series; a patch added or moved without them
+    fails here."""
+    product = [_number(p) for p in engine.patch_files()]
+    for doc in ("README.md", "docs/engine-patches.md"):
+        text = (REPO / doc).read_text()
+        counts = re.findall(r"`ggufdspark/data/patches/`,? (\d+) patches", text)
+        assert counts and set(counts) == {str(len(product))}, f"{doc}: product series counted as {counts}"
+    table = (REPO / "docs" / "engine-patches.md").read_text().split("## The patches at a glance", 1)[1]
+    table = table.split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (dev )?(\d{4}) \|", table, re.M)
+    assert [n for dev, n in rows if not dev] == product, rows
+    assert sorted(n for dev, n in rows if dev) == sorted(DEV), rows
