@@ -63,6 +63,10 @@
 #             plain and drafted (serve's), llama-server's divided layout (serve's) against one shared cache,
 #             LAYOUT_REQUESTS (4) requests at once on LAYOUT_SLOTS (16) slots, pinned to consecutive and
 #             to scattered slots; JSON layout-TAG.json. About a minute.
+#   lossless  the lossless tests of the suite on this GPU: tests/test_parallel_spec.py (greedy output
+#             against the plain server's at 1, 8 and 32 slots, closed-loop mixed traffic among them)
+#             and tests/test_sampling_exact.py (the sampling distribution), against this call's build;
+#             LOSSLESS_TESTS: other pytest arguments; lossless.txt. A few minutes.
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
 #             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
 #   topk      the engine's CUDA top-k kernels (0002's one block a row, 0051's chunks with warp shuffles):
@@ -277,6 +281,16 @@ topk)
         && "$W/topk_cuda" --json "$OUT/topk.json" | tee "$OUT/topk.txt"
     echo "topk rc=${PIPESTATUS[0]}"
     ;;
+lossless)
+    # the test suite's lossless tests on this GPU, against this call's build (the tests generate their
+    # own small pairs): greedy tokens against the plain server's at 1, 8 and 32 slots, and the
+    # sampling check's distribution test; LOSSLESS_TESTS replaces the selection
+    # shellcheck disable=SC2086  # pytest arguments
+    GGUFDSPARK_SERVER="$(BIN)" $py -m pytest -q -p no:cacheprovider \
+        ${LOSSLESS_TESTS:-tests/test_parallel_spec.py tests/test_sampling_exact.py} 2>&1 \
+        | tee "$OUT/lossless.txt" | tail -n 15
+    echo "lossless rc=${PIPESTATUS[0]}"
+    ;;
 bench)
     "$(dirname "$(BIN)")/llama-bench" -m "$T" -ngl 99 -fa 1 -p "${PP:-1,2,4,8,10,512}" -n 128 -r 5 -o md 2>/dev/null \
         | tee "$OUT/llama-bench.md"
@@ -301,6 +315,6 @@ kernels)
             | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([a-z0-9]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
     done
     ;;
-*) echo "unknown stage $stage (setup speed slots sanitize load arms tune table prefill bench kernels)" ;;
+*) echo "unknown stage $stage (setup speed slots sanitize load arms tune table prefill sampling layout timeline topk lossless bench kernels)" ;;
 esac
 done

@@ -515,3 +515,25 @@ def test_device_script_arms_gathers_the_profile_lines_into_one_file(small_pair, 
                        text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert (out / "arms-q.json").is_file() and not (out / "arms-q-profile.txt").exists()
+
+
+def test_device_script_lossless_stage_runs_the_suites_lossless_tests(small_pair, dspark_engine, isolated, tmp_path):
+    """benchmarks/h200.sh lossless on CPU: the selected lossless tests run against the stage's engine
+    (SERVER here, the call's build on the device), their output in lossless.txt and pytest's exit
+    status printed; a selection that fails says so."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    base = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
+            "SERVER": dspark_engine.path, "WORK": str(tmp_path / "work"), "PYTHON": sys.executable}
+    for selection, rc, said in (("tests/test_parallel_spec.py -k thirty_two", 0, "1 passed"),
+                                ("tests/test_parallel_spec.py -k no_such_test", 5, "deselected")):
+        out = tmp_path / f"out-{rc}"
+        p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "lossless"], capture_output=True, text=True,
+                           env={**base, "OUT": str(out), "LOSSLESS_TESTS": selection}, timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert f"lossless rc={rc}" in p.stdout, p.stdout + p.stderr
+        assert said in (out / "lossless.txt").read_text(), (out / "lossless.txt").read_text()
