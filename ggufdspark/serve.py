@@ -32,6 +32,7 @@ from ggufdspark.runners.engine_env import dropped_warnings
 from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
 from ggufdspark.runners.watchdog import HealthWatch, note_in_log
 from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
+from ggufdspark.timings.live import LogWindow, stats_line
 
 log = logging.getLogger(__name__)
 
@@ -254,13 +255,16 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # 1024 more on demand (server-http.cpp), so a busy engine still answers; one that answers nothing
 # for this long is hung and is restarted.
 HEALTH_TIMEOUT_S = 60.0
+# serve's throughput and acceptance line (``supervise``'s ``stats_every``): vLLM's servers log theirs
+# every 5-10 s by default
+STATS_EVERY_S = 10.0
 
 
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
               backoff: tuple[float, ...] = (1, 2, 4, 8, 16), health_timeout: float | None = HEALTH_TIMEOUT_S,
               on_event: Callable[[str], None] = lambda msg: None,
               on_ready: Callable[[str], None] = lambda url: None,
-              on_record: Callable[[dict], None] = lambda rec: None) -> int:
+              on_record: Callable[[dict], None] = lambda rec: None, stats_every: float | None = None) -> int:
     """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes
     or hangs.
 
@@ -276,6 +280,12 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     the first start is healthy (not again after a restart).
 
     A second such signal while stopping kills the engine at once instead of waiting for it.
+
+    Every ``stats_every`` seconds (None or 0: never) in which a request finished or ran, what
+    finished goes to ``on_event`` as a line (``timings.live.stats_line``: requests, tokens, the
+    requests' decode speed, drafted and accepted tokens, accept length) and to ``on_record`` as
+    ``event`` ``stats``, read from the engine's log (``timings.live.LogWindow``), as vLLM and
+    SGLang servers log their throughput and acceptance.
 
     Returns:
         0 after a clean stop.
@@ -299,6 +309,8 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
 
     old = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
     crashes = 0
+    window = LogWindow(log_path) if stats_every else None
+    next_stats = time.monotonic() + (stats_every or 0)
     try:
         srv.start()
         on_event(f"ready: {srv.url} (log: {log_path})")
@@ -309,6 +321,9 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
             time.sleep(0.5)
             cause = watch.hung() if srv.alive() else exit_cause(srv.proc.returncode)
             if cause is None:
+                if window and time.monotonic() >= next_stats:
+                    next_stats += stats_every
+                    _stats(window, on_event, on_record)
                 continue
             srv.stop(timeout=5)  # a hung engine may ignore SIGTERM: killed after 5 s
             crashes += 1
@@ -324,11 +339,15 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
             on_event(f"llama-server {why}; restart {crashes}/{max_restarts} in {wait:g}s")
             on_record({"event": "restart", **rec, "restarts": crashes, "in_s": wait})
             time.sleep(wait)
+            if window:
+                window.restart()
             srv.start()
             watch = HealthWatch(srv, health_timeout)
             on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts})")
             on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes})
     except _Stop:
+        if window:
+            _stats(window, on_event, on_record)  # what finished since the last line
         on_event("stopping")
         on_record({"event": "stopping", "restarts": crashes})
         return 0
@@ -341,3 +360,10 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
                 signal.signal(s, h)
         if killed:
             on_event(f"{signal.Signals(killed[0]).name} while stopping: llama-server killed")
+
+
+def _stats(window: LogWindow, on_event: Callable[[str], None], on_record: Callable[[dict], None]) -> None:
+    st = window.take()
+    if st.active:
+        on_event(stats_line(st))
+        on_record({"event": "stats", **st.to_dict()})

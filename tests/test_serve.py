@@ -410,6 +410,56 @@ def test_serve_json_events_name_each_restart_its_cause_and_count(small_pair, dsp
     assert any("ready again" in ln and "(restart 1 of at most 5)" in ln for ln in err.splitlines()), err
 
 
+def test_serve_says_what_finished_every_interval_and_nothing_while_idle(small_pair, dspark_engine, tmp_path):
+    """serve --stats-interval: every interval in which requests finished or ran, one line on stderr and
+    (--json) one stats record, read from the engine's log; summed over the records, the requests,
+    tokens, drafted and accepted tokens are the responses' own; an idle server says nothing, and
+    --stats-interval 0 none at all."""
+    port = _free_port()
+    proc, _ = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", str(port), "-np", "2",
+                           "--log", str(tmp_path / "s.log"), "--json", "--stats-interval", "0.5")
+    records, stats = [], []
+    try:
+        assert proc.stdout is not None
+        records.append(json.loads(proc.stdout.readline()))
+        answers = [_complete(port, f"The model {i}", n=24 + 8 * i) for i in range(3)]
+        while sum(r["requests"] for r in stats) < 3:
+            line = proc.stdout.readline()
+            assert line, f"serve ended early: {records}"
+            records.append(json.loads(line))
+            if records[-1]["event"] == "stats":
+                stats.append(records[-1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    rest = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert [r["event"] for r in rest] == ["stopping"], rest  # idle since: no line, no record
+    timings = [a["timings"] for a in answers]
+    for key in ("prompt_n", "predicted_n", "draft_n", "draft_n_accepted"):
+        assert sum(r[key] for r in stats) == sum(t.get(key, 0) for t in timings), (key, stats, timings)
+    assert all(r["requests"] or r["running"] for r in stats), stats
+    drafted = [r for r in stats if r["draft_n"]]
+    assert drafted and all(r["passes"] > 0 and r["accept_length"] == 1 + r["draft_n_accepted"] / r["passes"]
+                           for r in drafted), stats
+    said = [ln for ln in err.splitlines() if ln.startswith("last ") and " s: " in ln]
+    assert len(said) == len(stats), err
+    done = [r for r in stats if r["requests"]]
+    assert any(f"draft {r['draft_n_accepted']} of {r['draft_n']} accepted" in ln for r in done for ln in said), err
+
+    port = _free_port()
+    proc, _ = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", str(port),
+                           "--log", str(tmp_path / "s0.log"), "--json", "--stats-interval", "0")
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["event"] == "ready"
+        assert _complete(port)["timings"]["predicted_n"] == 16
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert [json.loads(x)["event"] for x in out.splitlines() if x.strip()] == ["stopping"], out
+    assert not any(ln.startswith("last ") for ln in err.splitlines()), err
+
+
 def test_the_engine_error_line_names_a_cuda_death():
     """engine_error_line: the engine's own last error line, as the H200 engine wrote it when it died
     at 32 slots (issue 28), not the benign 'failed to' lines of its start."""

@@ -404,3 +404,67 @@ def test_wait_for_log_raises_when_the_line_does_not_come(start_server, small_pai
         srv.wait_for_log("draft acceptance", timeout=60, count=2)
     assert time.monotonic() - t0 < 30
     assert len(srv.wait_for_log("draft acceptance", timeout=0)) == 1
+
+
+def test_a_log_window_takes_each_request_once_as_the_log_grows(tmp_path):
+    """timings.live.LogWindow on the real engine's log written piece by piece, cut mid-line and
+    mid-block: every request is taken once, when its block and release are complete, and the takes
+    add up to the whole log's records; the running count follows launches and releases; a window
+    made at a log's end takes only what comes after."""
+    from ggufdspark.timings.live import LogWindow
+
+    data = (FIXTURES / "draft.log").read_bytes()
+    whole = tm.parse(FIXTURES / "draft.log")
+    log = tmp_path / "server.log"
+    log.write_bytes(b"")
+    window = LogWindow(log)
+    takes, running = [], []
+    step = max(1, len(data) // 37)  # 37 pieces: most cuts fall inside lines and timing blocks
+    for at in range(0, len(data), step):
+        with open(log, "ab") as f:
+            f.write(data[at:at + step])
+        s = window.take()
+        takes.append(s)
+        running.append(s.running)
+    assert takes[-1].running == 0 and max(running) == 1, running
+    for key in ("requests", "prompt_n", "predicted_n", "draft_n", "draft_n_accepted", "passes"):
+        want = len(whole) if key == "requests" else sum(getattr(r, key) or 0 for r in whole if key != "passes" or r.drafted)
+        assert sum(getattr(s, key) for s in takes) == want, key
+    assert sum(s.requests for s in takes[:3]) == 0  # the engine's start: nothing finished yet
+
+    later = LogWindow(log)  # made at the end: the requests above are not its
+    assert later.take().requests == 0
+    with open(log, "ab") as f:
+        f.write(data)
+    assert later.take().requests == len(whole)
+
+
+def test_timings_follow_prints_what_a_running_server_finishes(small_pair, start_server):
+    """`ggufdspark timings --follow LOG --json` beside a real llama-server: JSON lines of what finished,
+    adding up to the responses' own counts, none while idle; Ctrl-C (SIGINT) ends it with exit 0;
+    options that do not apply to a growing log are refused in one line."""
+    import signal
+
+    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=1, ctx_size=512)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "ggufdspark", "timings", "--follow", str(srv.log_path), "--every", "0.3",
+                          "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr is not None and p.stderr.readline().startswith("following ")  # the window is open
+        c = srv.client(timeout=120)
+        answers = [c.complete(f"Follow {i}", n_predict=20) for i in range(2)]
+        lines = []
+        while sum(x["requests"] for x in lines) < 2:
+            line = p.stdout.readline()
+            assert line, f"timings --follow ended early: {lines}, {p.stderr.read()}"
+            lines.append(json.loads(line))
+    finally:
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and "Traceback" not in err, err
+    assert out.strip() == "", out  # idle after the two requests: nothing more
+    for key in ("predicted_n", "draft_n", "draft_n_accepted"):
+        assert sum(x[key] for x in lines) == sum(getattr(a.timings, key) or 0 for a in answers), (key, lines)
+    bad = subprocess.run([sys.executable, "-m", "ggufdspark", "timings", "--follow", str(srv.log_path), "--csv"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--csv does not apply" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -54,17 +54,21 @@ from ggufdspark.errors import InvalidArgumentError
               help="Restarts after crashes (with a growing pause) before serve gives up.")
 @click.option("--health-timeout", type=NumberRange(0), default=serve_lib.HEALTH_TIMEOUT_S, show_default=True,
               help="Restart llama-server when /health answers nothing for this many seconds (hung; 0: never).")
+@click.option("--stats-interval", type=NumberRange(0), default=serve_lib.STATS_EVERY_S, show_default=True,
+              help="Every this many seconds with traffic, a line of what finished: requests, tokens, decode "
+                   "speed, drafted and accepted tokens, accept length (0: none).")
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.option("--json", "as_json", is_flag=True,
               help="With --dry-run: print the plan (command line, settings and why) as JSON; when serving: "
-                   "each supervision event (ready, restart with its cause, stopping) as a JSON line on stdout.")
+                   "each supervision event (ready, restart with its cause, stats, stopping) as a JSON line on stdout.")
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
 @click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_n_max_by_slots,
             no_draft, force, server,
-            ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, health_timeout, no_profile, dry_run,
+            ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, health_timeout, stats_interval,
+            no_profile, dry_run,
             as_json, no_ui, open_page,
             extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
@@ -113,7 +117,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
 
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
                         health_timeout=health_timeout, on_event=_say, on_ready=ready,
-                        on_record=_json_line if as_json else (lambda rec: None))
+                        on_record=_json_line if as_json else (lambda rec: None), stats_every=stats_interval)
 
 
 # Printed with the chat URL when the server requires a key (the key itself never is). The pinned

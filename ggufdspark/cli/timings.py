@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import sys
+import time
 from pathlib import Path
 
 import click
 
 from ggufdspark import timings as tm
-from ggufdspark.cli._common import echo_json
+from ggufdspark.cli._common import NumberRange, echo_json, finite_json
+from ggufdspark.errors import InputNotFoundError
+from ggufdspark.timings.live import LogWindow, stats_line
 
 # (header, RequestTimings attribute, format): the table's columns, left to right
 TABLE_COLUMNS: list[tuple[str, str, str]] = [
@@ -54,7 +58,12 @@ SUMMARY_ROWS: list[tuple[str, str, str]] = [
               help="The server log (or /metrics scrapes) of the same run: exact verify passes for "
                    "the responses in FILE, matched in order.")
 @click.option("--lenient", is_flag=True, help="Skip unreadable records and report how many.")
-def command(file, as_json, as_csv, fmt, log_file, lenient):
+@click.option("--follow", is_flag=True,
+              help="FILE is a running llama-server's log: every --every seconds in which requests finished "
+                   "or ran, one line of what finished (--json: one JSON line), until interrupted.")
+@click.option("--every", type=NumberRange(0, min_open=True), default=10.0, show_default=True,
+              help="With --follow: seconds between lines.")
+def command(file, as_json, as_csv, fmt, log_file, lenient, follow, every):
     """Read speculative-decoding timings from llama-server responses (JSON, JSON Lines, SSE),
     logs, /metrics text or SGLang responses, and report acceptance rate, accept length (bonus
     token included), MAT, tokens per pass, speeds and end-to-end time, per request and as
@@ -63,6 +72,10 @@ def command(file, as_json, as_csv, fmt, log_file, lenient):
     """
     if as_json and as_csv:
         raise click.UsageError("--json and --csv exclude each other")
+    if follow:
+        _follow(file, every, as_json=as_json, refused=[n for n, v in (("--csv", as_csv), ("--log", log_file),
+                                                                      ("--format", fmt != "auto")) if v])
+        return
     if file is None:
         if sys.stdin is None or sys.stdin.isatty():  # nothing piped in: reading would wait silently
             raise click.UsageError("no FILE given and stdin is a terminal: give a FILE, or pipe the "
@@ -152,3 +165,32 @@ def render_csv(records: list[tm.RequestTimings]) -> str:
     for r in records:
         w.writerow({k: ("" if v is None else v) for k, v in r.to_dict().items()})
     return buf.getvalue()
+
+
+
+def _follow(file: str | None, every: float, *, as_json: bool, refused: list[str]) -> None:
+    """``timings --follow LOG``: what a running llama-server finishes, an interval a line."""
+    if refused:
+        raise click.UsageError(f"--follow reads a llama-server log as it grows; {', '.join(refused)} "
+                               + ("does" if len(refused) == 1 else "do") + " not apply to it")
+    if not file or file == "-":
+        raise click.UsageError("--follow needs the log's path as FILE (llama-server --log-file PATH, or its "
+                               "stderr redirected to a file)")
+    if not Path(file).is_file():
+        raise InputNotFoundError(f"{file}: log not found")
+    window = LogWindow(file)
+    click.echo(f"following {file}: a line every {every:g} s in which requests finished or ran (Ctrl-C ends)",
+               err=True)
+    try:
+        while True:
+            time.sleep(every)
+            st = window.take()
+            if not st.active:
+                continue
+            if as_json:
+                click.echo(json.dumps(finite_json(st.to_dict())))
+            else:
+                click.echo(stats_line(st))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass

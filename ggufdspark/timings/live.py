@@ -1,0 +1,164 @@
+"""A running llama-server's speculative figures as they happen, read from its log as it grows.
+
+    window = LogWindow("llama-server.log")     # from the log's end: what happens from now on
+    ...
+    stats = window.take()                      # what finished since the last take
+    if stats.active:
+        print(stats_line(stats))
+
+The log's per-request timing block (``parse_log``) is written when a request ends, followed by the
+slot's ``release`` line; a window reads complete lines only and takes in the blocks up to the last
+release, so a block being written is taken at the next call. ``launch_slot_`` / ``release`` lines
+give the requests running. Reading the log, unlike scraping ``/metrics``, changes nothing in the
+server (each ``/metrics`` scrape restarts the window its throughput gauges average over, which a
+user's own Prometheus would then read)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggufdspark.errors import TimingsParseError
+from ggufdspark.timings.formats import parse_log
+from ggufdspark.timings.records import RequestTimings
+
+_LAUNCH = re.compile(r"launch_slot_: id +(\d+) \| task (-?\d+) \|")
+_RELEASE = re.compile(r"release: id +(\d+) \| task (-?\d+) \| stop processing")
+_MAX_READ = 1 << 24  # bytes read a take: a log that grew more is caught up over several takes
+
+
+@dataclass
+class IntervalStats:
+    """What a server finished between two takes (``LogWindow.take``)."""
+
+    seconds: float
+    requests: int  # finished, with a timing block
+    running: int  # launched and not released at the take
+    prompt_n: int
+    predicted_n: int
+    draft_n: int
+    draft_n_accepted: int
+    passes: int  # verify passes of the requests that drafted (exact from the log's mean length)
+    decode_tps: float | None  # the finished requests' own decode speed, mean over requests
+
+    @property
+    def active(self) -> bool:
+        return bool(self.requests or self.running)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens a verify pass, the bonus token included (llama.cpp's ``mean len``)."""
+        return 1.0 + self.draft_n_accepted / self.passes if self.passes else None
+
+    def to_dict(self) -> dict:
+        return {"seconds": round(self.seconds, 3), "requests": self.requests, "running": self.running,
+                "prompt_n": self.prompt_n, "predicted_n": self.predicted_n, "draft_n": self.draft_n,
+                "draft_n_accepted": self.draft_n_accepted, "passes": self.passes,
+                "acceptance_rate": self.acceptance_rate, "accept_length": self.accept_length,
+                "decode_tps": self.decode_tps}
+
+
+class LogWindow:
+    """Follows a llama-server log from where it stood when made (``from_end``) or from its start."""
+
+    def __init__(self, path: str | os.PathLike, *, from_end: bool = True):
+        self.path = Path(path)
+        try:
+            self.offset = self.path.stat().st_size if from_end else 0
+        except FileNotFoundError:
+            self.offset = 0  # the engine creates it
+        self.pending = ""  # complete lines after the last release, taken in with a later one
+        self.running: set[tuple[int, int]] = set()
+        self.since = time.monotonic()
+
+    def restart(self) -> None:
+        """The engine was started again (same log, appended): no request of the old one runs."""
+        self.running.clear()
+        self.pending = ""
+
+    def _read(self) -> str:
+        """The complete lines appended since the last read."""
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:  # truncated or replaced: start over
+                    self.offset, self.pending = 0, ""
+                f.seek(self.offset)
+                data = f.read(min(size - self.offset, _MAX_READ))
+        except FileNotFoundError:
+            return ""
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return data[:end].decode("utf-8", errors="replace")
+
+    def take(self) -> IntervalStats:
+        """What finished since the last take (or since the window was made)."""
+        text = self._read()
+        for line in text.splitlines():
+            if m := _LAUNCH.search(line):
+                self.running.add((int(m[1]), int(m[2])))
+            elif m := _RELEASE.search(line):
+                self.running.discard((int(m[1]), int(m[2])))
+        text = self.pending + text
+        cut = _last_release_end(text)
+        done, self.pending = text[:cut], text[cut:]
+        now = time.monotonic()
+        seconds, self.since = now - self.since, now
+        return interval_stats(_records(done, str(self.path)), seconds, len(self.running))
+
+
+def _last_release_end(text: str) -> int:
+    """Where the line of the last ``release`` ends (0: no release in ``text``)."""
+    last = None
+    for last in _RELEASE.finditer(text):
+        pass
+    if last is None:
+        return 0
+    nl = text.find("\n", last.end())
+    return len(text) if nl < 0 else nl + 1
+
+
+def _records(text: str, name: str) -> list[RequestTimings]:
+    if not text:
+        return []
+    try:
+        return parse_log(text, name, True, [], allow_plain=True)
+    except TimingsParseError:  # releases without timing blocks (a cancelled request)
+        return []
+
+
+def interval_stats(records: list[RequestTimings], seconds: float, running: int) -> IntervalStats:
+    drafted = [r for r in records if r.drafted]
+    speeds = [r.decode_tps for r in records if r.decode_tps]
+    return IntervalStats(
+        seconds=seconds, requests=len(records), running=running,
+        prompt_n=sum(r.prompt_n or 0 for r in records), predicted_n=sum(r.predicted_n or 0 for r in records),
+        draft_n=sum(r.draft_n or 0 for r in drafted), draft_n_accepted=sum(r.draft_n_accepted or 0 for r in drafted),
+        passes=sum(r.passes or 0 for r in drafted),
+        decode_tps=sum(speeds) / len(speeds) if speeds else None)
+
+
+def stats_line(s: IntervalStats) -> str:
+    """One line for a terminal, e.g. ``last 10 s: 12 requests done, 3 running; 2480 tokens
+    generated (95.2 tok/s a request), 5300 prompt tokens; draft 1150 of 1800 accepted (63.9%),
+    accept length 3.21``."""
+    secs = f"{s.seconds:.1f}" if s.seconds < 10 else f"{s.seconds:.0f}"
+    head = f"last {secs} s: {s.requests} request{'s' if s.requests != 1 else ''} done, {s.running} running"
+    if not s.requests:
+        return head
+    speed = f" ({s.decode_tps:.1f} tok/s a request)" if s.decode_tps else ""
+    out = f"{head}; {s.predicted_n} tokens generated{speed}, {s.prompt_n} prompt tokens"
+    if s.draft_n:
+        out += f"; draft {s.draft_n_accepted} of {s.draft_n} accepted ({100 * s.acceptance_rate:.1f}%)"
+        if s.accept_length:
+            out += f", accept length {s.accept_length:.2f}"
+    elif s.requests:
+        out += "; nothing drafted"
+    return out
