@@ -977,3 +977,67 @@ def test_thirty_two_slots_under_mixed_traffic_are_lossless(strong_conv_pair, sta
     drafted = sum(s["timings"].get("draft_n", 0) for s in got.values())
     accepted = sum(s["timings"].get("draft_n_accepted", 0) for s in got.values())
     assert drafted > 0 and accepted > 0, f"drafted {drafted}, accepted {accepted}: the draft never engaged"
+
+
+def _stream_then_hang_up(port: int, prompt: list[int], n_predict: int, chunks: int) -> int:
+    """A streamed greedy request whose client goes away after ``chunks`` token chunks (a closed chat
+    tab): the connection is closed mid-answer. Returns the chunks read."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
+            "cache_prompt": False, "stream": True}
+    conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200, r.read()[:300]
+    got = 0
+    while got < chunks:
+        line = r.readline()
+        assert line, f"the stream ended after {got} chunks, before the client hung up"
+        got += line.startswith(b"data:")
+    conn.close()
+    return got
+
+
+def test_clients_that_hang_up_mid_answer_leave_the_others_lossless(strong_conv_pair, start_server):
+    """Real traffic has clients that go away: 8 streamed requests on 8 drafting slots, 4 of whose
+    clients close the connection after a few tokens. The server cancels those slots between steps;
+    the 4 answers that run on, and a second wave of 8 on the same slots, equal the plain server's,
+    and the engine lives."""
+    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 512)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    rng = random.Random(41)
+    first = [([rng.randrange(16, vocab) for _ in range(rng.randint(20, 120))], 160) for _ in range(SLOTS)]
+    second = [([rng.randrange(16, vocab) for _ in range(rng.randint(20, 120))], rng.randint(20, 60)) for _ in range(SLOTS)]
+    want = serve_all(plain, first[SLOTS // 2:] + second)
+    plain.stop()
+
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+    port = int(spec.url.rsplit(":", 1)[1])
+    kept: dict[int, dict] = {}
+    hung: dict[int, int] = {}
+
+    def keep(i: int) -> None:
+        kept[i] = spec.client(timeout=300).post_json("/completion", {
+            "prompt": first[i][0], "n_predict": first[i][1], "temperature": 0.0, "ignore_eos": True,
+            "cache_prompt": False, "return_tokens": True, "n_probs": 2})
+
+    def hang_up(i: int) -> None:
+        hung[i] = _stream_then_hang_up(port, first[i][0], first[i][1], chunks=5 + 3 * i)
+
+    threads = [threading.Thread(target=hang_up if i < SLOTS // 2 else keep, args=(i,)) for i in range(SLOTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(hung) == list(range(SLOTS // 2)), hung
+    spec.wait_for_log(r"stop processing", count=SLOTS)  # the hung-up slots were released too
+    cancelled = re.findall(r"cancel task, id_task = (\d+)", spec.log_text())
+    assert len(cancelled) == SLOTS // 2, f"the server cancelled tasks {cancelled}, not one a client that hung up"
+    got = [kept[i] for i in range(SLOTS // 2, SLOTS)] + serve_all(spec, second)
+    assert spec.alive(), f"the engine died after clients hung up:\n{spec.log_text()[-2000:]}"
+    for i, (p, s) in enumerate(zip(want, got)):
+        assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
+        assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output after other clients hung up")
+    assert sum(s["timings"].get("draft_n", 0) for s in got) > 0, "the draft never engaged"
