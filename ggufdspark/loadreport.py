@@ -61,17 +61,16 @@ class LoadReport:
                 f"aggregate over the levels" + (f" (single rounds {band(rounds)})" if rounds else "")
                 + f", TTFT p50 {band(ttft)}; a drafted / plain ratio inside that band is no measured difference")
 
-    def later_ttft_lines(self, ratios: dict[str, list[dict]]) -> list[str]:
-        """Closed loop: TTFT p50 without each client's first request. Every client sends its first
-        at the level's start, so those prompts are processed together (the opening burst) and the
-        later ones join running answers: the two halves of a level's TTFT, told apart."""
+    def level_block(self, title: str, key: str, ratios: dict[str, list[dict]]) -> list[str]:
+        """One figure (``key``, in seconds) of every arm level by level, and drafted / plain."""
         arms = ["plain", *self.drafted_arms]
-        head = f"{'clients':>7} " + " ".join(f"{a:>9}" for a in arms) + " " + " ".join(
+        unit = "clients" if self.traffic["shape"]["mode"] == "closed" else "req/s"
+        head = f"{unit:>7} " + " ".join(f"{a:>9}" for a in arms) + " " + " ".join(
             f"{(a + '/pl') if len(arms) > 2 else 'ratio':>9}" for a in arms[1:])
-        out = ["TTFT p50 of the requests after each client's first (the opening burst left out):", head]
+        out = [title, head]
         for i, p in enumerate(self.arms["plain"]):
-            out.append(f"{p.level:>7g} " + " ".join(_ms(self.arms[a][i].ttft_p50_later_s) for a in arms) + " "
-                       + " ".join(_x(ratios[a][i].get("ttft_p50_later_s"), 9) for a in arms[1:]))
+            out.append(f"{p.level:>7g} " + " ".join(_ms(getattr(self.arms[a][i], key)) for a in arms) + " "
+                       + " ".join(_x(ratios[a][i].get(key), 9) for a in arms[1:]))
         return out
 
     def text(self) -> str:
@@ -110,7 +109,13 @@ class LoadReport:
                           f"{_x(r['latency_p50_s'], 8)} {_x(r['latency_p95_s'], 8)}"
                           + (f"   agg by round {min(spread):.2f}-{max(spread):.2f}x" if spread else "")]
         if t["shape"]["mode"] == "closed" and any(lv.ttft_p50_later_s is not None for lv in self.arms["plain"]):
-            lines += ["", *self.later_ttft_lines(ratios)]
+            # every client sends its first request at the level's start: those prompts are processed
+            # together (the opening burst), the later ones join running answers
+            lines += ["", *self.level_block("TTFT p50 of the requests after each client's first (the opening "
+                                            "burst left out):", "ttft_p50_later_s", ratios)]
+        if any(lv.longest_gap_p95_s is not None for lv in self.arms["plain"]):
+            lines += ["", *self.level_block("A request's longest wait between two tokens (a stall: a prompt joining "
+                                            "the batch), p95 over the requests:", "longest_gap_p95_s", ratios)]
         if s.get("noise_floor"):
             lines += ["", self.noise_floor_text()]
         lines += ["", "agg = output tokens / wall time of the level; dec = median over requests of (tokens - 1) / "

@@ -203,6 +203,7 @@ class RequestRecord:
     draft_n_accepted: int | None = None
     passes: int | None = None
     turn: int | None = None  # closed loop: the client's request number (0: its first); None: open loop
+    longest_gap_s: float | None = None  # the longest wait between two streamed chunks after the first token
 
     @property
     def decode_tps(self) -> float | None:
@@ -225,7 +226,7 @@ def send(client: Client, p: Prompt, answer_tokens: int, *, index: int, who: int,
     t = out.timings
     return RequestRecord(index, who, p.id, p.n_tokens, start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
                          t.prompt_n, t.prompt_ms, t.predicted_per_second, t.draft_n, t.draft_n_accepted, t.passes,
-                         turn)
+                         turn, out.longest_gap_s)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -265,6 +266,10 @@ class LevelResult:
     # closed loop: TTFT p50 of the requests that were not their client's first, which all arrive
     # at once at the level's start (the opening burst); None in an open loop or with one request a client
     ttft_p50_later_s: float | None = None
+    # p50 / p95 over requests of each one's longest wait between two tokens: the stalls a user sees
+    # (a prompt joining the batch, a slot's save) that a median decode speed averages away
+    longest_gap_p50_s: float | None = None
+    longest_gap_p95_s: float | None = None
 
     @property
     def accept_length(self) -> float | None:
@@ -290,7 +295,9 @@ def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -
         percentile(lat, 50), percentile(lat, 95), statistics.fmean(lat) if lat else None,
         sum(r.draft_n or 0 for r in drafted), sum(r.draft_n_accepted or 0 for r in drafted),
         sum(r.passes or 0 for r in drafted), sorted(records, key=lambda r: r.index),
-        ttft_p50_later_s=percentile([r.ttft_s for r in records if r.turn], 50))
+        ttft_p50_later_s=percentile([r.ttft_s for r in records if r.turn], 50),
+        longest_gap_p50_s=percentile([r.longest_gap_s for r in records], 50),
+        longest_gap_p95_s=percentile([r.longest_gap_s for r in records], 95))
 
 
 def pool_rounds(rounds: list[LevelResult]) -> LevelResult:
@@ -418,7 +425,8 @@ def render_all(client: Client, items: list[pr.PromptItem]) -> list[Prompt]:
 def ratios(plain: LevelResult, drafted: LevelResult) -> dict[str, Any]:
     """drafted / plain of each figure (None where either is missing or zero)."""
     keys = ("aggregate_tps", "decode_tps_median", "engine_decode_tps_median", "ttft_p50_s", "ttft_p95_s",
-            "ttft_mean_s", "latency_p50_s", "latency_p95_s", "latency_mean_s", "ttft_p50_later_s")
+            "ttft_mean_s", "latency_p50_s", "latency_p95_s", "latency_mean_s", "ttft_p50_later_s",
+            "longest_gap_p50_s", "longest_gap_p95_s")
     out: dict[str, Any] = {"level": plain.level}
     for k in keys:
         a, b = getattr(plain, k), getattr(drafted, k)

@@ -31,6 +31,11 @@ def _check_level(lv: dict, n_requests: int, answer: int) -> None:
     assert min(r["ttft_s"] for r in recs) <= lv["ttft_mean_s"] <= max(r["ttft_s"] for r in recs)
     dec = sorted(r["decode_tps"] for r in recs)
     assert dec[0] <= lv["decode_tps_median"] <= dec[-1]
+    # a request's longest wait between two streamed tokens: within its time after the first token;
+    # p50 / p95 over the requests
+    gaps = sorted(r["longest_gap_s"] for r in recs)
+    assert all(0 < r["longest_gap_s"] <= r["latency_s"] - r["ttft_s"] for r in recs), recs
+    assert gaps[0] <= lv["longest_gap_p50_s"] <= lv["longest_gap_p95_s"] <= gaps[-1]
 
 
 def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated, tmp_path):
@@ -81,6 +86,10 @@ def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated
     block = p.stdout.split("(the opening burst left out):")[1].splitlines()
     assert block[1].split() == ["clients", "plain", "drafted", "ratio"]
     assert [ln.split()[0] for ln in block[2:4]] == ["1", "2"], block[:4]
+    assert all(r["longest_gap_p95_s"] == pytest.approx(b["longest_gap_p95_s"] / a["longest_gap_p95_s"])
+               for r, a, b in zip(rep["ratios"], plain, drafted))
+    block = p.stdout.split("p95 over the requests:")[1].splitlines()
+    assert block[1].split() == ["clients", "plain", "drafted", "ratio"] and block[2].split()[0] == "1", block[:4]
     assert all(lv["drafted"] == 0 and lv["accept_length"] is None for lv in plain)
     assert all(lv["drafted"] > 0 and lv["passes"] > 0 and lv["accept_length"] >= 1.0 for lv in drafted)
     for r, a, b in zip(rep["ratios"], plain, drafted):

@@ -3,7 +3,9 @@ the prompt set's length spread on the generated pair's real tokenizer (a real ll
 
 from __future__ import annotations
 
+import json
 import statistics
+import time
 
 import pytest
 
@@ -94,6 +96,36 @@ def test_streamed_completion_matches_the_plain_one_and_times_the_first_token(sma
     assert s.text == full.text
     assert 0 < s.ttft_s < s.e2e_s
     assert s.timings.predicted_n == 24 and s.timings.prompt_n == len(toks) and s.timings.source == "response"
+
+
+def test_a_prompt_joining_the_batch_is_the_running_answers_longest_wait(small_pair, start_server):
+    """stream_complete's longest_gap_s is the stall a user sees: a 1500-token prompt sent while
+    another answer streams is processed in a step or a few, which that answer's next token waits
+    for, so its longest wait between two tokens holds a good part of the prompt's processing time."""
+    import threading
+
+    srv = start_server(model=small_pair.target, parallel=2, ctx_size=8192)
+    c = srv.client(timeout=300)
+    toks = c.tokenize("Tell a long story.", add_special=True)
+    out = {}
+    a = threading.Thread(target=lambda: out.setdefault("a", c.stream_complete(toks, n_predict=1500, ignore_eos=True)))
+    a.start()
+    deadline = time.monotonic() + 60
+    while not any(s.get("is_processing") and s.get("next_token", [{}])[0].get("n_decoded", 0) >= 5
+                  for s in json.loads(c.get_text("/slots"))):  # the answer streams
+        assert time.monotonic() < deadline, c.get_text("/slots")[:500]
+    vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    long_prompt = [toks[0]] + [(17 * i) % (vocab - 100) + 100 for i in range(1500)]
+    b = c.complete(long_prompt, n_predict=1, ignore_eos=True)
+    a.join()
+    s = out["a"]
+    assert b.timings.prompt_n == len(long_prompt), b.timings
+    assert s.longest_gap_s is not None and s.longest_gap_s <= s.e2e_s - s.ttft_s
+    # the prompt may be split over a few steps (checkpoints): a good part of its time, and far more
+    # than the answer's mean wait between tokens
+    mean_wait = (s.e2e_s - s.ttft_s) / 1500
+    assert s.longest_gap_s >= max(0.25 * b.timings.prompt_ms / 1000, 10 * mean_wait), \
+        (s.longest_gap_s, b.timings.prompt_ms, mean_wait)
 
 
 def test_a_server_dying_during_a_streamed_request_is_an_engine_error(small_pair, start_server):

@@ -44,10 +44,12 @@ class Completion:
 @dataclass
 class StreamedCompletion(Completion):
     """A streamed request: a Completion plus the client's clock (seconds from send): ``ttft_s`` to
-    the first token, ``e2e_s`` to the final chunk."""
+    the first token, ``e2e_s`` to the final chunk, ``longest_gap_s`` the longest wait between two
+    chunks carrying tokens after the first (a stall the user sees; None with fewer than two)."""
 
     ttft_s: float = 0.0
     e2e_s: float = 0.0
+    longest_gap_s: float | None = None
 
 
 class Client:
@@ -134,6 +136,8 @@ class Client:
         where = f"{self.url}/completion"
         t0 = time.perf_counter()
         first: float | None = None
+        last: float | None = None
+        gap: float | None = None
         tokens: list[int] = []
         text: list[str] = []
         final: dict | None = None
@@ -148,8 +152,11 @@ class Client:
                 if "error" in chunk:
                     raise EngineError(f"{where}: the server answered with an error: {chunk['error']}")
                 got = chunk.get("tokens") or []
-                if first is None and (got or chunk.get("content")):
-                    first = time.perf_counter() - t0
+                if got or chunk.get("content"):
+                    now = time.perf_counter() - t0
+                    first = now if first is None else first
+                    gap = max(gap or 0.0, now - last) if last is not None else gap
+                    last = now
                 if chunk.get("stop"):
                     final = chunk  # the final chunk repeats no tokens of the partial ones
                     break
@@ -164,7 +171,7 @@ class Client:
             raise EngineError(f"{where}: the stream ended without its final chunk (stop: true)")
         timings = tm.parse_response(final, where=where)
         return StreamedCompletion(text="".join(text), timings=timings, tokens=tokens,
-                                  ttft_s=first if first is not None else e2e, e2e_s=e2e, raw=final)
+                                  ttft_s=first if first is not None else e2e, e2e_s=e2e, longest_gap_s=gap, raw=final)
 
     def chat(self, messages: list[dict], *, max_tokens: int = 64, temperature: float = 0.0,
              **extra: Any) -> Completion:
