@@ -146,9 +146,9 @@ def interval_stats(records: list[RequestTimings], seconds: float, running: int) 
 
 
 def stats_line(s: IntervalStats) -> str:
-    """One line for a terminal, e.g. ``last 10 s: 12 requests done, 3 running; 2480 tokens
-    generated (95.2 tok/s a request), 5300 prompt tokens; draft 1150 of 1800 accepted (63.9%),
-    accept length 3.21``."""
+    """One line for a terminal, e.g. ``last 5.1 s: 200 requests done, 4 running; 17472 tokens
+    generated (1049.9 tok/s a request), 5400 prompt tokens; draft 8536 of 26207 accepted (32.6%),
+    accept length 1.98``."""
     secs = f"{s.seconds:.1f}" if s.seconds < 10 else f"{s.seconds:.0f}"
     head = f"last {secs} s: {s.requests} request{'s' if s.requests != 1 else ''} done, {s.running} running"
     if not s.requests:
