@@ -32,7 +32,7 @@ from ggufdspark.runners.engine_env import dropped_warnings
 from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
 from ggufdspark.runners.watchdog import HealthWatch, note_in_log
 from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
-from ggufdspark.timings.live import LogWindow, stats_line
+from ggufdspark.timings.live import IntervalStats, LogWindow, stats_line
 
 log = logging.getLogger(__name__)
 
@@ -322,8 +322,8 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
             cause = watch.hung() if srv.alive() else exit_cause(srv.proc.returncode)
             if cause is None:
                 if window and time.monotonic() >= next_stats:
-                    next_stats += stats_every
-                    _stats(window, on_event, on_record)
+                    next_stats = time.monotonic() + stats_every
+                    _say_stats(window.take(), on_event, on_record)
                 continue
             srv.stop(timeout=5)  # a hung engine may ignore SIGTERM: killed after 5 s
             crashes += 1
@@ -339,15 +339,15 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
             on_event(f"llama-server {why}; restart {crashes}/{max_restarts} in {wait:g}s")
             on_record({"event": "restart", **rec, "restarts": crashes, "in_s": wait})
             time.sleep(wait)
-            if window:
-                window.restart()
+            if window:  # what the dead engine finished, then none of its requests runs
+                _say_stats(window.restart(), on_event, on_record)
             srv.start()
             watch = HealthWatch(srv, health_timeout)
             on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts})")
             on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes})
     except _Stop:
         if window:
-            _stats(window, on_event, on_record)  # what finished since the last line
+            _say_stats(window.take(), on_event, on_record)  # what finished since the last line
         on_event("stopping")
         on_record({"event": "stopping", "restarts": crashes})
         return 0
@@ -362,8 +362,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
             on_event(f"{signal.Signals(killed[0]).name} while stopping: llama-server killed")
 
 
-def _stats(window: LogWindow, on_event: Callable[[str], None], on_record: Callable[[dict], None]) -> None:
-    st = window.take()
+def _say_stats(st: IntervalStats, on_event: Callable[[str], None], on_record: Callable[[dict], None]) -> None:
     if st.active:
         on_event(stats_line(st))
         on_record({"event": "stats", **st.to_dict()})

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -458,6 +459,50 @@ def test_serve_says_what_finished_every_interval_and_nothing_while_idle(small_pa
         out, err = proc.communicate(timeout=30)
     assert [json.loads(x)["event"] for x in out.splitlines() if x.strip()] == ["stopping"], out
     assert not any(ln.startswith("last ") for ln in err.splitlines()), err
+
+
+def test_serve_stats_drop_the_requests_of_a_dead_engine(small_pair, dspark_engine, tmp_path):
+    """An engine killed with a request running: after the restart no stats record counts that request
+    as running, and a request on the new engine is counted once, as done."""
+    port = _free_port()
+    proc, _ = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", str(port),
+                           "--log", str(tmp_path / "s.log"), "--json", "--stats-interval", "0.5")
+    records: list[dict] = []
+
+    def next_record() -> dict:
+        line = proc.stdout.readline()
+        assert line, f"serve ended early: {records}"
+        records.append(json.loads(line))
+        return records[-1]
+
+    long = threading.Thread(target=lambda: _swallow(lambda: _complete(port, "A long answer", n=100000)), daemon=True)
+    try:
+        assert proc.stdout is not None and next_record()["event"] == "ready"
+        long.start()
+        while not (records[-1]["event"] == "stats" and records[-1]["running"] == 1):
+            next_record()
+        os.kill(_children(proc.pid)[0], signal.SIGKILL)
+        while not (records[-1]["event"] == "ready" and records[-1]["restarts"] == 1):
+            next_record()
+        after = len(records)
+        assert _complete(port)["timings"]["predicted_n"] == 16
+        while sum(r.get("requests", 0) for r in records[after:] if r["event"] == "stats") < 1:
+            next_record()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    records += [json.loads(x) for x in out.splitlines() if x.strip()]
+    later = [r for r in records[after:] if r["event"] == "stats"]
+    assert sum(r["requests"] for r in later) == 1 and all(r["running"] <= 1 for r in later), later
+    assert later[-1]["running"] == 0, later
+
+
+def _swallow(fn) -> None:
+    """Run ``fn``; its failure (a connection the killed engine dropped) is the point, not an error."""
+    try:
+        fn()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def test_the_engine_error_line_names_a_cuda_death():

@@ -167,7 +167,6 @@ def render_csv(records: list[tm.RequestTimings]) -> str:
     return buf.getvalue()
 
 
-
 def _follow(file: str | None, every: float, *, as_json: bool, refused: list[str]) -> None:
     """``timings --follow LOG``: what a running llama-server finishes, an interval a line."""
     if refused:

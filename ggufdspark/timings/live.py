@@ -78,10 +78,13 @@ class LogWindow:
         self.running: set[tuple[int, int]] = set()
         self.since = time.monotonic()
 
-    def restart(self) -> None:
-        """The engine was started again (same log, appended): no request of the old one runs."""
+    def restart(self) -> IntervalStats:
+        """The engine died and is started again on the same log: what the old one finished (its log
+        read to the end); none of its requests runs any more."""
+        st = self.take()
         self.running.clear()
         self.pending = ""
+        return st
 
     def _read(self) -> str:
         """The complete lines appended since the last read."""
