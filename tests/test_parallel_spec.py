@@ -1041,3 +1041,58 @@ def test_clients_that_hang_up_mid_answer_leave_the_others_lossless(strong_conv_p
         assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
         assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output after other clients hung up")
     assert sum(s["timings"].get("draft_n", 0) for s in got) > 0, "the draft never engaged"
+
+
+def test_greedy_answers_stay_lossless_beside_sampled_ones_in_the_batch(strong_conv_pair, start_server, monkeypatch):
+    """Real traffic mixes scripts' greedy requests with chat pages' sampled ones (temperature 0.8,
+    top-k 40) in one batch: with the draft on, every greedy answer equals the plain server's, with
+    the host reading each sampled row (LLAMA_OUTPUT_TOPK=0, the CPU default) and with the graph's
+    top 64 on for the steps a sampled slot can use it (LLAMA_OUTPUT_TOPK=64, the CUDA default:
+    patches 0050-0052), while the sampled answers run their full length with drafts accepted."""
+    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = workload(vocab, seed=23)[:2 * SLOTS]
+    greedy = [i for i in range(len(work)) if i % 2 == 0]
+    want = serve_all(plain, [work[i] for i in greedy])
+    plain.stop()
+
+    def mixed(srv) -> list[dict]:
+        client = srv.client(timeout=300)
+        out: list[dict | None] = [None] * len(work)
+
+        def one(i: int) -> None:
+            prompt, n = work[i]
+            body = {"prompt": prompt, "n_predict": n, "ignore_eos": True, "cache_prompt": False,
+                    "return_tokens": True}
+            body.update({"temperature": 0.0, "n_probs": 2} if i % 2 == 0 else
+                        {"temperature": 0.8, "top_k": 40, "seed": 1000 + i})
+            try:
+                out[i] = client.post_json("/completion", body)
+            except Exception as e:  # noqa: BLE001 - the assertion names it
+                out[i] = {"error": repr(e)}
+
+        for wave in range(0, len(work), SLOTS):
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(wave, min(wave + SLOTS, len(work)))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        return out  # type: ignore[return-value]
+
+    for topk in ("0", "64"):
+        monkeypatch.setenv("LLAMA_OUTPUT_TOPK", topk)
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, extra_args=["-v"], **common)
+        got = mixed(spec)
+        assert spec.alive(), f"LLAMA_OUTPUT_TOPK={topk}: the engine died:\n{spec.log_text()[-2000:]}"
+        for i, g in enumerate(got):
+            assert "tokens" in g, f"LLAMA_OUTPUT_TOPK={topk}, request {i}: {g.get('error', 'no tokens')}"
+            assert len(g["tokens"]) == work[i][1], f"LLAMA_OUTPUT_TOPK={topk}, request {i}: a short answer"
+        for k, i in enumerate(greedy):
+            assert_same_or_near_tie(want[k], got[i]["tokens"],
+                                    f"LLAMA_OUTPUT_TOPK={topk}, greedy request {i} beside sampled ones")
+        sampled = [got[i]["timings"] for i in range(len(work)) if i % 2]
+        assert sum(t.get("draft_n_accepted", 0) for t in sampled) > 0, f"LLAMA_OUTPUT_TOPK={topk}: {sampled}"
+        spec.stop()
+        graph = "top-k 40 from the graph's top 64 candidates" in spec.log_text()
+        assert graph == (topk == "64"), f"LLAMA_OUTPUT_TOPK={topk}: the graph's candidates taken: {graph}"
