@@ -1096,3 +1096,66 @@ def test_greedy_answers_stay_lossless_beside_sampled_ones_in_the_batch(strong_co
         spec.stop()
         graph = "top-k 40 from the graph's top 64 candidates" in spec.log_text()
         assert graph == (topk == "64"), f"LLAMA_OUTPUT_TOPK={topk}: the graph's candidates taken: {graph}"
+
+
+def test_answers_ending_at_a_stop_string_end_where_the_plain_servers_do(strong_conv_pair, start_server):
+    """Real answers end before n_predict, at a stop string (or the end-of-generation token) that a
+    drafted step may accept in the middle of its tokens: the tokens after it must go nowhere. Every
+    answer of 8 slots at once with a stop string from the middle of its plain answer ends at the
+    same place with the same text, tokens and stop reason as the plain server's, streamed or not."""
+    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = [(p, 90) for p, _ in workload(vocab, seed=9)[:SLOTS]]
+    full = serve_all(plain, work)
+    c = plain.client(timeout=300)
+    stops = []
+    for i, r in enumerate(full):  # two characters of the answer that first occur after its first 16 tokens
+        text = r["content"]
+        start = len(c.detokenize(r["tokens"][:16]))
+        piece = next((text[k:k + 2] for k in range(start, len(text) - 2) if text[k:k + 2].strip()
+                      and "\ufffd" not in text[k:k + 2] and text.find(text[k:k + 2]) >= start), None)
+        stops.append(piece)
+    # an answer that repeats one token from the start has no such piece: those go without a stop
+    assert sum(x is not None for x in stops) >= SLOTS // 2, stops
+
+    def ask(srv, stream: bool) -> list[dict]:
+        client = srv.client(timeout=300)
+        out: list[dict | None] = [None] * len(work)
+
+        def one(i: int) -> None:
+            body = {"prompt": work[i][0], "n_predict": work[i][1], "temperature": 0.0, "cache_prompt": False,
+                    "stop": [stops[i]] if stops[i] else [], "return_tokens": True}
+            if not stream:
+                out[i] = client.post_json("/completion", body)
+                return
+            parts, tokens, final = [], [], None
+            for line in client.stream_lines("/completion", body):
+                if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                    chunk = json.loads(line[5:])
+                    final = chunk if chunk.get("stop") else final
+                    parts.append(chunk.get("content", ""))
+                    tokens += chunk.get("tokens") or [] if not chunk.get("stop") else []
+            out[i] = {**(final or {}), "content": "".join(parts), "tokens": tokens}
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out  # type: ignore[return-value]
+
+    want = {stream: ask(plain, stream) for stream in (False, True)}
+    plain.stop()
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+    for stream in (False, True):
+        got = ask(spec, stream)
+        for i, (p, s) in enumerate(zip(want[stream], got)):
+            what = f"request {i} ({'streamed' if stream else 'whole'}, stop {stops[i]!r})"
+            assert (s["content"], s["tokens"], s["stop_type"], s["stopping_word"]) == \
+                   (p["content"], p["tokens"], p["stop_type"], p["stopping_word"]), what
+            if stops[i]:
+                assert p["stop_type"] == "word" and p["stopping_word"] == stops[i], f"{what}: plain {p['stop_type']}"
+                assert len(p["tokens"]) < work[i][1], f"{what}: the stop did not end the answer early"
+    assert spec.alive()
+    assert sum(r["timings"].get("draft_n_accepted", 0) for r in got) > 0, "no draft was accepted"
