@@ -249,8 +249,16 @@ def test_brackets_within_the_limit_keep_the_speedup(measured_arms):
 
 
 def test_too_noisy_a_run_exits_5_with_the_report(bench_cli, tmp_path):
-    # a limit of 0: two real plain runs never measure exactly the same speed
-    p = bench_cli("--max-plain-drift", "0", "--json", "--plot", str(tmp_path / "bench.svg"))
+    # a limit of 0: any difference between the two real plain runs refuses the headline. Once in a
+    # while (CI, 2026-12-05) the two runs' pooled engine timings came out equal and nothing was refused,
+    # as the limit says: such a run must show a drift of exactly 0, and the run is made again
+    for _ in range(3):
+        p = bench_cli("--max-plain-drift", "0", "--json", "--plot", str(tmp_path / "bench.svg"))
+        if p.returncode != 0:
+            break
+        tie = json.loads(p.stdout)
+        assert tie["plain_drift"] == 0 and tie["headline_refused"] is False, (tie["plain_drift"], p.stderr)
+        (tmp_path / "bench.svg").unlink()
     assert p.returncode == 5, p.stderr
     assert "Traceback" not in p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("ggufdspark: error: no speedup: the runs of the target alone")
