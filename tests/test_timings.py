@@ -437,6 +437,11 @@ def test_a_log_window_takes_each_request_once_as_the_log_grows(tmp_path):
     with open(log, "ab") as f:
         f.write(data)
     assert later.take().requests == len(whole)
+    third = data[:len(data) // 3]
+    log.write_bytes(third)  # truncated and written anew (a rotated log): read from its start
+    done = third[:third.rfind(b"stop processing")]  # the blocks released in that third
+    assert b"print_timing" in done
+    assert later.take().requests == len(tm.parse(done.decode(), format="log", allow_plain=True))
 
 
 def test_timings_follow_prints_what_a_running_server_finishes(small_pair, start_server):
