@@ -1035,6 +1035,10 @@ def test_clients_that_hang_up_mid_answer_leave_the_others_lossless(strong_conv_p
     spec.wait_for_log(r"stop processing", count=SLOTS)  # the hung-up slots were released too
     cancelled = re.findall(r"cancel task, id_task = (\d+)", spec.log_text())
     assert len(cancelled) == SLOTS // 2, f"the server cancelled tasks {cancelled}, not one a client that hung up"
+    from ggufdspark.timings.live import LogWindow
+
+    seen = LogWindow(spec.log_path, from_end=False).take()  # what serve's stats line reads of it
+    assert (seen.cancelled, seen.requests) == (SLOTS // 2, SLOTS // 2), seen
     got = [kept[i] for i in range(SLOTS // 2, SLOTS)] + serve_all(spec, second)
     assert spec.alive(), f"the engine died after clients hung up:\n{spec.log_text()[-2000:]}"
     for i, (p, s) in enumerate(zip(want, got)):

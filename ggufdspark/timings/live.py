@@ -27,6 +27,7 @@ from ggufdspark.timings.records import RequestTimings
 
 _LAUNCH = re.compile(r"launch_slot_: id +(\d+) \| task (-?\d+) \|")
 _RELEASE = re.compile(r"release: id +(\d+) \| task (-?\d+) \| stop processing")
+_CANCEL = re.compile(r"cancel task, id_task = \d+")  # a client that went away (no timing block follows)
 _MAX_READ = 1 << 24  # bytes read a take: a log that grew more is caught up over several takes
 
 
@@ -43,10 +44,11 @@ class IntervalStats:
     draft_n_accepted: int
     passes: int  # verify passes of the requests that drafted (exact from the log's mean length)
     decode_tps: float | None  # the finished requests' own decode speed, mean over requests
+    cancelled: int = 0  # requests whose client went away before the answer ended
 
     @property
     def active(self) -> bool:
-        return bool(self.requests or self.running)
+        return bool(self.requests or self.running or self.cancelled)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -62,7 +64,7 @@ class IntervalStats:
                 "prompt_n": self.prompt_n, "predicted_n": self.predicted_n, "draft_n": self.draft_n,
                 "draft_n_accepted": self.draft_n_accepted, "passes": self.passes,
                 "acceptance_rate": self.acceptance_rate, "accept_length": self.accept_length,
-                "decode_tps": self.decode_tps}
+                "decode_tps": self.decode_tps, "cancelled": self.cancelled}
 
 
 class LogWindow:
@@ -104,6 +106,7 @@ class LogWindow:
     def take(self) -> IntervalStats:
         """What finished since the last take (or since the window was made)."""
         text = self._read()
+        cancelled = len(_CANCEL.findall(text))
         for line in text.splitlines():
             if m := _LAUNCH.search(line):
                 self.running.add((int(m[1]), int(m[2])))
@@ -114,7 +117,9 @@ class LogWindow:
         done, self.pending = text[:cut], text[cut:]
         now = time.monotonic()
         seconds, self.since = now - self.since, now
-        return interval_stats(_records(done, str(self.path)), seconds, len(self.running))
+        st = interval_stats(_records(done, str(self.path)), seconds, len(self.running))
+        st.cancelled = cancelled
+        return st
 
 
 def _last_release_end(text: str) -> int:
@@ -153,7 +158,8 @@ def stats_line(s: IntervalStats) -> str:
     generated (1049.9 tok/s a request), 5400 prompt tokens; draft 8536 of 26207 accepted (32.6%),
     accept length 1.98``."""
     secs = f"{s.seconds:.1f}" if s.seconds < 10 else f"{s.seconds:.0f}"
-    head = f"last {secs} s: {s.requests} request{'s' if s.requests != 1 else ''} done, {s.running} running"
+    head = (f"last {secs} s: {s.requests} request{'s' if s.requests != 1 else ''} done, {s.running} running"
+            + (f", {s.cancelled} cancelled" if s.cancelled else ""))
     if not s.requests:
         return head
     speed = f" ({s.decode_tps:.1f} tok/s a request)" if s.decode_tps else ""
