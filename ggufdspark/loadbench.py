@@ -18,6 +18,7 @@ and drafted / plain of each figure.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -65,7 +66,7 @@ def paused_arm(n_max: int) -> DraftArm:
 
 def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
                requests_per_client: int | None, requests: int | None, seed: int, backend: str,
-               temperature: float = 0.0, rounds: int = 1) -> tr.Shape:
+               temperature: float = 0.0, rounds: int = 1, conversation: bool = False) -> tr.Shape:
     """The traffic asked for, validated.
 
     Raises:
@@ -84,6 +85,9 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
             raise InvalidArgumentError(f"--rate {bad[0]}: expected requests per second > 0")
         if requests_per_client is not None:
             raise InvalidArgumentError("--requests-per-client is for closed-loop clients; with --rate give --requests")
+        if conversation:
+            raise InvalidArgumentError("--conversations is for closed-loop clients (each client one conversation), "
+                                       "not --rate")
         if clients and len(clients) > 1:
             raise InvalidArgumentError(f"--clients {','.join(map(str, clients))}: with --rate it is one number "
                                        "(the most requests in flight), not levels")
@@ -104,7 +108,7 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
     if per < 1:
         raise InvalidArgumentError(f"--requests-per-client {per}: expected at least 1")
     return tr.Shape("closed", tuple(levels), answer_tokens, requests_per_client=per, seed=seed,
-                    temperature=temperature, rounds=rounds)
+                    temperature=temperature, rounds=rounds, conversation=conversation)
 
 
 def check_json_path(path: str | Path, *inputs: str | Path | None, force: bool = False) -> Path:
@@ -158,7 +162,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
              threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
              log_dir: str | Path | None = None, command: str | None = None, draft_cut: str | None = None,
              draft_arms: list[DraftArm] | None = None, interleave: bool = True, temperature: float = 0.0,
-             rounds: int = 1, noise_floor: bool = False, progress: Progress | None = None) -> LoadReport:
+             rounds: int = 1, noise_floor: bool = False, conversation: bool = False,
+             progress: Progress | None = None) -> LoadReport:
     """Plain and drafted arms under the same traffic; see the module docstring.
 
     Args:
@@ -183,6 +188,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         noise_floor: a second plain server (arm ``plain2``, the same command as ``plain``) beside
             the others: plain2 / plain is the run's own noise, the band a drafted / plain ratio must
             leave to mean anything.
+        conversation: closed loop: each client one conversation, its next prompt the conversation so
+            far and a new message, sent with cache_prompt (chat traffic: the server reuses what it
+            holds); the slots get serve's context (4096 tokens) unless ``ctx_per_slot`` says otherwise.
 
     Raises:
         InvalidArgumentError: bad traffic options (before anything is loaded).
@@ -192,13 +200,15 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
     """
     # the options are checked before anything loads; the default levels need the backend, known after
     shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
-                       requests=requests, seed=seed, backend="cpu", temperature=temperature, rounds=rounds)
+                       requests=requests, seed=seed, backend="cpu", temperature=temperature, rounds=rounds,
+                       conversation=conversation)
     devices = None
     if not clients and not rate:  # the default levels are the backend's
         devices = hardware.detect(eng.find_engine(server))
         shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
                            requests_per_client=requests_per_client, requests=None, seed=seed,
-                           backend=devices.backend or "cpu", temperature=temperature, rounds=rounds)
+                           backend=devices.backend or "cpu", temperature=temperature, rounds=rounds,
+                           conversation=conversation)
     # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
     given_cut = launch.parse_draft_cut(draft_cut) if draft_cut and draft_cut.strip().lower() != "off" else None
     info, devices, decision, limits = prepare(target, draft, server=server, concurrency=[shape.slots],
@@ -218,6 +228,9 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
     synthetic = _synthetic(synthetic_len, synthetic_rates, n_max)
     items = tr.traffic_items()
     per_slot = ctx_per_slot or tr.max_prompt_bytes(items) + answer_tokens + 16
+    if conversation:  # turns pile up in a slot: serve's context, where a conversation starts over
+        per_slot = ctx_per_slot or max(per_slot, launch.CTX_PER_SLOT)
+        shape = dataclasses.replace(shape, context=per_slot)
     with log_directory(log_dir, "ggufdspark-load-") as logs:
         base = base_settings(info, target, decision=decision, parallel=shape.slots, ctx_per_slot=per_slot,
                              threads=threads, extra_args=server_args, draft=draft)

@@ -33,6 +33,7 @@ class RequestRecord:
     passes: int | None = None
     turn: int | None = None  # closed loop: the client's request number (0: its first); None: open loop
     longest_gap_s: float | None = None  # the longest wait between two streamed chunks after the first token
+    cache_n: int | None = None  # prompt tokens the engine reused from what it held (a conversation's)
 
     @property
     def decode_tps(self) -> float | None:

@@ -127,6 +127,11 @@ class Shape:
     seed: int = DEFAULT_SEED
     temperature: float = 0.0  # 0: greedy; above, each request sampled with its own seed (seed, index)
     rounds: int = 1  # every level run this many times, round r with seed + r; the figures pool the rounds
+    # closed loop: each client one conversation, its next prompt the conversation so far and a new
+    # message, sent with cache_prompt (a chat page's traffic); a conversation that would outgrow
+    # ``context`` tokens (a slot's) starts over with the new message alone
+    conversation: bool = False
+    context: int = 0
 
     def n_requests(self, level: float) -> int:
         return int(level) * self.requests_per_client if self.mode == "closed" else self.requests
@@ -143,8 +148,10 @@ class Shape:
                                                        if self.temperature > 0 else "")
         if self.mode == "closed":
             lv = ",".join(str(int(v)) for v in self.levels)
+            talk = (", each client one conversation (its next prompt: the conversation so far and a new message, "
+                    "sent with the prompt cache)" if self.conversation else "")
             return (f"closed loop: {lv} clients, {self.requests_per_client} requests each (each sent when the "
-                    f"client's previous answer ended), {ans}, {self._seeds()}")
+                    f"client's previous answer ended){talk}, {ans}, {self._seeds()}")
         lv = ",".join(f"{v:g}" for v in self.levels)
         cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
         return (f"open loop: Poisson arrivals at {lv} requests/s, {self.requests} requests a rate{cap}, {ans}, "
@@ -193,17 +200,23 @@ def poisson_schedule(rate: float, n: int, seed: int) -> list[float]:
 
 
 def send(client: Client, p: Prompt, answer_tokens: int, *, index: int, who: int, t0: float,
-         temperature: float = 0.0, seed: int | None = None, turn: int | None = None) -> RequestRecord:
+         temperature: float = 0.0, seed: int | None = None, turn: int | None = None,
+         tokens: list[int] | None = None) -> tuple[RequestRecord, list[int]]:
     """One streamed request of exactly ``answer_tokens`` tokens (``ignore_eos``), timed: greedy, or
     sampled at ``temperature`` with ``seed`` (the engine's default chain: top-k 40, top-p 0.95,
-    min-p 0.05); ``turn``: the closed-loop client's request number."""
+    min-p 0.05); ``turn``: the closed-loop client's request number. ``tokens``: a conversation's
+    prompt (ending with ``p``'s message), sent with cache_prompt; None: ``p`` alone, without it.
+    Returns the record and the answer's tokens."""
     start = time.perf_counter() - t0
     extra = {"seed": seed} if temperature > 0 and seed is not None else {}
-    out = client.stream_complete(p.tokens, n_predict=answer_tokens, ignore_eos=True, temperature=temperature, **extra)
+    if tokens is not None:
+        extra["cache_prompt"] = True
+    sent = p.tokens if tokens is None else tokens
+    out = client.stream_complete(sent, n_predict=answer_tokens, ignore_eos=True, temperature=temperature, **extra)
     t = out.timings
-    return RequestRecord(index, who, p.id, p.n_tokens, start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
+    return RequestRecord(index, who, p.id, len(sent), start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
                          t.prompt_n, t.prompt_ms, t.predicted_per_second, t.draft_n, t.draft_n_accepted, t.passes,
-                         turn, out.longest_gap_s)
+                         turn, out.longest_gap_s, t.cache_n), out.tokens
 
 
 def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape, *, tick: Tick | None = None
@@ -221,11 +234,19 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
     failed = threading.Event()
 
     def worker(c: int) -> None:
+        history: list[int] = []  # a conversation so far: its prompts and answers
         for j in range(shape.requests_per_client):
             if failed.is_set():
                 return
             i = j * clients + c
-            _send_recorded(client, prompts[order[i]], shape, i, c, t0, records, lock, failed, turn=j)
+            p = prompts[order[i]]
+            tokens = None
+            if shape.conversation:  # the new message after the conversation (its BOS dropped)
+                tokens = history + p.tokens[1:] if history else list(p.tokens)
+                if shape.context and len(tokens) + shape.answer_tokens > shape.context:
+                    tokens = list(p.tokens)  # the slot is full: a new conversation
+            answer = _send_recorded(client, p, shape, i, c, t0, records, lock, failed, turn=j, tokens=tokens)
+            history = (tokens or []) + answer
             if tick:
                 tick(f"{clients} clients")
 
@@ -240,17 +261,18 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
 
 def _send_recorded(client: Client, prompt: Prompt, shape: Shape, index: int, who: int, t0: float,
                    records: list[RequestRecord], lock: threading.Lock, failed: threading.Event,
-                   turn: int | None = None) -> None:
-    """One request of a schedule: its record appended under ``lock``; a failure sets ``failed`` (no
-    later request is sent) and is raised."""
+                   turn: int | None = None, tokens: list[int] | None = None) -> list[int]:
+    """One request of a schedule: its record appended under ``lock``, its answer's tokens returned;
+    a failure sets ``failed`` (no later request is sent) and is raised."""
     try:
-        r = send(client, prompt, shape.answer_tokens, index=index, who=who, t0=t0, temperature=shape.temperature,
-                 seed=shape.seed * 1_000_003 + index, turn=turn)
+        r, answer = send(client, prompt, shape.answer_tokens, index=index, who=who, t0=t0,
+                         temperature=shape.temperature, seed=shape.seed * 1_000_003 + index, turn=turn, tokens=tokens)
     except BaseException:
         failed.set()
         raise
     with lock:
         records.append(r)
+    return answer
 
 
 def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape, *, tick: Tick | None = None

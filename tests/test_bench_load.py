@@ -546,3 +546,44 @@ def test_device_script_lossless_stage_runs_the_suites_lossless_tests(small_pair,
         assert p.returncode == 0, p.stdout + p.stderr
         assert f"lossless rc={rc}" in p.stdout, p.stdout + p.stderr
         assert said in (out / "lossless.txt").read_text(), (out / "lossless.txt").read_text()
+
+
+def test_load_conversations_send_each_clients_chat_with_the_prompt_cache(small_pair, ggufdspark_cli, isolated,
+                                                                         tmp_path):
+    """--conversations: each closed-loop client holds one conversation. Its next prompt is the
+    conversation so far (prompts and answers) and the next message, sent with cache_prompt, so the
+    engine reuses what the slot holds; one that would outgrow the slot's context starts over with
+    the message alone. Both arms get the same conversations; --rate refuses it."""
+    out = tmp_path / "load.json"
+    answer, ctx = 8, 3000
+    p = ggufdspark_cli(*_args(small_pair, "--clients", "1,2", "--answer-tokens", str(answer), "--requests-per-client",
+                              "4", "--draft-n-max", "3", "--conversations", "--ctx-per-slot", str(ctx), "--json",
+                              str(out)), env=isolated)
+    assert p.returncode == 0, p.stderr
+    assert "each client one conversation" in p.stdout
+    rep = json.loads(out.read_text())
+    shape = rep["traffic"]["shape"]
+    assert shape["conversation"] is True and shape["context"] == ctx
+    continued = restarted = 0
+    for arm in ("plain", "drafted"):
+        for lv in rep["arms"][arm]:
+            recs = sorted(lv["records"], key=lambda r: (r["client"], r["turn"]))
+            assert all(r["output_tokens"] == answer for r in recs)
+            for prev, r in zip(recs, recs[1:]):
+                if r["client"] != prev["client"]:
+                    assert r["turn"] == 0 and r["cache_n"] == 0, r  # a client's first: nothing to reuse
+                    continue
+                if r["prompt_tokens"] > prev["prompt_tokens"] + answer:  # the conversation went on
+                    continued += 1
+                    assert r["cache_n"] >= prev["prompt_tokens"], (prev, r)  # the slot's tokens reused
+                    assert r["prompt_n"] <= r["prompt_tokens"] - prev["prompt_tokens"], (prev, r)
+                else:  # it would not fit the slot: a new conversation with the message alone
+                    restarted += 1
+                    assert r["prompt_tokens"] + answer <= ctx < prev["prompt_tokens"] + answer + r["prompt_tokens"], \
+                        (prev, r)
+    assert continued > 0 and restarted > 0, (continued, restarted)  # both happen with this seed and slot size
+    for a, b in zip(rep["arms"]["plain"], rep["arms"]["drafted"]):  # the same conversations on both arms
+        key = lambda r: (r["client"], r["turn"], r["prompt"], r["prompt_tokens"])  # noqa: E731
+        assert sorted(map(key, a["records"])) == sorted(map(key, b["records"]))
+    bad = ggufdspark_cli(*_args(small_pair, "--rate", "2", "--conversations"), env=isolated)
+    assert bad.returncode == 2 and "--conversations is for closed-loop clients" in bad.stderr, bad.stderr
