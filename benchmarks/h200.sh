@@ -41,7 +41,8 @@
 #             LOAD_ARMS (';'-separated NAME=N_MAX [CUT] [KEY=VALUE ...], e.g. "table=7 16:0;generating=7 16:0
 #             LLAMA_SPEC_CUT_GENERATING=1"), CLIENTS, REQUESTS_PER_CLIENT (3), ANSWERS (256), ROUNDS (1),
 #             TEMPERATURE (greedy; 0.8: sampled, with "NAME=plain KEY=VALUE" arms for a switch on both),
-#             NOISE_FLOOR=1 (a second plain server, plain2: the run's noise band); JSON arms-TAG.json;
+#             NOISE_FLOOR=1 (a second plain server, plain2: the run's noise band), CONVERSATIONS=1 (each
+#             client one conversation through the prompt cache); JSON arms-TAG.json;
 #             the profile lines of arms with LLAMA_SPEC_PROFILE=1 (DEV=1: the decode windows too,
 #             ubatches a decode) in arms-TAG-profile.txt, each line after its arm's log name.
 #   table     serve's load table from every tune-*.json in OUT (benchmarks/tune_merge.py), then
@@ -197,6 +198,7 @@ arms)
     $py benchmarks/load_arms.py -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" \
         --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --answer-tokens "${ANSWERS:-256}" "${arms[@]}" \
         ${ROUNDS:+--rounds "$ROUNDS"} ${TEMPERATURE:+--temperature "$TEMPERATURE"} ${NOISE_FLOOR:+--noise-floor} \
+        ${CONVERSATIONS:+--conversations} \
         --json "$OUT/arms-${TAG:-a}.json" --log-dir "$W/arms-${TAG:-a}" 2>&1 | tee "$OUT/arms-${TAG:-a}.txt" | tail -n 40
     # the engine's profile lines (arms with LLAMA_SPEC_PROFILE=1), every arm's in one file: the
     # device returns at most 8 files a call

@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--noise-floor", action="store_true",
                     help="a second plain server (plain2, the same command as plain) beside the arms: the run's own "
                          "noise band (bench --load --noise-floor)")
+    ap.add_argument("--conversations", action="store_true",
+                    help="each client one conversation through the prompt cache (bench --load --conversations)")
     ap.add_argument("--real", action="store_true", help="real acceptance instead of the published profile")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep the server logs here")
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         report = loadbench.run_load(a.target, a.draft, clients=clients, requests_per_client=a.requests_per_client,
                                     answer_tokens=a.answer_tokens, server=a.server, synthetic_rates=rates,
                                     draft_arms=arms, log_dir=a.log_dir, rounds=a.rounds, temperature=a.temperature,
-                                    noise_floor=a.noise_floor,
+                                    noise_floor=a.noise_floor, conversation=a.conversations,
                                     command=" ".join(["load_arms.py", *(argv if argv is not None else sys.argv[1:])]))
     except GgufdsparkError as e:
         print(f"load_arms.py: {e}", file=sys.stderr)

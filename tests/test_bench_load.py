@@ -463,6 +463,30 @@ def test_named_arms_with_the_noise_floor(small_pair, isolated, dspark_engine, tm
     assert "Traceback" not in clash.stderr and len(clash.stderr.strip().splitlines()) == 1, clash.stderr
 
 
+def test_device_script_arms_hold_conversations(small_pair, isolated, dspark_engine, tmp_path):
+    """h200.sh arms with CONVERSATIONS=1 (load_arms.py --conversations): every arm's clients hold
+    conversations through the prompt cache, the second turn reusing the first's tokens."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
+           "SERVER": dspark_engine.path, "WORK": str(tmp_path / "work"), "PYTHON": sys.executable, "OUT": str(out),
+           "LOAD_ARMS": "served=3", "CLIENTS": "1", "REQUESTS_PER_CLIENT": "2", "ANSWERS": "8", "CONVERSATIONS": "1"}
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "arms"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads((out / "arms-a.json").read_text())
+    assert rep["traffic"]["shape"]["conversation"] is True
+    for arm in ("plain", "served"):
+        first, second = sorted(rep["arms"][arm][0]["records"], key=lambda r: r["turn"])
+        assert second["prompt_tokens"] > first["prompt_tokens"] + 8 and second["cache_n"] >= first["prompt_tokens"], \
+            (arm, first, second)
+
+
 def test_named_arms_sample_at_the_temperature_given(small_pair, isolated, dspark_engine, tmp_path):
     """load_arms.py --temperature (h200.sh arms with TEMPERATURE): every arm's requests are sampled at
     it (the report's traffic says so, and every server's log shows the sampled chain ending in a
