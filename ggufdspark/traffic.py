@@ -1,6 +1,6 @@
 """Traffic for ``bench --load``: a prompt set with a realistic length spread, request schedules
-(clients in a closed loop, or Poisson arrivals), streamed requests timed on the client, and the
-per-level figures (aggregate throughput, per-request decode speed, time to first token, latency).
+(clients in a closed loop, or Poisson arrivals), and streamed requests timed on the client; the
+per-level figures they give are ``ggufdspark.loadfigures``' (read through here as well).
 
 The prompt set (``traffic_items``) is the built-in set (text-only: pictures described in text; a
 multi-turn item is one request holding its whole conversation) plus longer items: multi-paragraph
@@ -16,7 +16,9 @@ ended, R requests each; client c's j-th request takes prompt ``order[j * N + c]`
 first wave is the first N prompts of the seeded order and every arm sends the same prompts in the
 same order. Open loop: arrivals at seeded exponential gaps (mean 1/rate), the i-th arrival taking
 ``order[i]``; at most ``max_in_flight`` requests are in flight (later arrivals wait for a free
-client, as vLLM's ``--max-concurrency`` does).
+client, as vLLM's ``--max-concurrency`` does). Conversations (closed loop, ``Shape.conversation``):
+each client's next prompt is its conversation so far and the next prompt of the order (its BOS
+dropped), sent with ``cache_prompt``; one that would outgrow the slot's context starts over.
 """
 
 from __future__ import annotations
