@@ -38,10 +38,7 @@ from typing import Callable
 from ggufdspark import prompts as pr
 from ggufdspark import trafficdocs
 from ggufdspark.errors import BenchError, EngineError
-from ggufdspark.prompts import render
-from ggufdspark.runners.client import Client
-# the figures live in loadfigures; bench --load's callers read them through here too
-from ggufdspark.loadfigures import (  # noqa: F401
+from ggufdspark.loadfigures import (  # noqa: F401 - the figures, read through here by bench --load's callers too
     LevelResult,
     RequestRecord,
     percentile,
@@ -49,6 +46,8 @@ from ggufdspark.loadfigures import (  # noqa: F401
     ratios,
     summarize_level,
 )
+from ggufdspark.prompts import render
+from ggufdspark.runners.client import Client
 
 log = logging.getLogger(__name__)
 
