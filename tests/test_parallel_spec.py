@@ -724,24 +724,8 @@ def test_first_token_goes_out_before_the_drafter_takes_in_the_prompt(hidden_conf
 
 def _at_once(srv, work) -> list[dict]:
     """``work`` sent all at once, one thread a request (greedy, n_probs 2 for the near-tie check)."""
-    client = srv.client(timeout=300)
-    out: list[dict | None] = [None] * len(work)
-
-    def one(i: int) -> None:
-        prompt, n = work[i]
-        try:
-            out[i] = client.post_json("/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
-                                                      "ignore_eos": True, "cache_prompt": False,
-                                                      "return_tokens": True, "n_probs": 2})
-        except Exception as e:  # noqa: BLE001 - the assertion names it
-            out[i] = {"error": repr(e)}
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out  # type: ignore[return-value]
+    out = _closed_loop(srv, [[(i, prompt, n)] for i, (prompt, n) in enumerate(work)])
+    return [out[i] for i in range(len(work))]
 
 
 CHECKPOINT = re.compile(r"created context checkpoint \d+ of \d+ \(pos_min = (-?\d+), pos_max = (-?\d+), "
@@ -923,6 +907,16 @@ def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_serv
     assert said not in cut.log_text(), "p_min 0.5: the drafted ids went to the device though a confidence cut reads them"
 
 
+def _all_at_once(fn, args) -> None:
+    """``fn(arg)`` for every ``arg`` of ``args``, each in a thread of its own, all started before any
+    is waited for."""
+    threads = [threading.Thread(target=fn, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def _closed_loop(srv, queues: list[list[tuple[int, list[int], int]]]) -> dict[int, dict]:
     """One client a queue, each sending its next request as soon as its previous answer ended (how a
     server's clients load it, not a lock-step wave): every answer by its request id."""
@@ -938,11 +932,7 @@ def _closed_loop(srv, queues: list[list[tuple[int, list[int], int]]]) -> dict[in
             except Exception as e:  # noqa: BLE001 - the assertion names it
                 out[rid] = {"error": repr(e)}
 
-    threads = [threading.Thread(target=run, args=(q,)) for q in queues]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _all_at_once(run, queues)
     return out
 
 
@@ -1026,11 +1016,7 @@ def test_clients_that_hang_up_mid_answer_leave_the_others_lossless(strong_conv_p
     def hang_up(i: int) -> None:
         hung[i] = _stream_then_hang_up(port, first[i][0], first[i][1], chunks=5 + 3 * i)
 
-    threads = [threading.Thread(target=hang_up if i < SLOTS // 2 else keep, args=(i,)) for i in range(SLOTS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _all_at_once(lambda i: hang_up(i) if i < SLOTS // 2 else keep(i), range(SLOTS))
     assert sorted(hung) == list(range(SLOTS // 2)), hung
     spec.wait_for_log(r"stop processing", count=SLOTS)  # the hung-up slots were released too
     cancelled = re.findall(r"cancel task, id_task = (\d+)", spec.log_text())
@@ -1077,11 +1063,7 @@ def test_greedy_answers_stay_lossless_beside_sampled_ones_in_the_batch(strong_co
                 out[i] = {"error": repr(e)}
 
         for wave in range(0, len(work), SLOTS):
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(wave, min(wave + SLOTS, len(work)))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            _all_at_once(one, range(wave, min(wave + SLOTS, len(work))))
         return out  # type: ignore[return-value]
 
     for topk in ("0", "64"):
@@ -1142,11 +1124,7 @@ def test_answers_ending_at_a_stop_string_end_where_the_plain_servers_do(strong_c
                     tokens += chunk.get("tokens") or [] if not chunk.get("stop") else []
             out[i] = {**(final or {}), "content": "".join(parts), "tokens": tokens}
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _all_at_once(one, range(len(work)))
         return out  # type: ignore[return-value]
 
     want = {stream: ask(plain, stream) for stream in (False, True)}
@@ -1205,11 +1183,7 @@ def test_multi_turn_chats_through_the_prompt_cache_stay_lossless(strong_conv_pai
                 out[c].append((prompt, r))
                 prompt = prompt + r["tokens"] + said[c][t]
 
-        threads = [threading.Thread(target=talk, args=(c,)) for c in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _all_at_once(talk, range(clients))
         return out
 
     want = chat(plain)

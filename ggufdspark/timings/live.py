@@ -117,9 +117,7 @@ class LogWindow:
         done, self.pending = text[:cut], text[cut:]
         now = time.monotonic()
         seconds, self.since = now - self.since, now
-        st = interval_stats(_records(done, str(self.path)), seconds, len(self.running))
-        st.cancelled = cancelled
-        return st
+        return interval_stats(_records(done, str(self.path)), seconds, len(self.running), cancelled)
 
 
 def _last_release_end(text: str) -> int:
@@ -142,7 +140,7 @@ def _records(text: str, name: str) -> list[RequestTimings]:
         return []
 
 
-def interval_stats(records: list[RequestTimings], seconds: float, running: int) -> IntervalStats:
+def interval_stats(records: list[RequestTimings], seconds: float, running: int, cancelled: int = 0) -> IntervalStats:
     drafted = [r for r in records if r.drafted]
     speeds = [r.decode_tps for r in records if r.decode_tps]
     return IntervalStats(
@@ -150,7 +148,7 @@ def interval_stats(records: list[RequestTimings], seconds: float, running: int) 
         prompt_n=sum(r.prompt_n or 0 for r in records), predicted_n=sum(r.predicted_n or 0 for r in records),
         draft_n=sum(r.draft_n or 0 for r in drafted), draft_n_accepted=sum(r.draft_n_accepted or 0 for r in drafted),
         passes=sum(r.passes or 0 for r in drafted),
-        decode_tps=sum(speeds) / len(speeds) if speeds else None)
+        decode_tps=sum(speeds) / len(speeds) if speeds else None, cancelled=cancelled)
 
 
 def stats_line(s: IntervalStats) -> str:
