@@ -616,3 +616,6 @@ def test_load_conversations_send_each_clients_chat_with_the_prompt_cache(small_p
         assert sorted(map(key, a["records"])) == sorted(map(key, b["records"]))
     bad = ggufdspark_cli(*_args(small_pair, "--rate", "2", "--conversations"), env=isolated)
     assert bad.returncode == 2 and "--conversations is for closed-loop clients" in bad.stderr, bad.stderr
+    alone = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--conversations",
+                           env=isolated)
+    assert alone.returncode == 2 and "--conversations needs --load" in alone.stderr, alone.stderr

@@ -473,3 +473,10 @@ def test_timings_follow_prints_what_a_running_server_finishes(small_pair, start_
     bad = subprocess.run([sys.executable, "-m", "ggufdspark", "timings", "--follow", str(srv.log_path), "--csv"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--csv does not apply" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    gone = subprocess.run([sys.executable, "-m", "ggufdspark", "timings", "--follow", str(srv.log_path) + ".nope"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 4 and "Traceback" not in gone.stderr, gone.stderr
+    assert gone.stderr.strip().splitlines() == [f"ggufdspark: error: {srv.log_path}.nope: log not found"], gone.stderr
+    bare = subprocess.run([sys.executable, "-m", "ggufdspark", "timings", "--follow"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert bare.returncode == 2 and "--follow needs the log's path as FILE" in bare.stderr, bare.stderr

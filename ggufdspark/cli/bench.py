@@ -71,7 +71,7 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--rounds", type=int, default=1, show_default=True,
               help="--load: run every level this many times (round r with seed + r), figures over all rounds and "
                    "drafted / plain of each round's aggregate: the run's own spread.")
-@click.option("--conversations", "conversation", is_flag=True,
+@click.option("--conversations", is_flag=True,
               help="--load: each closed-loop client one conversation, its next prompt the conversation so far and "
                    "a new message, sent with the prompt cache (chat traffic).")
 @click.option("--noise-floor", is_flag=True,
@@ -101,7 +101,7 @@ from ggufdspark.errors import InvalidArgumentError
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, draft_cut, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
             server_args, log_dir, load, clients, rate, answer_tokens, requests_per_client, requests, sequential, seed, rounds,
-            conversation, noise_floor, as_json,
+            conversations, noise_floor, as_json,
             force, plot, max_plain_drift, sampling_check, samples, temperature, top_k, alpha, sampling_prompt):
     """Measure decoding with and without the draft on this machine, and check the output is lossless.
 
@@ -132,14 +132,14 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
             model, draft, clients=clients, rate=rate, answer_tokens=answer_tokens,
             requests_per_client=requests_per_client, requests=requests, seed=seed, draft_n_max=draft_n_max,
             draft_cut=draft_cut, interleave=not sequential, temperature=temperature if load_temperature else 0.0,
-            rounds=rounds, noise_floor=noise_floor, conversation=conversation, p_min=p_min, synthetic_len=synthetic_len,
+            rounds=rounds, noise_floor=noise_floor, conversation=conversations, p_min=p_min, synthetic_len=synthetic_len,
             synthetic_rates=synthetic_rates, server=server, threads=threads,
             ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
             command=shlex.join(["ggufdspark", *sys.argv[1:]]), progress=ProgressLine("bench --load"))
         _emit(report, json_file, as_json)
         return
     given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed",
-                                "rounds", "noise_floor", "draft_cut", "sequential", "conversation"))
+                                "rounds", "noise_floor", "draft_cut", "sequential", "conversations"))
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --load")
     if json_file:
