@@ -55,17 +55,28 @@ def in_turn_with_two(srv, prompts: list[list[int]]) -> list[dict]:
     return out + two
 
 
-def one_at_a_time(start_server, pair, work, monkeypatch, env: dict[str, str | None]
+def token_table_device(engine) -> str | None:
+    """Where ``serve`` loads the target's token table for this engine (``launch.decide``): the first
+    CUDA device on a CUDA build (one GPU), else None (llama.cpp's CPU placement)."""
+    from ggufdspark import hardware
+
+    devices = hardware.detect(engine)
+    gpus = [d.name for d in devices.devices if d.type in ("gpu", "igpu", "unknown")]
+    return "CUDA0" if devices.backend == "cuda" and len(gpus) == 1 else None
+
+
+def one_at_a_time(start_server, pair, work, monkeypatch, env: dict[str, str | None], table: str | None = None
                   ) -> tuple[list[tuple[list[int], int, int]], str]:
     """The first six requests of `work` one after another on a one-slot drafted server (draft length
-    6) started with `env` (None: unset; the server inherits the environment): each request's
-    (tokens, drafted, accepted), and the server's log."""
+    6, the token table in `table`'s buffer where given) started with `env` (None: unset; the server
+    inherits the environment): each request's (tokens, drafted, accepted), and the server's log."""
     for k, v in env.items():
         if v is None:
             monkeypatch.delenv(k, raising=False)
         else:
             monkeypatch.setenv(k, v)
-    srv = start_server(model=pair.target, draft=pair.draft, draft_n_max=6, parallel=1, ctx_size=512)
+    srv = start_server(model=pair.target, draft=pair.draft, draft_n_max=6, parallel=1, ctx_size=512,
+                       token_table_device=table)
     c = srv.client(timeout=300)
     out = []
     for prompt, n in work[:6]:
@@ -864,9 +875,10 @@ def test_a_slot_near_its_answers_end_drafts_full_length_beside_busy_slots(strong
         f"beside a busy slot, A's last drafts stayed within its answer: {past_end['past end']}")
 
 
-def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_server, monkeypatch):
+def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_server, dspark_engine, monkeypatch):
     """Patch 0061: a greedy DSpark draft without a confidence cut hands its ids to the target's
-    verify through a token map on the token table's device (here the CPU backend's memory), and the
+    verify through a token map on the token table's device (on a CPU build the CPU backend's memory;
+    on a CUDA build the GPU, where the drafted servers load the table as ``serve`` does), and the
     host waits for the drafter only after the verify; the server says so. The verify reads the
     drafted ids from that map, so a wrong or stale row would put another token than the accepted one
     into the context and change what follows: every request of three 8-slot waves with mixed prompt
@@ -875,6 +887,7 @@ def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_serv
     (LLAMA_SPEC_IDS_HOST=1). With a confidence cut (p_min above 0) a draft's length is known only
     from its ids, which then go through the host."""
     said = "drafted ids reach the target's verify on the device"
+    table = token_table_device(dspark_engine)
     common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
     plain = start_server(spec_type=None, **common)
     vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
@@ -882,7 +895,7 @@ def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_serv
     want = serve_all(plain, work)
     plain.stop()
 
-    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, token_table_device=table, **common)
     got = serve_all(spec, work)
     assert said in spec.log_text(), f"no '{said}' in the server's log: {spec.log_text()[-2000:]}"
     errors = [g["error"] for g in got if "error" in g]
@@ -892,15 +905,17 @@ def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_serv
         assert_same_or_near_tie(p, s["tokens"], f"request {i}, drafted ids read on the device")
     spec.stop()
 
-    device, log_device = one_at_a_time(start_server, strong_conv_pair, work, monkeypatch, {"LLAMA_SPEC_IDS_HOST": None})
-    host, log_host = one_at_a_time(start_server, strong_conv_pair, work, monkeypatch, {"LLAMA_SPEC_IDS_HOST": "1"})
+    device, log_device = one_at_a_time(start_server, strong_conv_pair, work, monkeypatch, {"LLAMA_SPEC_IDS_HOST": None},
+                                       table)
+    host, log_host = one_at_a_time(start_server, strong_conv_pair, work, monkeypatch, {"LLAMA_SPEC_IDS_HOST": "1"},
+                                   table)
     assert said in log_device and said not in log_host, "LLAMA_SPEC_IDS_HOST=1 did not keep the ids on the host"
     assert sum(a for _, _, a in device) > 0, f"nothing drafted was accepted one at a time: {device}"
     for i, (d, h) in enumerate(zip(device, host)):
         assert d == h, f"request {i}: device ids (tokens, drafted, accepted) {d} != host ids {h}"
 
     cut = start_server(model=strong_conv_pair.target, draft=strong_conv_pair.draft, draft_n_max=6, draft_p_min=0.5,
-                       parallel=1, ctx_size=512)
+                       parallel=1, ctx_size=512, token_table_device=table)
     r = cut.client(timeout=300).post_json("/completion", {"prompt": work[0][0], "n_predict": 16, "temperature": 0.0,
                                                             "cache_prompt": False})
     assert r["timings"].get("draft_n", 0) > 0, "p_min 0.5: nothing drafted"
@@ -1088,7 +1103,13 @@ def test_answers_ending_at_a_stop_string_end_where_the_plain_servers_do(strong_c
     """Real answers end before n_predict, at a stop string (or the end-of-generation token) that a
     drafted step may accept in the middle of its tokens: the tokens after it must go nowhere. Every
     answer of 8 slots at once with a stop string from the middle of its plain answer ends at the
-    same place with the same text, tokens and stop reason as the plain server's, streamed or not."""
+    same place with the same text, tokens and stop reason as the plain server's, streamed or not.
+
+    The plain server answers each request twice (whole, then streamed), and a drafted answer must be
+    one of those. They are one answer wherever the engine gives a row the same result whatever else
+    is in its batch; an H200's kernels do not, and this numerically chaotic pair then took the plain
+    server itself to another answer in one of its two runs (request 3 of 8, the streamed run), so
+    the drafted answer is held to the plain server's own spread and no more."""
     common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
     plain = start_server(spec_type=None, **common)
     vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
@@ -1127,18 +1148,21 @@ def test_answers_ending_at_a_stop_string_end_where_the_plain_servers_do(strong_c
         _all_at_once(one, range(len(work)))
         return out  # type: ignore[return-value]
 
+    def answer(r: dict) -> tuple:
+        return r["content"], tuple(r["tokens"]), r["stop_type"], r["stopping_word"]
+
     want = {stream: ask(plain, stream) for stream in (False, True)}
     plain.stop()
+    plains = [{answer(want[False][i]), answer(want[True][i])} for i in range(len(work))]
+    for i in (i for i in range(len(work)) if stops[i]):  # the stop came from plain's answer: it ends one early
+        assert any(a[2] == "word" and a[3] == stops[i] and len(a[1]) < work[i][1] for a in plains[i]), \
+            f"request {i}: the stop {stops[i]!r} did not end a plain answer early: {plains[i]}"
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
     for stream in (False, True):
         got = ask(spec, stream)
-        for i, (p, s) in enumerate(zip(want[stream], got)):
+        for i, s in enumerate(got):
             what = f"request {i} ({'streamed' if stream else 'whole'}, stop {stops[i]!r})"
-            assert (s["content"], s["tokens"], s["stop_type"], s["stopping_word"]) == \
-                   (p["content"], p["tokens"], p["stop_type"], p["stopping_word"]), what
-            if stops[i]:
-                assert p["stop_type"] == "word" and p["stopping_word"] == stops[i], f"{what}: plain {p['stop_type']}"
-                assert len(p["tokens"]) < work[i][1], f"{what}: the stop did not end the answer early"
+            assert answer(s) in plains[i], f"{what}: {answer(s)} is none of the plain server's {plains[i]}"
     assert spec.alive()
     assert sum(r["timings"].get("draft_n_accepted", 0) for r in got) > 0, "no draft was accepted"
 
