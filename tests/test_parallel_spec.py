@@ -1242,3 +1242,72 @@ def test_multi_turn_chats_through_the_prompt_cache_stay_lossless(strong_conv_pai
     restored = len(re.findall(r"found better prompt", spec.log_text()))
     assert restored > 0, "no turn came back through the host prompt cache: its path was not exercised"
     assert sum(r["timings"].get("draft_n_accepted", 0) for conv in got for _, r in conv) > 0, "no draft was accepted"
+
+
+def test_the_injection_launched_before_the_host_waits_gives_the_same_drafts(strong_conv_pair, hidden_conf_pair, start_server,
+                                                                            monkeypatch):
+    """Patch 0062: where events order the drafter's injection after the target (CUDA), the server
+    launches it right after the target's decode, before it waits for the target, and leaves it out
+    after. LLAMA_SPEC_INJECT_EARLY=1 takes that path on the CPU backend too (the injection then waits
+    for the target on the host); by default the CPU backend keeps 0038's order; LLAMA_SPEC_INJECT_LATE=1
+    wins over both. The drafter must take in
+    every sub-batch's rows exactly once (twice, or never, changes its drafts): every request of three
+    8-slot waves with mixed prompt lengths gives the plain server's tokens (or departs at a near-tie)
+    with drafts accepted; one request at a time, with prompts over several sub-batches and a request
+    for two completions, tokens and (drafted, accepted) counts per request equal the injection after
+    the wait's, with a drafter whose draft lengths follow what it took in. The server says when it
+    launches the injection before the wait."""
+    said = "the drafter's injection is launched before the host waits for the target"
+    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = workload(vocab, seed=62)
+    want = serve_all(plain, work)
+    plain.stop()
+
+    monkeypatch.setenv("LLAMA_SPEC_INJECT_EARLY", "1")
+    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
+    got = serve_all(spec, work)
+    assert said in spec.log_text(), f"no '{said}' in the server's log: {spec.log_text()[-2000:]}"
+    errors = [g["error"] for g in got if "error" in g]
+    assert not errors and spec.alive(), f"{len(errors)} requests failed, first: {errors[:1]}"
+    assert sum(g["timings"].get("draft_n_accepted", 0) for g in got) > 0, "nothing drafted was accepted"
+    for i, (p, s) in enumerate(zip(want, got)):
+        assert_same_or_near_tie(p, s["tokens"], f"request {i}, injection before the wait")
+    spec.stop()
+
+    # one request at a time, prompts over several sub-batches (-b 128), a two-completion request, and
+    # a drafter whose draft lengths follow the injected features (hidden_conf_pair, p_min 0.5)
+    n_max, p_min = 6, 0.5
+    common = dict(model=hidden_conf_pair.target, parallel=4, ctx_size=4 * 512, extra_args=["-b", "128", "-ub", "32"])
+    rng = random.Random(62)
+    prompts = [[rng.randrange(16, vocab) for _ in range(n)] for n in (40, 200, 330, 90)]
+    plain = start_server(spec_type=None, **common)
+    want = in_turn_with_two(plain, prompts)
+    plain.stop()
+    got: dict[str, list[dict]] = {}
+    for arm in ("after", "before", "late wins"):
+        monkeypatch.delenv("LLAMA_SPEC_INJECT_EARLY", raising=False)
+        monkeypatch.delenv("LLAMA_SPEC_INJECT_LATE", raising=False)
+        if arm != "after":  # "after": the CPU backend's default
+            monkeypatch.setenv("LLAMA_SPEC_INJECT_EARLY", "1")
+        if arm == "late wins":
+            monkeypatch.setenv("LLAMA_SPEC_INJECT_LATE", "1")
+        spec = start_server(draft=hidden_conf_pair.draft, draft_n_max=n_max, draft_p_min=p_min, **common)
+        got[arm] = in_turn_with_two(spec, prompts)
+        spec.wait_for_log(r"stop processing", count=len(want))  # the log trails the responses
+        log = spec.log_text()
+        assert spec.alive(), f"arm {arm!r}: the engine died:\n{log[-2000:]}"
+        assert (said in log) == (arm == "before"), f"arm {arm!r}, yet the log says otherwise:\n{log[-2000:]}"
+        assert "did not run on every prefill ubatch" not in log, (
+            f"arm {arm!r}: a slot began drafting before the drafter had its whole prompt:\n{log[-2000:]}")
+        for k, (p, g) in enumerate(zip(want, got[arm])):
+            assert "tokens" in g, f"arm {arm!r}, request {k}: {g.get('error', 'no tokens in the response')}"
+            assert_same_or_near_tie(p, g["tokens"], f"arm {arm!r}, request {k}")
+        spec.stop()
+    counts = {a: [(g["timings"].get("draft_n", 0), g["timings"].get("draft_n_accepted", 0)) for g in got[a]] for a in got}
+    assert all(d > 0 for d, _ in counts["before"]), f"the draft did not engage on every request: {counts['before']}"
+    for arm in ("after", "late wins"):
+        assert counts["before"] == counts[arm], (
+            f"(drafted, accepted) per request: injection before the wait {counts['before']}, {arm} {counts[arm]}")
+        assert [g["tokens"] for g in got["before"]] == [g["tokens"] for g in got[arm]], f"outputs differ ({arm})"
