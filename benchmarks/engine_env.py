@@ -25,12 +25,15 @@ def environ(env: dict[str, str]) -> Iterator[None]:
 
 
 def parse_env(text: str) -> dict[str, str]:
-    """``"A=1,B=8"`` -> ``{"A": "1", "B": "8"}`` (empty items skipped).
+    """``"A=1,B=8"`` or ``"A=1 B=8"`` -> ``{"A": "1", "B": "8"}``: items separated by commas or
+    spaces, as the device script's arm specs write them (``LOAD_ARMS``), empty items skipped. A
+    space-separated group once went in whole as one variable's value (``A`` = ``"1 B=8"``), so the
+    second switch was silently not set; no switch of the series takes a value with a space.
 
     Raises:
         ValueError: an item is not NAME=VALUE (the message names it).
     """
-    pairs = [kv.strip() for kv in text.split(",") if kv.strip()]
+    pairs = [kv for kv in re.split(r"[,\s]+", text) if kv]
     bad = [kv for kv in pairs if "=" not in kv]
     if bad:
         raise ValueError(f"{bad[0]!r} is not NAME=VALUE")

@@ -9,7 +9,8 @@
 #   speed     how much faster is one request with the draft? benchmarks/dspark_speed.py: plain
 #             against draft lengths LENGTHS (5,7), TRIALS (5) requests each, synthetic acceptance at
 #             the published profile; SPEED_ENVS: engine environments measured beside the default
-#             (dspark_speed.py --env-variants, e.g. "LLAMA_CONV_SNAPSHOT_ROWS=0"; an arm with
+#             (dspark_speed.py --env-variants: ';'-separated, a group's switches separated by commas or
+#             spaces, e.g. "LLAMA_CONV_SNAPSHOT_ROWS=0;A=1 B=1"; an arm with
 #             GGML_CUDA_GRAPH_DEBUG=N, developer 0056: its lines in graphdebug-ARM.txt, each key's
 #             last eager / captured / replayed counts printed); SPEED_VARIANTS: llama-server flag sets
 #             measured at the best length (';'-separated, e.g. "--spec-draft-p-min 1e-30"); INTERLEAVE=1:
