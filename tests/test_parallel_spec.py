@@ -691,8 +691,8 @@ def test_first_token_goes_out_before_the_drafter_takes_in_the_prompt(hidden_conf
     out before it; the early run therefore keeps the injection after the wait
     (LLAMA_SPEC_INJECT_LATE=1), so that 0038's path runs on every backend. The drafter takes in
     the same rows in every order and begins each slot after it has, so the default, early and late
-    runs draft exactly alike: (drafted, accepted) and tokens request by request, and no "process() did not run
-    on every prefill ubatch" warning from the drafter's begin. With -b 128 prompts of 200 and 330
+    runs draft exactly alike: (drafted, accepted) and tokens request by request, and no "process()
+    did not run on every prefill ubatch" warning from the drafter's begin. With -b 128 prompts of 200 and 330
     tokens reach the target in several sub-batches. A request for two completions (n_cmpl 2) keeps
     the old order for its prompt (its children copy the parent's finished state, the drafter's too)
     and both completions are the plain server's. With -v the server logs each early first token
