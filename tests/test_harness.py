@@ -214,12 +214,15 @@ def test_graph_topk_switch_check_passes_on_the_engine(dspark_engine, engine_src,
 
 def test_result_record_wraps_a_scripts_json_for_the_results_folder(tmp_path):
     """scripts/result_record.py: the results folder's keys around the script's JSON, absolute paths cut
-    to file names, per-request records and token ids dropped, the printed table kept; an existing
-    summary is kept without --force, and a missing input is named in one line."""
+    to file names, token ids and logs dropped, per-request records kept as one table (columns: the
+    union of the records' keys; floats to 6 decimals), the printed table kept; an existing summary is
+    kept without --force, and a missing input is named in one line."""
     raw = tmp_path / "load.json"
+    records = [{"index": 0, "prompt": "/work/p/long-1", "ttft_s": 0.0201234567, "decode_tps": 812.5},
+               {"index": 1, "prompt": "short-2", "ttft_s": 0.019, "decode_tps": None, "cache_n": 7}]
     raw.write_text(json.dumps({"command": "bench --load -m /work/x/.devwork/full/target-F16.gguf --json /root/out/l.json",
-                               "arms": {"plain": [{"level": 1, "aggregate_tps": 359.7, "records": [{"ttft_s": 0.02}],
-                                                   "tokens": [[1, 2, 3]]}]}}))
+                               "arms": {"plain": [{"level": 1, "aggregate_tps": 359.7, "records": records,
+                                                   "tokens": [[1, 2, 3]], "log_tail": "srv ..."}]}}))
     (tmp_path / "load.txt").write_text("clients arm agg\n1 plain 359.7\n")
     out = tmp_path / "r" / "load-256.json"
     out.parent.mkdir()
@@ -232,7 +235,9 @@ def test_result_record_wraps_a_scripts_json_for_the_results_folder(tmp_path):
                          "raw", "outputs"]
     data = rec["outputs"]["data"]
     assert data["command"] == "bench --load -m target-F16.gguf --json l.json", data["command"]
-    assert data["arms"]["plain"] == [{"level": 1, "aggregate_tps": 359.7}]
+    assert data["arms"]["plain"] == [{"level": 1, "aggregate_tps": 359.7, "records": {
+        "columns": ["index", "prompt", "ttft_s", "decode_tps", "cache_n"],
+        "rows": [[0, "long-1", 0.020123, 812.5, None], [1, "short-2", 0.019, None, 7]]}}], data["arms"]
     assert rec["outputs"]["table"].endswith("1 plain 359.7\n") and rec["result"] == "load-256.json"
     before = out.read_text()
     again = subprocess.run(script, capture_output=True, text=True, timeout=60)
