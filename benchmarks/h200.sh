@@ -2,6 +2,8 @@
 # The H200 measurements (one GPU, no network), one stage a question. The full-size generated pair
 # (LFM2.5-VL-3B-shaped target + drafter of the published layout, F16) unless TARGET / DRAFT say
 # otherwise; every server through ggufdspark.launch (benchmarks/harness.py), as `serve` starts it.
+# The machine has no network: `bash benchmarks/carry.sh` here first (.carry/llama.cpp.tar.xz, the
+# pinned tree), and carry .carry in each device call.
 #
 #   setup     extract the carried pinned tree (.carry/llama.cpp.tar.xz), build the patched CUDA
 #             engine with its tools (llama-bench, llama-quantize), generate and convert the pair

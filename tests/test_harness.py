@@ -366,3 +366,41 @@ def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_trace
                          capture_output=True, text=True, timeout=600)
     assert "stage timeline: TIMELINE part warmup: expected prefill or decode" in bad.stdout, bad.stdout + bad.stderr
     assert not list((work / "tl").glob("*.csv")) and not (out / "timeline-warmup.json").exists()
+
+
+def test_carry_script_packs_the_pinned_tree_for_the_device(tmp_path):
+    """benchmarks/carry.sh writes .carry/llama.cpp.tar.xz beside the script's checkout: the pinned
+    tree ggufdspark fetched, under llama.cpp/ (where h200_env.sh extracts it), its sources and the
+    chat page's tools/ui, without models/ or docs/. Where the interpreter has no ggufdspark it fails
+    and leaves no archive."""
+    import os
+    import shutil
+    import tarfile
+
+    root = tmp_path / "checkout"
+    (root / "benchmarks").mkdir(parents=True)
+    shutil.copy(REPO / "benchmarks" / "carry.sh", root / "benchmarks" / "carry.sh")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    p = subprocess.run(["bash", str(root / "benchmarks" / "carry.sh")], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr
+    out = root / ".carry" / "llama.cpp.tar.xz"
+    assert p.stdout.startswith(".carry/llama.cpp.tar.xz: ") and out.is_file(), p.stdout
+    with tarfile.open(out) as t:
+        names = t.getnames()
+    for want in ("llama.cpp/CMakeLists.txt", "llama.cpp/src/llama-context.cpp", "llama.cpp/tools/server/server.cpp",
+                 "llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"):
+        assert want in names, f"{want} not in the carried tree"
+    assert any(n.startswith("llama.cpp/tools/ui/") for n in names), "tools/ui (the chat page's source) left out"
+    assert not any(n.startswith(("llama.cpp/models/", "llama.cpp/docs/")) for n in names), "models/ or docs/ carried"
+    assert list((root / ".carry").iterdir()) == [out], "something beside the archive left in .carry"
+
+    out.unlink()
+    isolated = tmp_path / "python-without-ggufdspark"  # the same interpreter without its site-packages
+    isolated.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')
+    isolated.chmod(0o755)
+    bare = subprocess.run(["bash", str(root / "benchmarks" / "carry.sh")], capture_output=True, text=True,
+                          env={**env, "PYTHON": str(isolated), "PYTHONPATH": ""}, timeout=120)
+    assert bare.returncode == 1 and not out.exists(), bare.stdout + bare.stderr
+    assert bare.stderr.strip() == (f"carry.sh: {isolated} cannot fetch the pinned tree through ggufdspark "
+                                   "(PYTHON: an interpreter that has it)"), bare.stderr
