@@ -30,12 +30,8 @@ ACCEPTANCE = "synthetic acceptance at the published profile, truncated to the dr
 
 def compact(value):
     """A scalar of a record as the table keeps it: floats to 6 decimals (a microsecond of a time in
-    seconds), strings with their paths cut."""
-    if isinstance(value, float):
-        return round(value, 6)
-    if isinstance(value, str):
-        return PATH.sub(r"\1", value)
-    return value
+    seconds), anything else as ``slim`` keeps it."""
+    return round(value, 6) if isinstance(value, float) else slim(value)
 
 
 def as_table(records: list):

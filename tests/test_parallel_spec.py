@@ -65,6 +65,31 @@ def token_table_device(engine) -> str | None:
     return "CUDA0" if devices.backend == "cuda" and len(gpus) == 1 else None
 
 
+def plain_waves(start_server, common: dict, seed: int) -> tuple[int, list, list[dict]]:
+    """The vocabulary size of ``common``'s model, a workload of ``seed`` for its server and the plain
+    server's answers to it."""
+    plain = start_server(spec_type=None, **common)
+    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
+    work = workload(vocab, seed=seed)
+    want = serve_all(plain, work)
+    plain.stop()
+    return vocab, work, want
+
+
+def assert_waves_as_plain(spec, work, want: list[dict], said: str, what: str) -> None:
+    """``work`` in waves on the drafted server ``spec``: its log says ``said``, no request fails,
+    drafts are accepted and every answer is the plain server's (or departs at a near-tie); then
+    ``spec`` is stopped."""
+    got = serve_all(spec, work)
+    assert said in spec.log_text(), f"no '{said}' in the server's log: {spec.log_text()[-2000:]}"
+    errors = [g["error"] for g in got if "error" in g]
+    assert not errors and spec.alive(), f"{len(errors)} requests failed, first: {errors[:1]}"
+    assert sum(g["timings"].get("draft_n_accepted", 0) for g in got) > 0, "nothing drafted was accepted"
+    for i, (p, s) in enumerate(zip(want, got)):
+        assert_same_or_near_tie(p, s["tokens"], f"request {i}, {what}")
+    spec.stop()
+
+
 def one_at_a_time(start_server, pair, work, monkeypatch, env: dict[str, str | None], table: str | None = None
                   ) -> tuple[list[tuple[list[int], int, int]], str]:
     """The first six requests of `work` one after another on a one-slot drafted server (draft length
@@ -907,21 +932,9 @@ def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_serv
     said = "drafted ids reach the target's verify on the device"
     table = token_table_device(dspark_engine)
     common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
-    plain = start_server(spec_type=None, **common)
-    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
-    work = workload(vocab, seed=61)
-    want = serve_all(plain, work)
-    plain.stop()
-
+    _, work, want = plain_waves(start_server, common, seed=61)
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, token_table_device=table, **common)
-    got = serve_all(spec, work)
-    assert said in spec.log_text(), f"no '{said}' in the server's log: {spec.log_text()[-2000:]}"
-    errors = [g["error"] for g in got if "error" in g]
-    assert not errors and spec.alive(), f"{len(errors)} requests failed, first: {errors[:1]}"
-    assert sum(g["timings"].get("draft_n_accepted", 0) for g in got) > 0, "nothing drafted was accepted"
-    for i, (p, s) in enumerate(zip(want, got)):
-        assert_same_or_near_tie(p, s["tokens"], f"request {i}, drafted ids read on the device")
-    spec.stop()
+    assert_waves_as_plain(spec, work, want, said, "drafted ids read on the device")
 
     device, log_device = one_at_a_time(start_server, strong_conv_pair, work, monkeypatch, {"LLAMA_SPEC_IDS_HOST": None},
                                        table)
@@ -1277,22 +1290,10 @@ def test_the_injection_launched_before_the_host_waits_gives_the_same_drafts(stro
     launches the injection before the wait."""
     said = "the drafter's injection is launched before the host waits for the target"
     common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
-    plain = start_server(spec_type=None, **common)
-    vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
-    work = workload(vocab, seed=62)
-    want = serve_all(plain, work)
-    plain.stop()
-
+    vocab, work, want = plain_waves(start_server, common, seed=62)
     monkeypatch.setenv("LLAMA_SPEC_INJECT_EARLY", "1")
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, **common)
-    got = serve_all(spec, work)
-    assert said in spec.log_text(), f"no '{said}' in the server's log: {spec.log_text()[-2000:]}"
-    errors = [g["error"] for g in got if "error" in g]
-    assert not errors and spec.alive(), f"{len(errors)} requests failed, first: {errors[:1]}"
-    assert sum(g["timings"].get("draft_n_accepted", 0) for g in got) > 0, "nothing drafted was accepted"
-    for i, (p, s) in enumerate(zip(want, got)):
-        assert_same_or_near_tie(p, s["tokens"], f"request {i}, injection before the wait")
-    spec.stop()
+    assert_waves_as_plain(spec, work, want, said, "injection before the wait")
 
     # one request at a time, prompts over several sub-batches (-b 128), a two-completion request, and
     # a drafter whose draft lengths follow the injected features (hidden_conf_pair, p_min 0.5)
