@@ -460,11 +460,9 @@ def test_drafts_pause_while_more_slots_generate(strong_conv_pair, start_server):
     assert not drafted, f"{len(drafted)} new drafts while drafts were paused, first: {drafted[0]}"
     assert plain_steps >= 3 * 30, f"only {plain_steps} slot steps while paused: the pause hardly held"
     wave = _drafted_per_step([g["timings"] for g in got])
-    # 0.34-0.67 here, 1.45 and once 2.52 with both cores busy elsewhere (the wave's requests then
-    # reach the server staggered, the first ones drafting alone before the pause starts); 5.6 when
-    # the drafts are not paused. The step-by-step check above is the exact one; this one reads the
-    # responses' own counts, with its bound between the two
-    assert wave < 3.5, f"{SLOTS} requests at once drafted {wave:.2f} tokens a step: the pause did not hold"
+    # 0.34-0.67 here, 1.45 at worst with both cores busy elsewhere (the wave's requests then reach
+    # the server staggered, the first ones drafting alone); 5.6 when the drafts are not paused
+    assert wave < 2.0, f"{SLOTS} requests at once drafted {wave:.2f} tokens a step: the pause did not hold"
     alone_rate = _drafted_per_step([last["timings"]])
     assert alone_rate > 5.0, f"a request alone drafted {alone_rate:.2f} tokens a step ({last['timings']}): not 6"
     spec.stop()
