@@ -71,6 +71,9 @@
 #             against the plain server's at 1, 8 and 32 slots, closed-loop mixed traffic among them)
 #             and tests/test_sampling_exact.py (the sampling distribution), against this call's build;
 #             LOSSLESS_TESTS: other pytest arguments; lossless.txt. A few minutes.
+#   verbose   does a switch engage? one drafted server with -v in ENVS's one environment, one greedy
+#             request (VERBOSE_TOKENS, 256), the log's lines matching VERBOSE_GREP counted; verbose.log.
+#             Seconds.
 #   bench     llama-bench on the target alone: token generation (tg128) and prompt processing at
 #             the verify's sizes and 512 (PP: 1,2,4,8,10,512). About a minute.
 #   topk      the engine's CUDA top-k kernels (0002's one block a row, 0051's chunks with warp shuffles):
@@ -295,6 +298,27 @@ lossless)
         ${LOSSLESS_TESTS:-tests/test_parallel_spec.py tests/test_sampling_exact.py} 2>&1 \
         | tee "$OUT/lossless.txt" | tail -n 15
     echo "lossless rc=${PIPESTATUS[0]}"
+    ;;
+verbose)
+    # does a switch engage? one drafted server (the pair on the GPU as serve places it) with -v and
+    # ENVS's one environment ('-': as it is), one greedy request of VERBOSE_TOKENS (256; 0004's
+    # profile prints every 128 target decodes), then its log's lines matching
+    # VERBOSE_GREP (a grep -E pattern); the whole log in OUT/verbose.log
+    if [ -z "${VERBOSE_GREP:-}" ]; then echo "stage verbose: VERBOSE_GREP: the log lines to find (a grep -E pattern)"; continue; fi
+    env_args=(); [ "${ENVS:--}" != - ] && read -ra env_args <<< "${ENVS//,/ }"
+    gpu_args=(); [ -n "$GPU" ] && gpu_args=(-ngl 99 -ngld 99 -fa on -ot 'token_embd\.weight=CUDA0')
+    env "${env_args[@]}" "$(BIN)" -m "$T" -md "$D" --spec-type draft-dspark "${gpu_args[@]}" \
+        --host 127.0.0.1 --port "${PORT:-18099}" -v > "$W/verbose.log" 2>&1 &
+    vpid=$!
+    for _ in $(seq 600); do curl -sf "http://127.0.0.1:${PORT:-18099}/health" > /dev/null && break
+        kill -0 "$vpid" 2>/dev/null || break; sleep 0.5; done
+    if ! kill -0 "$vpid" 2>/dev/null; then echo "stage verbose: the server ended (log $W/verbose.log)"; tail -n 5 "$W/verbose.log"; continue; fi
+    curl -s "http://127.0.0.1:${PORT:-18099}/completion" -d '{"prompt": "Once upon a time", "n_predict": '"${VERBOSE_TOKENS:-256}"', "temperature": 0}' \
+        | $py -c "import json,sys; d=json.load(sys.stdin); t=d['timings']; print('draft_n', t.get('draft_n'), 'accepted', t.get('draft_n_accepted'))"
+    kill "$vpid"; wait "$vpid" 2>/dev/null
+    cp "$W/verbose.log" "$OUT/verbose.log"
+    grep -aE "$VERBOSE_GREP" "$W/verbose.log" \
+        | sed -E 's/^[0-9.]+ [A-Z] //' | sort | uniq -c | sort -rn | head -n 20
     ;;
 bench)
     "$(dirname "$(BIN)")/llama-bench" -m "$T" -ngl 99 -fa 1 -p "${PP:-1,2,4,8,10,512}" -n 128 -r 5 -o md 2>/dev/null \

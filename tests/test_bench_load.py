@@ -619,3 +619,40 @@ def test_load_conversations_send_each_clients_chat_with_the_prompt_cache(small_p
     alone = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--conversations",
                            env=isolated)
     assert alone.returncode == 2 and "--conversations needs --load" in alone.stderr, alone.stderr
+
+
+def test_device_script_verbose_stage_finds_the_switchs_log_lines(small_pair, dspark_engine, isolated, tmp_path):
+    """benchmarks/h200.sh verbose on CPU with the small pair: one drafted server with -v in ENVS's
+    environment answers one greedy request with drafts; the log's lines matching VERBOSE_GREP are
+    counted (0061's token-map line, once; the schedulers' reserves), the log is kept in OUT, and the
+    server it started has ended. Without VERBOSE_GREP the stage says what it needs and starts nothing."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    env = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
+           "SERVER": dspark_engine.path, "GPU": "", "WORK": str(tmp_path / "work"), "OUT": str(out),
+           "PYTHON": sys.executable, "PORT": str(port), "ENVS": "LLAMA_SPEC_PROFILE=1",
+           "VERBOSE_GREP": r"set_token_map|sched_reserve: reserving \.\.\."}
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "verbose"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    drafted = re.search(r"^draft_n (\d+) accepted (\d+)$", p.stdout, re.M)
+    assert drafted and int(drafted[1]) > 0, p.stdout
+    counts = {m[2]: int(m[1]) for m in re.finditer(r"^\s*(\d+) (\S+)", p.stdout, re.M)}
+    assert counts.get("set_token_map:") == 1 and counts.get("sched_reserve:", 0) >= 2, p.stdout
+    log = (out / "verbose.log").read_text()
+    assert "spec profile" in log  # ENVS reached the server
+    with socket.socket() as s:  # the stage's server is gone: its port is free again
+        s.bind(("127.0.0.1", port))
+    del env["VERBOSE_GREP"]
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "verbose"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert "stage verbose: VERBOSE_GREP: the log lines to find" in p.stdout, p.stdout + p.stderr
