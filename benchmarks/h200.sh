@@ -89,6 +89,9 @@
 #             longest gaps; TIMELINE_API=1 records the runtime calls too, each costing the host ~1 us,
 #             and each kind of gap then says how much of it the host spent inside CUDA);
 #             timeline-prefill.txt/.json, timeline-decode.txt/.json. A minute or two a part.
+#   markov    developer 0065's Markov-chain op (DEV=1): test-backend-ops DSPARK_MARKOV, CUDA0 against the
+#             CPU backend (exact ids), then its perf cases at the 3B's shapes; tbo-markov*.txt.
+#             A few minutes (test-backend-ops builds once).
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
 #             MUL_MAT F16/BF16 against the CPU backend, then perf at the verify's shapes (patch
 #             0014's cases) in each environment of ENVS ('-': as it is). A few minutes.
@@ -105,6 +108,15 @@ GPU=${GPU---gpu}
 BIN() { echo "${SERVER:-$($py -m ggufdspark build-engine "${BUILD_ARGS[@]}" --print-path 2>/dev/null | tail -n1)}"; }
 hunt() { echo -m "$T" -md "$D" --server "$(BIN)" $GPU --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}" \
     --slots "${SLOTS:-32}" --envs="${ENVS:--}"; }
+# test-backend-ops in the engine's build tree $1 (configured with the tests, built once)
+tbo_build() {
+    local t0=$SECONDS
+    if ! { cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 \
+           && cmake --build "$1" --target test-backend-ops -j "$(nproc)" >> "$W/tbo.log" 2>&1; }; then
+        echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; return 1
+    fi
+    echo "test-backend-ops built in $((SECONDS - t0)) s"
+}
 # the prefill stage's measurement (benchmarks/prefill_speed.py), more arguments after it
 prefill_run() { $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "$(BIN)" \
     --prompt-tokens "${PREFILL_TOKENS:-4096}" --concurrency 8 "$@"; }
@@ -326,12 +338,7 @@ bench)
     ;;
 kernels)
     B=$(dirname "$(dirname "$(BIN)")")
-    t0=$SECONDS
-    if ! { cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo.log" 2>&1 \
-           && cmake --build "$B" --target test-backend-ops -j "$(nproc)" >> "$W/tbo.log" 2>&1; }; then
-        echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; continue
-    fi
-    echo "test-backend-ops built in $((SECONDS - t0)) s"
+    tbo_build "$B" || continue
     timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(f16|bf16)" > "$OUT/tbo-test.txt" 2>&1
     echo "MUL_MAT F16/BF16 against the CPU backend: rc=$?"; grep -E "FAIL|tests passed" "$OUT/tbo-test.txt" | tail -n 4
     IFS=';' read -ra envs <<< "${ENVS:--}"
@@ -344,6 +351,16 @@ kernels)
             | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([a-z0-9]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
     done
     ;;
-*) echo "unknown stage $stage (setup speed slots sanitize load arms tune table prefill sampling layout timeline topk lossless bench kernels)" ;;
+markov)
+    # developer 0065's op (DEV=1 builds): test-backend-ops DSPARK_MARKOV on CUDA0 against the CPU
+    # backend (cases built so that both must draft the same ids), then its perf cases (the 3B's
+    # vocabulary 128000 and rank 256, one and eight blocks of 8 positions)
+    B=$(dirname "$(dirname "$(BIN)")")
+    tbo_build "$B" || continue
+    timeout 300 "$B/bin/test-backend-ops" test -o DSPARK_MARKOV -b CUDA0 > "$OUT/tbo-markov.txt" 2>&1
+    echo "DSPARK_MARKOV against the CPU backend: rc=$?"; grep -E "DSPARK_MARKOV|FAIL|tests passed" "$OUT/tbo-markov.txt" | tail -n 8
+    timeout 120 "$B/bin/test-backend-ops" perf -o DSPARK_MARKOV -b CUDA0 2>&1 | grep DSPARK_MARKOV | tee "$OUT/tbo-markov-perf.txt"
+    ;;
+*) echo "unknown stage $stage (setup speed slots sanitize load arms tune table prefill sampling layout timeline topk lossless bench kernels markov verbose)" ;;
 esac
 done
