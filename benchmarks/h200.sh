@@ -71,6 +71,8 @@
 #             against the plain server's at 1, 8 and 32 slots, closed-loop mixed traffic among them)
 #             and tests/test_sampling_exact.py (the sampling distribution), against this call's build;
 #             LOSSLESS_TESTS: other pytest arguments; lossless.txt. A few minutes.
+#   first     the first request after `serve` says ready, with its warm-up against without and plain:
+#             benchmarks/first_request.py, RUNS (3) fresh servers an arm; first.json. A minute or two.
 #   verbose   does a switch engage? one drafted server with -v in ENVS's one environment, one greedy
 #             request (VERBOSE_TOKENS, 256), the log's lines matching VERBOSE_GREP counted; verbose.log.
 #             Seconds.
@@ -311,6 +313,13 @@ lossless)
         | tee "$OUT/lossless.txt" | tail -n 15
     echo "lossless rc=${PIPESTATUS[0]}"
     ;;
+first)
+    # the first request after `serve` says ready: with serve's warm-up (--warmup) against without
+    # (--no-warmup, serve's default) and the plain server (benchmarks/first_request.py), RUNS (3) fresh
+    # servers an arm, 3 requests each of the same prompt, 64-token greedy answers
+    $py benchmarks/first_request.py -m "$T" -md "$D" --server "$(BIN)" --runs "${RUNS:-3}" \
+        --json "$OUT/first.json" --log-dir "$W/first" 2>&1 | tee "$OUT/first.txt" | tail -n 6
+    ;;
 verbose)
     # does a switch engage? one drafted server (the pair on the GPU as serve places it) with -v and
     # ENVS's one environment ('-': as it is), one greedy request of VERBOSE_TOKENS (256; 0004's
@@ -361,6 +370,6 @@ markov)
     echo "DSPARK_MARKOV against the CPU backend: rc=$?"; grep -E "DSPARK_MARKOV|FAIL|tests passed" "$OUT/tbo-markov.txt" | tail -n 8
     timeout 120 "$B/bin/test-backend-ops" perf -o DSPARK_MARKOV -b CUDA0 2>&1 | grep DSPARK_MARKOV | tee "$OUT/tbo-markov-perf.txt"
     ;;
-*) echo "unknown stage $stage (setup speed slots sanitize load arms tune table prefill sampling layout timeline topk lossless bench kernels markov verbose)" ;;
+*) echo "unknown stage $stage (setup speed slots sanitize load arms tune table prefill sampling layout timeline topk lossless bench kernels markov first verbose)" ;;
 esac
 done

@@ -260,11 +260,70 @@ HEALTH_TIMEOUT_S = 60.0
 STATS_EVERY_S = 10.0
 
 
+# serve --warmup: before it says ready, a drafted server answers one short greedy request, so that
+# the first user's request does not pay the drafted path's one-time work (the target's reserve that
+# the drafter's taps leave pending, the drafter's first graphs and buffers, on CUDA its graphs'
+# captures), as vLLM and SGLang capture their CUDA graphs before they serve. Off by default: on the
+# CPU the first request after a start measured no slower without it (benchmarks/first_request.py,
+# docs/serve.md); a GPU is still to measure (benchmarks/h200.sh first)
+WARMUP_TOKENS = 16
+WARMUP_PROMPT = "Warm up the engine."
+# llama-server arguments after which there is nothing to warm: the user turned warm-up off, or the
+# server answers no completions
+_NO_WARMUP_ARGS = ("--no-warmup", "--embedding", "--embeddings", "--reranking", "--rerank")
+_WARMUP_LOG_WAIT_S = 5.0
+
+
+def wants_warm_up(settings: ServerSettings) -> bool:
+    """Whether ``supervise`` warms this server up: a draft is loaded and no argument says otherwise."""
+    drafted = bool(settings.draft or settings.hf_draft)
+    return drafted and not any(a.split("=", 1)[0] in _NO_WARMUP_ARGS for a in settings.extra_args)
+
+
+def warm_up(srv: ServerProcess, timeout: float = 300.0) -> float:
+    """One greedy ``WARMUP_TOKENS``-token request through the drafted path (prompt cache off, the
+    end-of-text token ignored so every step runs); returns its seconds.
+
+    Raises:
+        EngineError: the request failed (an HTTP error, no answer within ``timeout``).
+    """
+    t0 = time.monotonic()
+    client = srv.client(timeout=timeout)
+    client.complete(client.tokenize(WARMUP_PROMPT, add_special=True), n_predict=WARMUP_TOKENS, ignore_eos=True)
+    return time.monotonic() - t0
+
+
+def _warmed(srv: ServerProcess, p: ServePlan, window: LogWindow | None, on_event: Callable[[str], None],
+            warm: bool) -> float | None:
+    """``warm_up`` where ``wants_warm_up``; its seconds (None: not warmed). A failed warm-up is said
+    and served through (a dead engine is the supervision loop's to restart). The warm-up's request is
+    not traffic: the stats window moves past it."""
+    if not (warm and wants_warm_up(p.settings)):
+        return None
+    try:
+        took = warm_up(srv)
+    except EngineError as e:
+        on_event(f"warm-up request failed ({e}); serving without it")
+        took = None
+    if window and took is not None:
+        # the engine logs the request's timings and release after its answer went out: wait for them
+        # (a few seconds at most), so that no stats line counts the warm-up
+        deadline = time.monotonic() + _WARMUP_LOG_WAIT_S
+        while window.take().requests == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return took
+
+
+def _warm_note(took: float | None) -> str:
+    return f", warmed up in {took:.2f} s" if took is not None else ""
+
+
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
               backoff: tuple[float, ...] = (1, 2, 4, 8, 16), health_timeout: float | None = HEALTH_TIMEOUT_S,
               on_event: Callable[[str], None] = lambda msg: None,
               on_ready: Callable[[str], None] = lambda url: None,
-              on_record: Callable[[dict], None] = lambda rec: None, stats_every: float | None = None) -> int:
+              on_record: Callable[[dict], None] = lambda rec: None, stats_every: float | None = None,
+              warm: bool = False) -> int:
     """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes
     or hangs.
 
@@ -280,6 +339,13 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     the first start is healthy (not again after a restart).
 
     A second such signal while stopping kills the engine at once instead of waiting for it.
+
+    With ``warm``, before each ready event a drafted server is warmed up (``warm_up``; never with
+    ``--no-warmup`` or an embeddings / reranking server: ``wants_warm_up``): one short greedy request,
+    so the first user's
+    request does not pay the drafted path's one-time work. Its seconds are the ready record's
+    ``warmup_s`` (None: not warmed); it is not traffic for the stats; a failed one is said and served
+    through.
 
     Every ``stats_every`` seconds (None or 0: never) in which a request finished or ran, what
     finished goes to ``on_event`` as a line (``timings.live.stats_line``: requests, tokens, the
@@ -313,8 +379,9 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     next_stats = time.monotonic() + (stats_every or 0)
     try:
         srv.start()
-        on_event(f"ready: {srv.url} (log: {log_path})")
-        on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": 0})
+        took = _warmed(srv, p, window, on_event, warm)
+        on_event(f"ready: {srv.url} (log: {log_path}){_warm_note(took)}")
+        on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": 0, "warmup_s": took})
         on_ready(srv.url)
         watch = HealthWatch(srv, health_timeout)
         while True:
@@ -342,9 +409,11 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
             if window:  # what the dead engine finished, then none of its requests runs
                 _say_stats(window.restart(), on_event, on_record)
             srv.start()
+            took = _warmed(srv, p, window, on_event, warm)
             watch = HealthWatch(srv, health_timeout)
-            on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts})")
-            on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes})
+            on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts}){_warm_note(took)}")
+            on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes,
+                       "warmup_s": took})
     except _Stop:
         if window:
             _say_stats(window.take(), on_event, on_record)  # what finished since the last line

@@ -656,3 +656,37 @@ def test_device_script_verbose_stage_finds_the_switchs_log_lines(small_pair, dsp
     p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "verbose"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert "stage verbose: VERBOSE_GREP: the log lines to find" in p.stdout, p.stdout + p.stderr
+
+
+def test_device_script_first_stage_measures_the_first_request_after_serve_starts(small_pair, dspark_engine,
+                                                                                  isolated, tmp_path):
+    """benchmarks/h200.sh first (benchmarks/first_request.py) on CPU with the small pair: fresh `serve`
+    processes for each arm and run; the warm arm's ready record has its warm-up's seconds, the cold
+    and plain ones none; every server answered its requests (the same prompt, drafted in the drafted
+    arms); the summary's first / warm ratio is the medians' own."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
+           "SERVER": dspark_engine.path, "GPU": "", "WORK": str(tmp_path / "work"), "OUT": str(out),
+           "PYTHON": sys.executable, "RUNS": "2"}
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "first"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads((out / "first.json").read_text())
+    assert sorted(rep["runs"]) == ["cold", "plain", "warm"]
+    for arm, runs in rep["runs"].items():
+        assert len(runs) == 2 and all(len(r["requests"]) == 3 for r in runs), (arm, runs)
+        prompt_ns = {q["prompt_n"] for r in runs for q in r["requests"]}
+        assert len(prompt_ns) == 1 and prompt_ns.pop() > 20, (arm, runs)  # one prompt, processed whole each time
+        drafted = [(q["draft_n"] or 0) > 0 for r in runs for q in r["requests"]]
+        assert all(drafted) if arm != "plain" else not any(drafted), (arm, runs)
+        warmups = [r["warmup_s"] for r in runs]
+        assert all(isinstance(w, float) and w > 0 for w in warmups) if arm == "warm" else warmups == [None, None]
+        s = rep["summary"][arm]
+        assert s["first_over_warm"] == s["first_ttft_s"] / s["warm_ttft_s"], s
+    assert "vs plain first" in p.stdout and len(list((tmp_path / "work" / "first").glob("*.log"))) == 6

@@ -570,3 +570,54 @@ def test_serve_reports_engine_start_failure(small_pair, dspark_engine, tmp_path)
                      log_path=tmp_path / "fail.log"):
             pass
     assert "exited with code" in str(e.value) and "no-such-flag" in str(e.value)
+
+
+def test_serve_warms_the_drafted_path_up_before_it_says_ready(small_pair, dspark_engine, tmp_path):
+    """serve --warmup: a drafted server answers one short greedy request (16 tokens, drafted) before
+    serve's ready line and record, which give the warm-up's seconds; that request is not traffic for
+    the stats. By default (off), with --no-warmup, with `-- --no-warmup` (llama-server's own switch,
+    which wins over --warmup) and without a draft there is none: the engine's log has no finished
+    request until a client sends one."""
+    import re
+
+    released = re.compile(r"release: id +\d+ \| task -?\d+ \| stop processing")
+    port = _free_port()
+    log = tmp_path / "w.log"
+    proc, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", str(port),
+                               "--log", str(log), "--json", "--stats-interval", "0.5", "--warmup")
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        text = log.read_text()
+        assert len(released.findall(text)) == 1, text[-2000:]  # the warm-up, before ready
+        assert ready["event"] == "ready" and isinstance(ready["warmup_s"], float) and ready["warmup_s"] > 0, ready
+        assert f"warmed up in {ready['warmup_s']:.2f} s" in lines[-1], lines[-1]
+        # the warm-up went through the draft: its timings carry drafted tokens
+        assert re.search(r"draft acceptance = [0-9.]+ \( *\d+ accepted / +[1-9]\d* generated\)", text), text[-2000:]
+        answer = _complete(port, n=24)
+        stats = []
+        while sum(r["requests"] for r in stats) < 1:
+            rec = json.loads(proc.stdout.readline())
+            if rec["event"] == "stats":
+                stats.append(rec)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert sum(r["requests"] for r in stats) == 1  # the client's request only
+    assert sum(r["predicted_n"] for r in stats) == answer["timings"]["predicted_n"] == 24, stats
+
+    draft = ("-md", str(small_pair.draft))
+    cases = (draft, (*draft, "--no-warmup"), (*draft, "--warmup", "--", "--no-warmup"), ("--no-draft", "--warmup"))
+    for i, args in enumerate(cases):
+        port = _free_port()
+        log = tmp_path / f"cold-{i}.log"
+        proc, lines = _start_serve("-m", str(small_pair.target), "--port", str(port), "--log", str(log), "--json",
+                                   *args)
+        try:
+            assert proc.stdout is not None
+            ready = json.loads(proc.stdout.readline())
+            assert ready["warmup_s"] is None and "warmed up" not in lines[-1], (args, ready, lines[-1])
+            assert not released.findall(log.read_text()), args
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)

@@ -57,6 +57,10 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--stats-interval", type=NumberRange(0), default=serve_lib.STATS_EVERY_S, show_default=True,
               help="Every this many seconds with traffic, a line of what finished: requests, tokens, decode "
                    "speed, drafted and accepted tokens, accept length (0: none).")
+@click.option("--warmup/--no-warmup", default=False, show_default=True,
+              help="Before saying ready, send a drafted server one short request, so the drafted path's one-time "
+                   "work (CUDA graph captures, first buffers) is not the first user's (off: on the CPU the first "
+                   "request measured no slower without it); '-- --no-warmup' also turns off the engine's own.")
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.option("--json", "as_json", is_flag=True,
@@ -68,7 +72,7 @@ from ggufdspark.errors import InvalidArgumentError
 def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_n_max_by_slots,
             no_draft, force, server,
             ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, health_timeout, stats_interval,
-            no_profile, dry_run,
+            warmup, no_profile, dry_run,
             as_json, no_ui, open_page,
             extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
@@ -117,7 +121,8 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
 
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
                         health_timeout=health_timeout, on_event=_say, on_ready=ready,
-                        on_record=_json_line if as_json else (lambda rec: None), stats_every=stats_interval)
+                        on_record=_json_line if as_json else (lambda rec: None), stats_every=stats_interval,
+                        warm=warmup)
 
 
 # Printed with the chat URL when the server requires a key (the key itself never is). The pinned
