@@ -342,10 +342,9 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
 
     With ``warm``, before each ready event a drafted server is warmed up (``warm_up``; never with
     ``--no-warmup`` or an embeddings / reranking server: ``wants_warm_up``): one short greedy request,
-    so the first user's
-    request does not pay the drafted path's one-time work. Its seconds are the ready record's
-    ``warmup_s`` (None: not warmed); it is not traffic for the stats; a failed one is said and served
-    through.
+    so the first user's request does not pay the drafted path's one-time work. Its seconds are the
+    ready record's ``warmup_s`` (None: not warmed); it is not traffic for the stats; a failed one is
+    said and served through.
 
     Every ``stats_every`` seconds (None or 0: never) in which a request finished or ran, what
     finished goes to ``on_event`` as a line (``timings.live.stats_line``: requests, tokens, the
