@@ -606,6 +606,19 @@ def test_serve_warms_the_drafted_path_up_before_it_says_ready(small_pair, dspark
     assert sum(r["requests"] for r in stats) == 1  # the client's request only
     assert sum(r["predicted_n"] for r in stats) == answer["timings"]["predicted_n"] == 24, stats
 
+    # a server that wants a key: the warm-up sends it (the key itself is printed nowhere)
+    port = _free_port()
+    proc, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port", str(port),
+                               "--log", str(tmp_path / "k.log"), "--json", "--warmup", "--api-key", "warm-key-123")
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert isinstance(ready["warmup_s"], float), (ready, lines)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert "warm-key-123" not in "\n".join(lines) + out + err + (tmp_path / "k.log").read_text()
+
     draft = ("-md", str(small_pair.draft))
     cases = (draft, (*draft, "--no-warmup"), (*draft, "--warmup", "--", "--no-warmup"), ("--no-draft", "--warmup"))
     for i, args in enumerate(cases):
