@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from ggufdspark import traffic  # noqa: E402
 from ggufdspark.errors import EngineError  # noqa: E402
+from ggufdspark.runners import lifeline  # noqa: E402
 from ggufdspark.runners.client import Client  # noqa: E402
 from ggufdspark.runners.server import free_port  # noqa: E402
 
@@ -64,8 +65,9 @@ def serve_once(arm: str, a: argparse.Namespace, conv: list[dict], log: Path) -> 
            "--json", "--no-ui", "--stats-interval", "0", *(["--server", a.server] if a.server else []),
            *([] if arm == "plain" else ["-md", a.draft]), *ARMS[arm]]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+    # tied to this process (ggufdspark.runners.lifeline): a benchmark killed midway leaves no server
+    proc, tie = lifeline.spawn(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # serve's first JSON record: ready (or nothing if it failed)
@@ -82,12 +84,13 @@ def serve_once(arm: str, a: argparse.Namespace, conv: list[dict], log: Path) -> 
                         "draft_n": r.timings.draft_n})
         return {"arm": arm, "start_s": started, "warmup_s": ready.get("warmup_s"), "requests": out}
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # serve stops its engine, then itself
         try:
             proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            lifeline.killpg(proc.pid)
             proc.communicate()
+        tie.release()
 
 
 def summary(runs: list[dict]) -> dict:
