@@ -16,6 +16,7 @@ import re
 import shlex
 import signal
 import socket
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from ggufdspark import engine as eng
 from ggufdspark import hardware, hubref, launch, profiles, webui
 from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
-from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError
+from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError, ServerStartError
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.deaths import engine_error_line, exit_cause
 from ggufdspark.runners.engine_env import dropped_warnings
@@ -272,6 +273,14 @@ WARMUP_PROMPT = "Warm up the engine."
 # server answers no completions
 _NO_WARMUP_ARGS = ("--no-warmup", "--embedding", "--embeddings", "--reranking", "--rerank")
 _WARMUP_LOG_WAIT_S = 5.0
+# after a failed warm-up request, how long the engine has to exit before it counts as alive (an
+# engine that aborts closes its socket a moment before the process ends)
+_WARMUP_EXIT_WAIT_S = 5.0
+
+
+class _WarmUpDeath(Exception):
+    """The engine died on the warm-up request: it never was ready. The message says how (its exit
+    and its own last error line)."""
 
 
 def wants_warm_up(settings: ServerSettings) -> bool:
@@ -295,16 +304,22 @@ def warm_up(srv: ServerProcess, timeout: float = 300.0) -> float:
 
 def _warmed(srv: ServerProcess, p: ServePlan, window: LogWindow | None, on_event: Callable[[str], None],
             warm: bool) -> float | None:
-    """``warm_up`` where ``wants_warm_up``; its seconds (None: not warmed). A failed warm-up is said
-    and served through (a dead engine is the supervision loop's to restart). The warm-up's request is
-    not traffic: the stats window moves past it."""
+    """``warm_up`` where ``wants_warm_up``; its seconds (None: not warmed). A failed warm-up of an
+    engine that still runs is said and served through; an engine that died on it raises
+    ``_WarmUpDeath`` (it was never ready). The warm-up's request is not traffic: the stats window
+    moves past it."""
     if not (warm and wants_warm_up(p.settings)):
         return None
     try:
         took = warm_up(srv)
     except EngineError as e:
-        on_event(f"warm-up request failed ({e}); serving without it")
-        took = None
+        try:
+            rc = srv.proc.wait(_WARMUP_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            on_event(f"warm-up request failed ({e}); serving without it")
+            return None
+        said = engine_error_line(srv.run_log_text())
+        raise _WarmUpDeath(f"{exit_cause(rc)} on the warm-up request" + (f": {said}" if said else "")) from None
     if window and took is not None:
         # the engine logs the request's timings and release after its answer went out: wait for them
         # (a few seconds at most), so that no stats line counts the warm-up
@@ -344,7 +359,8 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     ``--no-warmup`` or an embeddings / reranking server: ``wants_warm_up``): one short greedy request,
     so the first user's request does not pay the drafted path's one-time work. Its seconds are the
     ready record's ``warmup_s`` (None: not warmed); it is not traffic for the stats; a failed one is
-    said and served through.
+    said and served through; an engine that dies on it was never ready: on the first start that is a
+    failed start (``ServerStartError``), after a restart one more crash.
 
     Every ``stats_every`` seconds (None or 0: never) in which a request finished or ran, what
     finished goes to ``on_event`` as a line (``timings.live.stats_line``: requests, tokens, the
@@ -378,7 +394,11 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     next_stats = time.monotonic() + (stats_every or 0)
     try:
         srv.start()
-        took = _warmed(srv, p, window, on_event, warm)
+        try:
+            took = _warmed(srv, p, window, on_event, warm)
+        except _WarmUpDeath as e:  # never ready: a failed start, as a death while loading is
+            note_in_log(log_path, f"llama-server {e}")
+            raise ServerStartError(f"llama-server {e}; log: {log_path}") from None
         on_event(f"ready: {srv.url} (log: {log_path}){_warm_note(took)}")
         on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": 0, "warmup_s": took})
         on_ready(srv.url)
@@ -408,7 +428,10 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
             if window:  # what the dead engine finished, then none of its requests runs
                 _say_stats(window.restart(), on_event, on_record)
             srv.start()
-            took = _warmed(srv, p, window, on_event, warm)
+            try:
+                took = _warmed(srv, p, window, on_event, warm)
+            except _WarmUpDeath:
+                continue  # died again before it was ready: the loop counts this crash too
             watch = HealthWatch(srv, health_timeout)
             on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts}){_warm_note(took)}")
             on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes,

@@ -572,6 +572,39 @@ def test_serve_reports_engine_start_failure(small_pair, dspark_engine, tmp_path)
     assert "exited with code" in str(e.value) and "no-such-flag" in str(e.value)
 
 
+def test_serve_warm_up_that_kills_the_engine_is_a_failed_start(small_pair, dspark_engine, ggufdspark_cli, tmp_path):
+    """A drafted path that kills the engine at its first request (here a draft tapping the target's
+    last layer, which the pinned LFM2 graph does not expose: ``check`` refuses it, ``--force`` serves
+    it anyway) is caught by ``serve --warmup`` before anyone is told it is ready: one line on stderr
+    with how the engine died and its own error line, a non-zero exit, no ready line, no engine left
+    running. Without the warm-up the same server says ready (the first user's request kills it)."""
+    from dataclasses import replace
+
+    from ggufdspark.convert.drafter import convert_drafter
+    from ggufdspark.synthetic import synth
+
+    last = synth.SMALL_TARGET.num_hidden_layers - 1
+    spec = replace(synth.SMALL_DRAFTER, target_layer_ids=(1, 3, last))
+    ddir = synth.make_drafter(tmp_path / "drafter", small_pair.target_dir, spec)
+    draft = convert_drafter(ddir, small_pair.target, output=tmp_path / "last.gguf").path
+    log = tmp_path / "dies.log"
+    p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(draft), "--force", "--warmup",
+                       "--port", str(_free_port()), "--log", str(log), "--json", timeout=240)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    said = p.stderr.strip().splitlines()[-1]
+    assert said.startswith("ggufdspark: error: llama-server ") and "on the warm-up request" in said, p.stderr
+    assert "layer input tensor is null" in said and str(log) in said, said
+    assert not any(ln.startswith("ready") for ln in p.stderr.splitlines()), p.stderr
+    assert not any(json.loads(ln).get("event") == "ready" for ln in p.stdout.splitlines() if ln.strip()), p.stdout
+    assert "on the warm-up request" in log.read_text()  # the log says why it ended, too
+    # without --warmup the same server comes up: the warm-up is what caught it
+    proc, lines = _start_serve("-m", str(small_pair.target), "-md", str(draft), "--force",
+                               "--port", str(_free_port()), "--log", str(tmp_path / "cold.log"))
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert lines[-1].startswith("ready"), lines
+
+
 def test_serve_warms_the_drafted_path_up_before_it_says_ready(small_pair, dspark_engine, tmp_path):
     """serve --warmup: a drafted server answers one short greedy request (16 tokens, drafted) before
     serve's ready line and record, which give the warm-up's seconds; that request is not traffic for
