@@ -16,14 +16,13 @@ import re
 import shlex
 import signal
 import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, hubref, launch, profiles, webui
+from ggufdspark import hardware, hubref, launch, profiles, warmup, webui
 from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError, ServerStartError
@@ -261,78 +260,6 @@ HEALTH_TIMEOUT_S = 60.0
 STATS_EVERY_S = 10.0
 
 
-# serve --warmup: before it says ready, a drafted server answers one short greedy request, so that
-# the first user's request does not pay the drafted path's one-time work (the target's reserve that
-# the drafter's taps leave pending, the drafter's first graphs and buffers, on CUDA its graphs'
-# captures), as vLLM and SGLang capture their CUDA graphs before they serve. Off by default: on the
-# CPU the first request after a start measured no slower without it (benchmarks/first_request.py,
-# docs/serve.md); a GPU is still to measure (benchmarks/h200.sh first)
-WARMUP_TOKENS = 16
-WARMUP_PROMPT = "Warm up the engine."
-# llama-server arguments after which there is nothing to warm: the user turned warm-up off, or the
-# server answers no completions
-_NO_WARMUP_ARGS = ("--no-warmup", "--embedding", "--embeddings", "--reranking", "--rerank")
-_WARMUP_LOG_WAIT_S = 5.0
-# after a failed warm-up request, how long the engine has to exit before it counts as alive (an
-# engine that aborts closes its socket a moment before the process ends)
-_WARMUP_EXIT_WAIT_S = 5.0
-
-
-class _WarmUpDeath(Exception):
-    """The engine died on the warm-up request: it never was ready. The message says how (its exit
-    and its own last error line)."""
-
-
-def wants_warm_up(settings: ServerSettings) -> bool:
-    """Whether ``supervise`` warms this server up: a draft is loaded and no argument says otherwise."""
-    drafted = bool(settings.draft or settings.hf_draft)
-    return drafted and not any(a.split("=", 1)[0] in _NO_WARMUP_ARGS for a in settings.extra_args)
-
-
-def warm_up(srv: ServerProcess, timeout: float = 300.0) -> float:
-    """One greedy ``WARMUP_TOKENS``-token request through the drafted path (prompt cache off, the
-    end-of-text token ignored so every step runs); returns its seconds.
-
-    Raises:
-        EngineError: the request failed (an HTTP error, no answer within ``timeout``).
-    """
-    t0 = time.monotonic()
-    client = srv.client(timeout=timeout)
-    client.complete(client.tokenize(WARMUP_PROMPT, add_special=True), n_predict=WARMUP_TOKENS, ignore_eos=True)
-    return time.monotonic() - t0
-
-
-def _warmed(srv: ServerProcess, p: ServePlan, window: LogWindow | None, on_event: Callable[[str], None],
-            warm: bool) -> float | None:
-    """``warm_up`` where ``wants_warm_up``; its seconds (None: not warmed). A failed warm-up of an
-    engine that still runs is said and served through; an engine that died on it raises
-    ``_WarmUpDeath`` (it was never ready). The warm-up's request is not traffic: the stats window
-    moves past it."""
-    if not (warm and wants_warm_up(p.settings)):
-        return None
-    try:
-        took = warm_up(srv)
-    except EngineError as e:
-        try:
-            rc = srv.proc.wait(_WARMUP_EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            on_event(f"warm-up request failed ({e}); serving without it")
-            return None
-        said = engine_error_line(srv.run_log_text())
-        raise _WarmUpDeath(f"{exit_cause(rc)} on the warm-up request" + (f": {said}" if said else "")) from None
-    if window and took is not None:
-        # the engine logs the request's timings and release after its answer went out: wait for them
-        # (a few seconds at most), so that no stats line counts the warm-up
-        deadline = time.monotonic() + _WARMUP_LOG_WAIT_S
-        while window.take().requests == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-    return took
-
-
-def _warm_note(took: float | None) -> str:
-    return f", warmed up in {took:.2f} s" if took is not None else ""
-
-
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
               backoff: tuple[float, ...] = (1, 2, 4, 8, 16), health_timeout: float | None = HEALTH_TIMEOUT_S,
               on_event: Callable[[str], None] = lambda msg: None,
@@ -355,8 +282,8 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
 
     A second such signal while stopping kills the engine at once instead of waiting for it.
 
-    With ``warm``, before each ready event a drafted server is warmed up (``warm_up``; never with
-    ``--no-warmup`` or an embeddings / reranking server: ``wants_warm_up``): one short greedy request,
+    With ``warm``, before each ready event a drafted server is warmed up (``warmup.warm_up``; never with
+    ``--no-warmup`` or an embeddings / reranking server: ``warmup.wants_warm_up``): one short greedy request,
     so the first user's request does not pay the drafted path's one-time work. Its seconds are the
     ready record's ``warmup_s`` (None: not warmed); it is not traffic for the stats; a failed one is
     said and served through; an engine that dies on it was never ready: on the first start that is a
@@ -395,11 +322,11 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     try:
         srv.start()
         try:
-            took = _warmed(srv, p, window, on_event, warm)
-        except _WarmUpDeath as e:  # never ready: a failed start, as a death while loading is
+            took = warmup.warmed(srv, p.settings, window, on_event, warm)
+        except warmup.WarmUpDeath as e:  # never ready: a failed start, as a death while loading is
             note_in_log(log_path, f"llama-server {e}")
             raise ServerStartError(f"llama-server {e}; log: {log_path}") from None
-        on_event(f"ready: {srv.url} (log: {log_path}){_warm_note(took)}")
+        on_event(f"ready: {srv.url} (log: {log_path}){warmup.note(took)}")
         on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": 0, "warmup_s": took})
         on_ready(srv.url)
         watch = HealthWatch(srv, health_timeout)
@@ -429,11 +356,11 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
                 _say_stats(window.restart(), on_event, on_record)
             srv.start()
             try:
-                took = _warmed(srv, p, window, on_event, warm)
-            except _WarmUpDeath:
+                took = warmup.warmed(srv, p.settings, window, on_event, warm)
+            except warmup.WarmUpDeath:
                 continue  # died again before it was ready: the loop counts this crash too
             watch = HealthWatch(srv, health_timeout)
-            on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts}){_warm_note(took)}")
+            on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts}){warmup.note(took)}")
             on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes,
                        "warmup_s": took})
     except _Stop:
