@@ -257,3 +257,30 @@ def test_greedy_draft_without_a_confidence_cut_leaves_the_head_out(small_pair, s
     assert sum(a for _, _, a in without) > 0, f"nothing drafted was accepted: the case tests nothing: {without}"
     for i, (w, k) in enumerate(zip(without, kept)):
         assert w == k, f"request {i}: without the head (tokens, drafted, accepted) {w} != with it {k}"
+
+
+def test_server_keeps_the_probabilities_of_tokens_held_back_inside_a_character(small_pair, start_server):
+    """Patch 0066: a token that ends inside a UTF-8 character waits for the one that completes it;
+    its probabilities used to be dropped (a completion with n_probs had fewer entries than tokens,
+    none for a run of such tokens), so a lossless check could not tell a near-tie from a defect there.
+    Every token here is the lead byte 0xD5 (forced by a logit bias; each one waits for a continuation
+    that never comes): one entry a token with empty text, plain and drafted (verified tokens take the
+    same path), each with its own top-2 on the plain server. (A drafted server's verified tokens carry
+    no top-2 at all: the pinned server never fills them in, its "TODO: set result.probs".)"""
+    from ggufdspark.gguffile.reader import read_gguf
+
+    vocab = read_gguf(small_pair.target).get_str_list("tokenizer.ggml.tokens")
+    lead = vocab.index("\u00d5")  # the generated pair's GPT-2 byte-level vocabulary: byte 0xD5 is U+00D5
+    body = {"prompt": [40 + k for k in range(20)], "n_predict": 12, "temperature": 0.0, "ignore_eos": True,
+            "cache_prompt": False, "return_tokens": True, "n_probs": 2, "logit_bias": [[lead, 1000.0]]}
+    for draft in (None, small_pair.draft):
+        srv = start_server(model=small_pair.target, draft=draft, draft_n_max=4) if draft else \
+            start_server(model=small_pair.target, spec_type=None)
+        r = srv.client(timeout=300).post_json("/completion", body)
+        srv.stop()
+        what = "drafted" if draft else "plain"
+        assert r["tokens"] == [lead] * 12, f"{what}: the bias did not hold: {r['tokens']}"
+        probs = r.get("completion_probabilities", [])  # the pinned server leaves the key out when it has none
+        assert len(probs) == 12, f"{what}: {len(probs)} probability entries for 12 tokens"
+        bad = [e for e in probs if not (e["id"] == lead and e["token"] == "" and (draft or len(e["top_logprobs"]) == 2))]
+        assert not bad, f"{what}: {bad}"
