@@ -264,9 +264,8 @@ def test_server_keeps_the_probabilities_of_tokens_held_back_inside_a_character(s
     its probabilities used to be dropped (a completion with n_probs had fewer entries than tokens,
     none for a run of such tokens), so a lossless check could not tell a near-tie from a defect there.
     Every token here is the lead byte 0xD5 (forced by a logit bias; each one waits for a continuation
-    that never comes): one entry a token with empty text, plain and drafted (verified tokens take the
-    same path), each with its own top-2 on the plain server. (A drafted server's verified tokens carry
-    no top-2 at all: the pinned server never fills them in, its "TODO: set result.probs".)"""
+    that never comes): one entry a token with empty text, each with its own top-2, plain and drafted
+    (verified tokens take the same path; their top-2 is patch 0067's)."""
     from ggufdspark.gguffile.reader import read_gguf
 
     vocab = read_gguf(small_pair.target).get_str_list("tokenizer.ggml.tokens")
@@ -282,5 +281,42 @@ def test_server_keeps_the_probabilities_of_tokens_held_back_inside_a_character(s
         assert r["tokens"] == [lead] * 12, f"{what}: the bias did not hold: {r['tokens']}"
         probs = r.get("completion_probabilities", [])  # the pinned server leaves the key out when it has none
         assert len(probs) == 12, f"{what}: {len(probs)} probability entries for 12 tokens"
-        bad = [e for e in probs if not (e["id"] == lead and e["token"] == "" and (draft or len(e["top_logprobs"]) == 2))]
+        bad = [e for e in probs if not (e["id"] == lead and e["token"] == "" and len(e["top_logprobs"]) == 2)]
         assert not bad, f"{what}: {bad}"
+
+
+def test_a_drafted_servers_verified_tokens_carry_their_probabilities(small_pair, start_server):
+    """Patch 0067: with n_probs, a token a speculative step verified gets its candidates from its own
+    row of the verify, as a token of a step without a draft does (the pinned server left them out:
+    no candidates, its own probability 1). Greedy, the same prompts on a plain and a drafted server:
+    the same tokens, an entry a token on both, every drafted entry with its 3 candidates, the token
+    its row's best, and each candidate's log-probability within 0.02 of the plain server's (the
+    batch's arithmetic differs) for the candidates both list."""
+    prompts = [[40 + 5 * i + k for k in range(12 + 3 * i)] for i in range(3)]
+    body = {"n_predict": 40, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False,
+            "return_tokens": True, "n_probs": 3}
+
+    def run(draft) -> list[dict]:
+        srv = start_server(model=small_pair.target, draft=draft, draft_n_max=5) if draft else \
+            start_server(model=small_pair.target, spec_type=None)
+        client = srv.client(timeout=300)
+        out = [client.post_json("/completion", {**body, "prompt": p}) for p in prompts]
+        srv.stop()
+        return out
+
+    plain, drafted = run(None), run(small_pair.draft)
+    accepted = sum(r["timings"].get("draft_n_accepted", 0) for r in drafted)
+    assert accepted > 0, "no drafted token was accepted: the case tests nothing"
+    for i, (p, d) in enumerate(zip(plain, drafted)):
+        assert p["tokens"] == d["tokens"], f"prompt {i}: the drafted answer differs from the plain one"
+        pp, dp = p.get("completion_probabilities", []), d.get("completion_probabilities", [])
+        assert len(pp) == len(dp) == len(p["tokens"]), f"prompt {i}: {len(pp)} / {len(dp)} entries"
+        for j, (a, b) in enumerate(zip(pp, dp)):
+            where = f"prompt {i}, token {j}"
+            assert len(b["top_logprobs"]) == 3, f"{where}: drafted candidates {b['top_logprobs']}"
+            assert b["top_logprobs"][0]["id"] == b["id"], f"{where}: the greedy token is not its row's best: {b}"
+            assert abs(a["logprob"] - b["logprob"]) < 0.02, f"{where}: token logprob {a['logprob']} plain, {b['logprob']} drafted"
+            theirs = {c["id"]: c["logprob"] for c in a["top_logprobs"]}
+            shared = [(theirs[c["id"]], c["logprob"]) for c in b["top_logprobs"] if c["id"] in theirs]
+            assert len(shared) >= 2 and all(abs(x - y) < 0.02 for x, y in shared), \
+                f"{where}: plain {a['top_logprobs']}, drafted {b['top_logprobs']}"
