@@ -291,7 +291,8 @@ def test_a_drafted_servers_verified_tokens_carry_their_probabilities(small_pair,
     no candidates, its own probability 1). Greedy, the same prompts on a plain and a drafted server:
     the same tokens, an entry a token on both, every drafted entry with its 3 candidates, the token
     its row's best, and each candidate's log-probability within 0.02 of the plain server's (the
-    batch's arithmetic differs) for the candidates both list."""
+    batch's arithmetic differs) for the candidates both list; and a chat completion's `logprobs`
+    (the OpenAI API) on the drafted server: an entry a token, each with its top 2."""
     prompts = [[40 + 5 * i + k for k in range(12 + 3 * i)] for i in range(3)]
     body = {"n_predict": 40, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False,
             "return_tokens": True, "n_probs": 3}
@@ -301,6 +302,14 @@ def test_a_drafted_servers_verified_tokens_carry_their_probabilities(small_pair,
             start_server(model=small_pair.target, spec_type=None)
         client = srv.client(timeout=300)
         out = [client.post_json("/completion", {**body, "prompt": p}) for p in prompts]
+        if draft:  # the OpenAI API's logprobs take the same entries
+            chat = client.post_json("/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "one two three four"}], "max_tokens": 30,
+                "temperature": 0.0, "logprobs": True, "top_logprobs": 2})
+            content = chat["choices"][0]["logprobs"]["content"]
+            assert chat["timings"].get("draft_n_accepted", 0) > 0, f"chat: nothing accepted: {chat['timings']}"
+            assert len(content) == chat["usage"]["completion_tokens"], content
+            assert all(len(e["top_logprobs"]) == 2 for e in content), content
         srv.stop()
         return out
 
