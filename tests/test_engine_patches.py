@@ -259,6 +259,13 @@ def test_greedy_draft_without_a_confidence_cut_leaves_the_head_out(small_pair, s
         assert w == k, f"request {i}: without the head (tokens, drafted, accepted) {w} != with it {k}"
 
 
+def _plain_or_drafted(start_server, pair, draft):
+    """A server of ``pair``'s target alone (``draft`` None) or with ``draft`` at draft length 5."""
+    if draft is None:
+        return start_server(model=pair.target, spec_type=None)
+    return start_server(model=pair.target, draft=draft, draft_n_max=5)
+
+
 def test_server_keeps_the_probabilities_of_tokens_held_back_inside_a_character(small_pair, start_server):
     """Patch 0066: a token that ends inside a UTF-8 character waits for the one that completes it;
     its probabilities used to be dropped (a completion with n_probs had fewer entries than tokens,
@@ -273,8 +280,7 @@ def test_server_keeps_the_probabilities_of_tokens_held_back_inside_a_character(s
     body = {"prompt": [40 + k for k in range(20)], "n_predict": 12, "temperature": 0.0, "ignore_eos": True,
             "cache_prompt": False, "return_tokens": True, "n_probs": 2, "logit_bias": [[lead, 1000.0]]}
     for draft in (None, small_pair.draft):
-        srv = start_server(model=small_pair.target, draft=draft, draft_n_max=4) if draft else \
-            start_server(model=small_pair.target, spec_type=None)
+        srv = _plain_or_drafted(start_server, small_pair, draft)
         r = srv.client(timeout=300).post_json("/completion", body)
         srv.stop()
         what = "drafted" if draft else "plain"
@@ -298,8 +304,7 @@ def test_a_drafted_servers_verified_tokens_carry_their_probabilities(small_pair,
             "return_tokens": True, "n_probs": 3}
 
     def run(draft) -> list[dict]:
-        srv = start_server(model=small_pair.target, draft=draft, draft_n_max=5) if draft else \
-            start_server(model=small_pair.target, spec_type=None)
+        srv = _plain_or_drafted(start_server, small_pair, draft)
         client = srv.client(timeout=300)
         out = [client.post_json("/completion", {**body, "prompt": p}) for p in prompts]
         if draft:  # the OpenAI API's logprobs take the same entries

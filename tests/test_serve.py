@@ -590,7 +590,7 @@ def test_serve_warm_up_that_kills_the_engine_is_a_failed_start(small_pair, dspar
     log = tmp_path / "dies.log"
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(draft), "--force", "--warmup",
                        "--port", str(_free_port()), "--log", str(log), "--json", timeout=240)
-    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
     said = p.stderr.strip().splitlines()[-1]
     assert said.startswith("ggufdspark: error: llama-server ") and "on the warm-up request" in said, p.stderr
     assert "layer input tensor is null" in said and str(log) in said, said
