@@ -91,7 +91,7 @@
 #             longest gaps; TIMELINE_API=1 records the runtime calls too, each costing the host ~1 us,
 #             and each kind of gap then says how much of it the host spent inside CUDA);
 #             timeline-prefill.txt/.json, timeline-decode.txt/.json. A minute or two a part.
-#   markov    developer 0065's Markov-chain op (DEV=1): test-backend-ops DSPARK_MARKOV, CUDA0 against the
+#   markov    patch 0065's Markov-chain op: test-backend-ops DSPARK_MARKOV, CUDA0 against the
 #             CPU backend (exact ids), then its perf cases at the 3B's shapes; tbo-markov*.txt.
 #             A few minutes (test-backend-ops builds once).
 #   kernels   the verify's mat-muls in isolation: test-backend-ops (built in the engine's build tree)
@@ -361,7 +361,7 @@ kernels)
     done
     ;;
 markov)
-    # developer 0065's op (DEV=1 builds): test-backend-ops DSPARK_MARKOV on CUDA0 against the CPU
+    # patch 0065's op: test-backend-ops DSPARK_MARKOV on CUDA0 against the CPU
     # backend (cases built so that both must draft the same ids), then its perf cases (the 3B's
     # vocabulary 128000 and rank 256, one and eight blocks of 8 positions)
     B=$(dirname "$(dirname "$(BIN)")")

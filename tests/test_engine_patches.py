@@ -229,6 +229,20 @@ def test_server_turns_cuda_graphs_off_above_16_slots(small_pair, start_server, m
     assert said not in log_of(17, GGML_CUDA_DISABLE_GRAPHS="1")
 
 
+def _one_slot_greedy(srv, prompts: list[list[int]], n_predict: int) -> tuple[list[tuple[list[int], int, int]], str]:
+    """``prompts`` one after another on the drafted server ``srv``, greedy: each answer's (tokens,
+    drafted, accepted), then the server's log; ``srv`` is stopped."""
+    client = srv.client(timeout=300)
+    got = []
+    for p in prompts:
+        r = client.post_json("/completion", {"prompt": p, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
+                                             "cache_prompt": False, "return_tokens": True})
+        got.append((r["tokens"], r["timings"].get("draft_n", 0), r["timings"].get("draft_n_accepted", 0)))
+    log = srv.log_text()
+    srv.stop()
+    return got, log
+
+
 def test_greedy_draft_without_a_confidence_cut_leaves_the_head_out(small_pair, start_server):
     """Patch 0058: with p_min 0 the drafter's greedy graph leaves the confidence head out (its log
     says so); with p_min above 0 the head stays, and at a threshold no confidence falls below
@@ -239,15 +253,7 @@ def test_greedy_draft_without_a_confidence_cut_leaves_the_head_out(small_pair, s
 
     def serve(p_min: float | None) -> tuple[list[tuple[list[int], int, int]], str]:
         srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=5, draft_p_min=p_min)
-        client = srv.client(timeout=300)
-        got = []
-        for p in prompts:
-            r = client.post_json("/completion", {"prompt": p, "n_predict": 40, "temperature": 0.0, "ignore_eos": True,
-                                                 "cache_prompt": False, "return_tokens": True})
-            got.append((r["tokens"], r["timings"].get("draft_n", 0), r["timings"].get("draft_n_accepted", 0)))
-        log = srv.log_text()
-        srv.stop()
-        return got, log
+        return _one_slot_greedy(srv, prompts, 40)
 
     without, log0 = serve(None)
     kept, log_kept = serve(1e-30)
@@ -257,6 +263,37 @@ def test_greedy_draft_without_a_confidence_cut_leaves_the_head_out(small_pair, s
     assert sum(a for _, _, a in without) > 0, f"nothing drafted was accepted: the case tests nothing: {without}"
     for i, (w, k) in enumerate(zip(without, kept)):
         assert w == k, f"request {i}: without the head (tokens, drafted, accepted) {w} != with it {k}"
+
+
+def test_drafter_schedulers_and_one_op_markov_chain_draft_as_their_switches_off(small_pair, start_server, monkeypatch):
+    """Patches 0063-0065 are on by default: a re-created scheduler keeps its input events (no events
+    on the CPU: nothing to see here), the drafter's graphs with and without outputs keep a scheduler
+    each (0064) and a one-block greedy chain is one op (0065); the `-v` log says the last two. With their
+    switches off (LLAMA_SCHED_EVENTS_KEEP=0, LLAMA_GRAPH_SCHEDS=1, LLAMA_DSPARK_MARKOV_FUSED=0) the
+    log says neither, and one slot answers four greedy requests with the same tokens, drafted and
+    accepted counts, request by request."""
+    said = ("outputs keep a scheduler of their own", "the greedy Markov chain is one op")
+    switches = {"LLAMA_SCHED_EVENTS_KEEP": "0", "LLAMA_GRAPH_SCHEDS": "1", "LLAMA_DSPARK_MARKOV_FUSED": "0"}
+    prompts = [[60 + 7 * i + k for k in range(10 + 5 * i)] for i in range(4)]
+
+    def serve(off: bool) -> tuple[list[tuple[list[int], int, int]], str]:
+        for k, v in switches.items():
+            if off:
+                monkeypatch.setenv(k, v)
+            else:
+                monkeypatch.delenv(k, raising=False)
+        srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=5,
+                           extra_args=["-v"])  # -v: the engine's context and graph lines
+        return _one_slot_greedy(srv, prompts, 48)
+
+    on, log_on = serve(False)
+    off, log_off = serve(True)
+    for line in said:
+        assert line in log_on, f"by default: no '{line}' in the server's log: {log_on[-2000:]}"
+        assert line not in log_off, f"switched off ({switches}), yet the log says '{line}'"
+    assert sum(a for _, _, a in on) > 0, f"nothing drafted was accepted: the case tests nothing: {on}"
+    for i, (a, b) in enumerate(zip(on, off)):
+        assert a == b, f"request {i}: by default (tokens, drafted, accepted) {a} != switched off {b}"
 
 
 def _plain_or_drafted(start_server, pair, draft):

@@ -183,23 +183,31 @@ def test_a_new_task_takes_a_slot_next_to_the_busy_ones_and_a_similar_prompt_foll
     unpinned while C generates goes to slot 1, next to C, not to slot 3 where its prompt is ("selected
     instead of slot 3"), and A's state follows through the host prompt cache: found there, a few
     tokens processed, A's greedy tokens, the draft engaged. With LLAMA_SERVER_SLOT_LRU=1 (upstream's
-    choice) A goes back to slot 3."""
+    choice) A goes back to slot 3. C must still be generating when A comes again (about 1.5 s on the
+    2-core build machine); where a stalled host misses that, the scenario runs again on a fresh
+    server, up to three times."""
     if choice == "lru":
         monkeypatch.setenv("LLAMA_SERVER_SLOT_LRU", "1")
-    srv, c, (a, long_c) = _two_slots(small_pair, start_server, 2048, 31, (120, 20), n_slots=4)
-    first = c.post_json("/completion", {**BODY, "prompt": a, "id_slot": 3})
-    t, answers, errors = _long_request(srv, long_c, 1950, id_slot=0)
-    again = c.post_json("/completion", {**BODY, "prompt": a})  # at once: C must still be generating
-    t.join(timeout=600)
-    assert not errors and "long" in answers, f"request C failed or did not finish: {errors[:1]}"
-    log = srv.log_text()
-    assert srv.alive(), f"the engine died:\n{log[-2000:]}"
-    a_again = _lines(log, rf"new prompt, .*task\.n_tokens = {len(a)}\b")[-1]
-    chosen = [i for i in _lines(log, r"get_availabl: .*selected") if i < a_again][-1]  # A again's slot choice
-    c_done = _lines(log, r"id +0 \| .*stop processing")
-    assert c_done and c_done[-1] > chosen, (
-        "C (1950 tokens) should still hold slot 0 when A's slot is chosen; the test's timing does not hold "
-        f"here (C ended at log line {c_done[-1:]}, A's slot was chosen at line {chosen})")
+    missed = []
+    for _ in range(3):  # the scenario needs C still generating when A comes again: a stalled host can miss it
+        srv, c, (a, long_c) = _two_slots(small_pair, start_server, 2048, 31, (120, 20), n_slots=4)
+        first = c.post_json("/completion", {**BODY, "prompt": a, "id_slot": 3})
+        t, answers, errors = _long_request(srv, long_c, 1950, id_slot=0)
+        again = c.post_json("/completion", {**BODY, "prompt": a})  # at once: C must still be generating
+        t.join(timeout=600)
+        assert not errors and "long" in answers, f"request C failed or did not finish: {errors[:1]}"
+        log = srv.log_text()
+        assert srv.alive(), f"the engine died:\n{log[-2000:]}"
+        a_again = _lines(log, rf"new prompt, .*task\.n_tokens = {len(a)}\b")[-1]
+        chosen = [i for i in _lines(log, r"get_availabl: .*selected") if i < a_again][-1]  # A again's slot choice
+        c_done = _lines(log, r"id +0 \| .*stop processing")
+        if c_done and c_done[-1] > chosen:
+            break
+        missed.append(f"C ended at log line {c_done[-1:]}, A's slot was chosen at line {chosen}")
+        srv.stop()
+    assert len(missed) < 3, (
+        "C (1950 tokens) should still hold slot 0 when A's slot is chosen; the test's timing did not hold "
+        f"here in 3 tries: {missed}")
     moved = _lines(log, r"selected instead of slot 3: busy slots kept in fewest runs")
     if choice == "lru":
         assert again["id_slot"] == 3 and not moved, (again["id_slot"], moved)
