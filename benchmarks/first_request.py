@@ -9,7 +9,12 @@ by run:
 * ``warm``: serve with the draft and ``--warmup``;
 * ``cold``: the same with ``--no-warmup`` (serve's default; the engine's own empty run of the target
   stays);
-* ``plain``: ``--no-draft``.
+* ``plain``: ``--no-draft``;
+* ``long`` and ``plain-long``: ``cold`` and ``plain`` whose client first sends one untimed request
+  of a longer prompt (the traffic set's longest conversation of at most ``--prewarm-max-prompt-bytes``,
+  16 tokens): does a warm-up through prompt processing at a real prompt's size take away what
+  serve's short warm-up leaves to the first request (on a GPU, kernels loaded at their first
+  launch)? Not in the default arms.
 
 Each fresh server answers ``--requests`` greedy requests one after the other, all the same prompt
 (streamed, prompt cache off, so each processes the whole prompt: a conversation of the load
@@ -45,20 +50,38 @@ from ggufdspark.runners.client import Client  # noqa: E402
 from ggufdspark.runners.server import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-ARMS = {"warm": ["--warmup"], "cold": ["--no-warmup"], "plain": ["--no-draft"]}
+ARMS = {"warm": ["--warmup"], "cold": ["--no-warmup"], "plain": ["--no-draft"],
+        "long": ["--no-warmup"], "plain-long": ["--no-draft"]}
+DEFAULT_ARMS = ("warm", "cold", "plain")
+PREWARMED = ("long", "plain-long")  # the client sends one untimed long request first
+PREWARM_TOKENS = 16
+
+
+def _size(messages: list[dict]) -> int:
+    return sum(len(str(m["content"]).encode()) for m in messages)
+
+
+def _conversations(max_bytes: int) -> list[list[dict]]:
+    """The traffic set's conversations of at most ``max_bytes`` of text, in the set's fixed order."""
+    items = [it.messages for it in traffic.traffic_items() if _size(it.messages) <= max_bytes]
+    if not items:
+        raise SystemExit(f"first_request.py: no prompt of at most {max_bytes} bytes in the traffic set")
+    return items
 
 
 def prompt(max_bytes: int) -> list[dict]:
     """The traffic set's first conversation of at most ``max_bytes`` of text, the longest such among
     its first ten (the set's order is fixed, so every arm and run sends the same one)."""
-    items = [it.messages for it in traffic.traffic_items()
-             if sum(len(str(m["content"]).encode()) for m in it.messages) <= max_bytes][:10]
-    if not items:
-        raise SystemExit(f"first_request.py: no prompt of at most {max_bytes} bytes in the traffic set")
-    return max(items, key=lambda ms: sum(len(str(m["content"]).encode()) for m in ms))
+    return max(_conversations(max_bytes)[:10], key=_size)
 
 
-def serve_once(arm: str, a: argparse.Namespace, conv: list[dict], log: Path) -> dict:
+def longest(max_bytes: int) -> list[dict]:
+    """The traffic set's longest conversation of at most ``max_bytes`` of text (the long arms'
+    untimed first prompt)."""
+    return max(_conversations(max_bytes), key=_size)
+
+
+def serve_once(arm: str, a: argparse.Namespace, conv: list[dict], long_conv: list[dict], log: Path) -> dict:
     """One fresh ``serve`` of ``arm``: its ready record, then the requests, then a clean stop."""
     port = free_port("127.0.0.1")
     cmd = [sys.executable, "-m", "ggufdspark", "serve", "-m", a.target, "--port", str(port), "--log", str(log),
@@ -77,12 +100,18 @@ def serve_once(arm: str, a: argparse.Namespace, conv: list[dict], log: Path) -> 
         started = time.monotonic() - t0
         client = Client(ready["url"], timeout=600)
         out = []
+        prewarm = None
+        if arm in PREWARMED:
+            t1 = time.monotonic()
+            r = client.stream_complete(client.apply_template(long_conv), n_predict=PREWARM_TOKENS, ignore_eos=True)
+            prewarm = {"s": time.monotonic() - t1, "prompt_n": r.timings.prompt_n}
         text = client.apply_template(conv)
         for _ in range(a.requests):
             r = client.stream_complete(text, n_predict=a.answer_tokens, ignore_eos=True)
             out.append({"ttft_s": r.ttft_s, "e2e_s": r.e2e_s, "prompt_n": r.timings.prompt_n,
                         "draft_n": r.timings.draft_n})
-        return {"arm": arm, "start_s": started, "warmup_s": ready.get("warmup_s"), "requests": out}
+        return {"arm": arm, "start_s": started, "warmup_s": ready.get("warmup_s"), "prewarm": prewarm,
+                "requests": out}
     finally:
         proc.send_signal(signal.SIGTERM)  # serve stops its engine, then itself
         try:
@@ -114,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer-tokens", type=int, default=64, help="greedy tokens a request (default 64)")
     ap.add_argument("--max-prompt-bytes", type=int, default=4000,
                     help="the prompt: a conversation of the traffic set of at most this much text (default 4000)")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"which arms (default {','.join(ARMS)})")
+    ap.add_argument("--prewarm-max-prompt-bytes", type=int, default=12000,
+                    help="the long arms' untimed first prompt: the traffic set's longest conversation of at most "
+                         "this much text (default 12000)")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help=f"which arms, from {','.join(ARMS)} (default {','.join(DEFAULT_ARMS)})")
     ap.add_argument("--json", type=Path, help="write the runs and the summary here")
     ap.add_argument("--log-dir", type=Path, help="the servers' logs (default: a temporary folder)")
     a = ap.parse_args(argv)
@@ -124,12 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="first-request-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     conv = prompt(a.max_prompt_bytes)
+    long_conv = longest(a.prewarm_max_prompt_bytes)
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     try:
         for i in range(a.runs):
             for arm in arms:  # the arms take turns: a drift of the machine falls on all alike
                 print(f"first_request: run {i + 1}/{a.runs}, {arm}", file=sys.stderr, flush=True)
-                runs[arm].append(serve_once(arm, a, conv, log_dir / f"{arm}-{i}.log"))
+                runs[arm].append(serve_once(arm, a, conv, long_conv, log_dir / f"{arm}-{i}.log"))
     except EngineError as e:
         print(f"first_request.py: {e} (logs: {log_dir})", file=sys.stderr)
         return 1
@@ -137,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     base = sums.get("plain", {}).get("first_ttft_s")
     print(f"first request after serve's ready: {a.runs} fresh server(s) an arm, {a.requests} request(s) each, "
           f"{a.answer_tokens}-token greedy answers, medians over runs (logs: {log_dir})")
-    print(f"{'arm':<10}{'start s':>9}{'first TTFT ms':>15}{'warm TTFT ms':>14}{'first/warm':>12}{'first e2e ms':>14}"
+    print(f"{'arm':<11}{'start s':>9}{'first TTFT ms':>15}{'warm TTFT ms':>14}{'first/warm':>12}{'first e2e ms':>14}"
           f"{'vs plain first':>16}")
     for arm, s in sums.items():
         warm = f"{1000 * s['warm_ttft_s']:.1f}" if s["warm_ttft_s"] else "-"
         fw = f"{s['first_over_warm']:.2f}x" if s["first_over_warm"] else "-"
         vs = f"{s['first_ttft_s'] / base:.2f}x" if base else "-"
-        print(f"{arm:<10}{s['start_s']:>9.1f}{1000 * s['first_ttft_s']:>15.1f}{warm:>14}{fw:>12}"
+        print(f"{arm:<11}{s['start_s']:>9.1f}{1000 * s['first_ttft_s']:>15.1f}{warm:>14}{fw:>12}"
               f"{1000 * s['first_e2e_s']:>14.1f}{vs:>16}")
     if a.json:
         a.json.write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},

@@ -72,7 +72,8 @@
 #             and tests/test_sampling_exact.py (the sampling distribution), against this call's build;
 #             LOSSLESS_TESTS: other pytest arguments; lossless.txt. A few minutes.
 #   first     the first request after `serve` says ready, with its warm-up against without and plain:
-#             benchmarks/first_request.py, RUNS (3) fresh servers an arm; first.json. A minute or two.
+#             benchmarks/first_request.py, RUNS (3) fresh servers an arm (FIRST_ARMS: more arms, e.g.
+#             "warm,cold,plain,long,plain-long": an untimed long request first); first.json. A minute or two.
 #   verbose   does a switch engage? one drafted server with -v in ENVS's one environment, one greedy
 #             request (VERBOSE_TOKENS, 256), the log's lines matching VERBOSE_GREP counted; verbose.log.
 #             Seconds.
@@ -316,9 +317,10 @@ lossless)
 first)
     # the first request after `serve` says ready: with serve's warm-up (--warmup) against without
     # (--no-warmup, serve's default) and the plain server (benchmarks/first_request.py), RUNS (3) fresh
-    # servers an arm, 3 requests each of the same prompt, 64-token greedy answers
+    # servers an arm, 3 requests each of the same prompt, 64-token greedy answers; FIRST_ARMS: other
+    # arms (long, plain-long: an untimed long request first)
     $py benchmarks/first_request.py -m "$T" -md "$D" --server "$(BIN)" --runs "${RUNS:-3}" \
-        --json "$OUT/first.json" --log-dir "$W/first" 2>&1 | tee "$OUT/first.txt" | tail -n 6
+        --arms "${FIRST_ARMS:-warm,cold,plain}" --json "$OUT/first.json" --log-dir "$W/first" 2>&1 | tee "$OUT/first.txt" | tail -n 6
     ;;
 verbose)
     # does a switch engage? one drafted server (the pair on the GPU as serve places it) with -v and

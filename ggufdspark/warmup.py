@@ -18,7 +18,8 @@ from ggufdspark.timings.live import LogWindow
 # the drafter's taps leave pending, the drafter's first graphs and buffers, on CUDA its graphs'
 # captures), as vLLM and SGLang capture their CUDA graphs before they serve. Off by default: on the
 # CPU the first request after a start measured no slower without it (benchmarks/first_request.py,
-# docs/serve.md); a GPU is still to measure (benchmarks/h200.sh first)
+# docs/serve.md), and on an H100 (benchmarks/h200.sh first) every server's first request, plain too,
+# was 7-9x slower to its first token than its later ones, the warm-up taking 7 ms of that
 WARMUP_TOKENS = 16
 WARMUP_PROMPT = "Warm up the engine."
 # llama-server arguments after which there is nothing to warm: the user turned warm-up off, or the

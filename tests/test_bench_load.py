@@ -663,7 +663,8 @@ def test_device_script_first_stage_measures_the_first_request_after_serve_starts
     """benchmarks/h200.sh first (benchmarks/first_request.py) on CPU with the small pair: fresh `serve`
     processes for each arm and run; the warm arm's ready record has its warm-up's seconds, the cold
     and plain ones none; every server answered its requests (the same prompt, drafted in the drafted
-    arms); the summary's first / warm ratio is the medians' own."""
+    arms); the summary's first / warm ratio is the medians' own. FIRST_ARMS adds the long arm, whose
+    client first sent its untimed longer prompt."""
     import os
     import subprocess
     import sys
@@ -673,20 +674,25 @@ def test_device_script_first_stage_measures_the_first_request_after_serve_starts
     out = tmp_path / "out"
     env = {**os.environ, **isolated, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft),
            "SERVER": dspark_engine.path, "GPU": "", "WORK": str(tmp_path / "work"), "OUT": str(out),
-           "PYTHON": sys.executable, "RUNS": "2"}
+           "PYTHON": sys.executable, "RUNS": "2", "FIRST_ARMS": "warm,cold,plain,long"}
     p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "first"], env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     rep = json.loads((out / "first.json").read_text())
-    assert sorted(rep["runs"]) == ["cold", "plain", "warm"]
+    assert sorted(rep["runs"]) == ["cold", "long", "plain", "warm"]
     for arm, runs in rep["runs"].items():
         assert len(runs) == 2 and all(len(r["requests"]) == 3 for r in runs), (arm, runs)
         prompt_ns = {q["prompt_n"] for r in runs for q in r["requests"]}
-        assert len(prompt_ns) == 1 and prompt_ns.pop() > 20, (arm, runs)  # one prompt, processed whole each time
+        assert len(prompt_ns) == 1 and min(prompt_ns) > 20, (arm, runs)  # one prompt, processed whole each time
+        prewarms = [r["prewarm"] for r in runs]
+        if arm == "long":  # its untimed first request: a longer prompt than the timed one
+            assert all(w and w["s"] > 0 and w["prompt_n"] > 2 * min(prompt_ns) for w in prewarms), (arm, prewarms)
+        else:
+            assert prewarms == [None, None], (arm, prewarms)
         drafted = [(q["draft_n"] or 0) > 0 for r in runs for q in r["requests"]]
         assert all(drafted) if arm != "plain" else not any(drafted), (arm, runs)
         warmups = [r["warmup_s"] for r in runs]
         assert all(isinstance(w, float) and w > 0 for w in warmups) if arm == "warm" else warmups == [None, None]
         s = rep["summary"][arm]
         assert s["first_over_warm"] == s["first_ttft_s"] / s["warm_ttft_s"], s
-    assert "vs plain first" in p.stdout and len(list((tmp_path / "work" / "first").glob("*.log"))) == 6
+    assert "vs plain first" in p.stdout and len(list((tmp_path / "work" / "first").glob("*.log"))) == 8
