@@ -371,3 +371,52 @@ def test_a_drafted_servers_verified_tokens_carry_their_probabilities(small_pair,
             shared = [(theirs[c["id"]], c["logprob"]) for c in b["top_logprobs"] if c["id"] in theirs]
             assert len(shared) >= 2 and all(abs(x - y) < 0.02 for x, y in shared), \
                 f"{where}: plain {a['top_logprobs']}, drafted {b['top_logprobs']}"
+
+
+def test_a_drafted_servers_verified_tokens_carry_their_probabilities_after_sampling(small_pair, start_server):
+    """Patch 0068: with n_probs and post_sampling_probs, a token a speculative step verified gets its
+    row's candidates after the sampler chain, kept as the acceptance sampled the row (the sampler
+    holds only the last row's afterwards: before, verified tokens listed none). Greedy, the same
+    prompts on a plain and a drafted server: the same tokens, and per token the same candidates
+    with probabilities within 0.02 (the batch's arithmetic differs). Sampled (temperature 0.7, top-k
+    4, seeded) on the drafted server with drafts accepted: every token lists candidates, at most
+    4, in falling probability, none zero, the token itself among them with the probability its
+    entry gives, together at most 1."""
+    prompts = [[40 + 5 * i + k for k in range(12 + 3 * i)] for i in range(3)]
+    body = {"n_predict": 40, "ignore_eos": True, "cache_prompt": False, "return_tokens": True,
+            "n_probs": 4, "post_sampling_probs": True}
+    greedy = {**body, "temperature": 0.0}
+
+    def run(draft) -> tuple[list[dict], list[dict]]:
+        srv = _plain_or_drafted(start_server, small_pair, draft)
+        client = srv.client(timeout=300)
+        out = [client.post_json("/completion", {**greedy, "prompt": p}) for p in prompts]
+        sampled = [client.post_json("/completion", {**body, "prompt": p, "temperature": 0.7, "top_k": 4,
+                                                    "seed": 7 + i}) for i, p in enumerate(prompts)] if draft else []
+        srv.stop()
+        return out, sampled
+
+    (plain, _), (drafted, sampled) = run(None), run(small_pair.draft)
+    for what, rs in (("greedy", drafted), ("sampled", sampled)):
+        assert sum(r["timings"].get("draft_n_accepted", 0) for r in rs) > 0, f"{what}: nothing accepted: the case tests nothing"
+    for i, (p, d) in enumerate(zip(plain, drafted)):
+        assert p["tokens"] == d["tokens"], f"prompt {i}: the drafted answer differs from the plain one"
+        pp, dp = p.get("completion_probabilities", []), d.get("completion_probabilities", [])
+        assert len(pp) == len(dp) == len(p["tokens"]), f"prompt {i}: {len(pp)} / {len(dp)} entries"
+        for j, (a, b) in enumerate(zip(pp, dp)):
+            where = f"greedy prompt {i}, token {j}"
+            assert b["top_probs"], f"{where}: the drafted entry lists no candidates: {b}"
+            assert [c["id"] for c in a["top_probs"]] == [c["id"] for c in b["top_probs"]], f"{where}: plain {a}, drafted {b}"
+            assert abs(a["prob"] - b["prob"]) < 0.02 and all(
+                abs(x["prob"] - y["prob"]) < 0.02 for x, y in zip(a["top_probs"], b["top_probs"])), \
+                f"{where}: plain {a}, drafted {b}"
+    for i, r in enumerate(sampled):
+        entries = r.get("completion_probabilities", [])
+        assert len(entries) == len(r["tokens"]), f"sampled prompt {i}: {len(entries)} entries for {len(r['tokens'])} tokens"
+        for j, e in enumerate(entries):
+            where = f"sampled prompt {i}, token {j}"
+            ps = [c["prob"] for c in e["top_probs"]]
+            assert 1 <= len(ps) <= 4 and all(p > 0 for p in ps) and ps == sorted(ps, reverse=True), f"{where}: {e}"
+            assert sum(ps) <= 1.0 + 1e-4, f"{where}: the candidates' probabilities add to {sum(ps)}"
+            mine = [c["prob"] for c in e["top_probs"] if c["id"] == e["id"]]
+            assert mine and abs(mine[0] - e["prob"]) < 1e-6, f"{where}: the token is not among its candidates as listed: {e}"

@@ -445,27 +445,33 @@ def test_drafts_pause_while_more_slots_generate(strong_conv_pair, start_server):
     from ggufdspark.errors import ServerStartError
 
     common, work, alone, want = wave_then_alone(strong_conv_pair, start_server, seed=13, first=60)
-    spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, 0)],
-                        extra_args=["-v"], **common)
-    got = serve_all(spec, work)
-    last = serve_all(spec, [alone])[0]
-    spec.wait_for_log(r"drafts paused: [3-8] slots busy \(--spec-draft-n-max-by-slots\)")
-    spec.wait_for_log(r"drafts no longer cut: [0-2] slots busy \(--spec-draft-n-max-by-slots\)")
-    spec.wait_for_log(r"stop processing", count=SLOTS + 1)  # the log trails the responses
-    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
-    for i, (p, s) in enumerate(zip(want, got + [last])):
-        assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
-        assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output with drafts paused under load")
-    plain_steps, drafted = _slot_steps_while_paused(spec.log_text())
-    assert not drafted, f"{len(drafted)} new drafts while drafts were paused, first: {drafted[0]}"
-    assert plain_steps >= 3 * 30, f"only {plain_steps} slot steps while paused: the pause hardly held"
-    wave = _drafted_per_step([g["timings"] for g in got])
-    # 0.34-0.67 here, 1.45 at worst with both cores busy elsewhere (the wave's requests then reach
-    # the server staggered, the first ones drafting alone); 5.6 when the drafts are not paused
-    assert wave < 2.0, f"{SLOTS} requests at once drafted {wave:.2f} tokens a step: the pause did not hold"
-    alone_rate = _drafted_per_step([last["timings"]])
-    assert alone_rate > 5.0, f"a request alone drafted {alone_rate:.2f} tokens a step ({last['timings']}): not 6"
-    spec.stop()
+    waves = []
+    for _ in range(3):  # the wave's drafted rate needs its requests to arrive together: see below
+        spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, 0)],
+                            extra_args=["-v"], **common)
+        got = serve_all(spec, work)
+        last = serve_all(spec, [alone])[0]
+        spec.wait_for_log(r"drafts paused: [3-8] slots busy \(--spec-draft-n-max-by-slots\)")
+        spec.wait_for_log(r"drafts no longer cut: [0-2] slots busy \(--spec-draft-n-max-by-slots\)")
+        spec.wait_for_log(r"stop processing", count=SLOTS + 1)  # the log trails the responses
+        assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
+        for i, (p, s) in enumerate(zip(want, got + [last])):
+            assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
+            assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output with drafts paused under load")
+        plain_steps, drafted = _slot_steps_while_paused(spec.log_text())
+        assert not drafted, f"{len(drafted)} new drafts while drafts were paused, first: {drafted[0]}"
+        assert plain_steps >= 3 * 30, f"only {plain_steps} slot steps while paused: the pause hardly held"
+        alone_rate = _drafted_per_step([last["timings"]])
+        assert alone_rate > 5.0, f"a request alone drafted {alone_rate:.2f} tokens a step ({last['timings']}): not 6"
+        spec.stop()
+        # 0.34-0.67 here, 1.45 with both cores busy elsewhere, once 3.53 in a full suite run: the wave's
+        # requests then reach the server staggered and the first ones draft alone before the pause
+        # (every step while paused drafted nothing, checked above); 5.6 when the drafts are not paused.
+        # A wave that arrived staggered runs again on a fresh server, up to three times
+        waves.append(_drafted_per_step([g["timings"] for g in got]))
+        if waves[-1] < 2.0:
+            break
+    assert waves[-1] < 2.0, f"{SLOTS} requests at once drafted {waves} tokens a step in 3 waves: the pause did not hold"
 
     with pytest.raises(ServerStartError) as e:
         start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, -1)], **common)

@@ -16,7 +16,7 @@ from ggufdspark import engine
 
 REPO = Path(__file__).resolve().parent.parent
 REMOVED = ("0010", "0011", "0012", "0016", "0044")  # measured no gain (docs/engine-patches-history.md)
-N_PRODUCT = 46  # patches in the product series
+N_PRODUCT = 47  # patches in the product series
 DEV = ("0014", "0015", "0029", "0031", "0035", "0039", "0042", "0043", "0047", "0049", "0054", "0055", "0056", "0057", "0059", "0060")
 # switches that turned a correctness fix off or picked a variant that measured slower
 FOOT_GUNS = ("LLAMA_RS_SNAPSHOTS_MOVE", "GGML_CUDA_MMF_FEW_MIN_ROWS", "GGML_CUDA_MMV_FEW",
