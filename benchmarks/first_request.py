@@ -48,13 +48,14 @@ from ggufdspark.errors import EngineError  # noqa: E402
 from ggufdspark.runners import lifeline  # noqa: E402
 from ggufdspark.runners.client import Client  # noqa: E402
 from ggufdspark.runners.server import free_port  # noqa: E402
+from ggufdspark.warmup import WARMUP_TOKENS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ARMS = {"warm": ["--warmup"], "cold": ["--no-warmup"], "plain": ["--no-draft"],
         "long": ["--no-warmup"], "plain-long": ["--no-draft"]}
 DEFAULT_ARMS = ("warm", "cold", "plain")
 PREWARMED = ("long", "plain-long")  # the client sends one untimed long request first
-PREWARM_TOKENS = 16
+PREWARM_TOKENS = WARMUP_TOKENS  # as serve's own warm-up answers
 
 
 def _size(messages: list[dict]) -> int:

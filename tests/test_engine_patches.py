@@ -328,6 +328,18 @@ def test_server_keeps_the_probabilities_of_tokens_held_back_inside_a_character(s
         assert not bad, f"{what}: {bad}"
 
 
+def _entries_side_by_side(plain: list[dict], drafted: list[dict]):
+    """The same prompts' completions on a plain and a drafted server: each pair of probability
+    entries, token by token, as (where, plain's, drafted's), once the answers are checked equal and
+    both list an entry a token."""
+    for i, (p, d) in enumerate(zip(plain, drafted)):
+        assert p["tokens"] == d["tokens"], f"prompt {i}: the drafted answer differs from the plain one"
+        pp, dp = p.get("completion_probabilities", []), d.get("completion_probabilities", [])
+        assert len(pp) == len(dp) == len(p["tokens"]), f"prompt {i}: {len(pp)} / {len(dp)} entries"
+        for j, (a, b) in enumerate(zip(pp, dp)):
+            yield f"prompt {i}, token {j}", a, b
+
+
 def test_a_drafted_servers_verified_tokens_carry_their_probabilities(small_pair, start_server):
     """Patch 0067: with n_probs, a token a speculative step verified gets its candidates from its own
     row of the verify, as a token of a step without a draft does (the pinned server left them out:
@@ -358,19 +370,14 @@ def test_a_drafted_servers_verified_tokens_carry_their_probabilities(small_pair,
     plain, drafted = run(None), run(small_pair.draft)
     accepted = sum(r["timings"].get("draft_n_accepted", 0) for r in drafted)
     assert accepted > 0, "no drafted token was accepted: the case tests nothing"
-    for i, (p, d) in enumerate(zip(plain, drafted)):
-        assert p["tokens"] == d["tokens"], f"prompt {i}: the drafted answer differs from the plain one"
-        pp, dp = p.get("completion_probabilities", []), d.get("completion_probabilities", [])
-        assert len(pp) == len(dp) == len(p["tokens"]), f"prompt {i}: {len(pp)} / {len(dp)} entries"
-        for j, (a, b) in enumerate(zip(pp, dp)):
-            where = f"prompt {i}, token {j}"
-            assert len(b["top_logprobs"]) == 3, f"{where}: drafted candidates {b['top_logprobs']}"
-            assert b["top_logprobs"][0]["id"] == b["id"], f"{where}: the greedy token is not its row's best: {b}"
-            assert abs(a["logprob"] - b["logprob"]) < 0.02, f"{where}: token logprob {a['logprob']} plain, {b['logprob']} drafted"
-            theirs = {c["id"]: c["logprob"] for c in a["top_logprobs"]}
-            shared = [(theirs[c["id"]], c["logprob"]) for c in b["top_logprobs"] if c["id"] in theirs]
-            assert len(shared) >= 2 and all(abs(x - y) < 0.02 for x, y in shared), \
-                f"{where}: plain {a['top_logprobs']}, drafted {b['top_logprobs']}"
+    for where, a, b in _entries_side_by_side(plain, drafted):
+        assert len(b["top_logprobs"]) == 3, f"{where}: drafted candidates {b['top_logprobs']}"
+        assert b["top_logprobs"][0]["id"] == b["id"], f"{where}: the greedy token is not its row's best: {b}"
+        assert abs(a["logprob"] - b["logprob"]) < 0.02, f"{where}: token logprob {a['logprob']} plain, {b['logprob']} drafted"
+        theirs = {c["id"]: c["logprob"] for c in a["top_logprobs"]}
+        shared = [(theirs[c["id"]], c["logprob"]) for c in b["top_logprobs"] if c["id"] in theirs]
+        assert len(shared) >= 2 and all(abs(x - y) < 0.02 for x, y in shared), \
+            f"{where}: plain {a['top_logprobs']}, drafted {b['top_logprobs']}"
 
 
 def test_a_drafted_servers_verified_tokens_carry_their_probabilities_after_sampling(small_pair, start_server):
@@ -399,17 +406,13 @@ def test_a_drafted_servers_verified_tokens_carry_their_probabilities_after_sampl
     (plain, _), (drafted, sampled) = run(None), run(small_pair.draft)
     for what, rs in (("greedy", drafted), ("sampled", sampled)):
         assert sum(r["timings"].get("draft_n_accepted", 0) for r in rs) > 0, f"{what}: nothing accepted: the case tests nothing"
-    for i, (p, d) in enumerate(zip(plain, drafted)):
-        assert p["tokens"] == d["tokens"], f"prompt {i}: the drafted answer differs from the plain one"
-        pp, dp = p.get("completion_probabilities", []), d.get("completion_probabilities", [])
-        assert len(pp) == len(dp) == len(p["tokens"]), f"prompt {i}: {len(pp)} / {len(dp)} entries"
-        for j, (a, b) in enumerate(zip(pp, dp)):
-            where = f"greedy prompt {i}, token {j}"
-            assert b["top_probs"], f"{where}: the drafted entry lists no candidates: {b}"
-            assert [c["id"] for c in a["top_probs"]] == [c["id"] for c in b["top_probs"]], f"{where}: plain {a}, drafted {b}"
-            assert abs(a["prob"] - b["prob"]) < 0.02 and all(
-                abs(x["prob"] - y["prob"]) < 0.02 for x, y in zip(a["top_probs"], b["top_probs"])), \
-                f"{where}: plain {a}, drafted {b}"
+    for where, a, b in _entries_side_by_side(plain, drafted):
+        where = f"greedy {where}"
+        assert b["top_probs"], f"{where}: the drafted entry lists no candidates: {b}"
+        assert [c["id"] for c in a["top_probs"]] == [c["id"] for c in b["top_probs"]], f"{where}: plain {a}, drafted {b}"
+        assert abs(a["prob"] - b["prob"]) < 0.02 and all(
+            abs(x["prob"] - y["prob"]) < 0.02 for x, y in zip(a["top_probs"], b["top_probs"])), \
+            f"{where}: plain {a}, drafted {b}"
     for i, r in enumerate(sampled):
         entries = r.get("completion_probabilities", [])
         assert len(entries) == len(r["tokens"]), f"sampled prompt {i}: {len(entries)} entries for {len(r['tokens'])} tokens"
