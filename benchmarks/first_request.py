@@ -6,15 +6,16 @@ Every run starts fresh servers exactly as a user does (``python -m ggufdspark se
 free port on 127.0.0.1, no chat page, each with its own log), one an arm, the arms taking turns run
 by run:
 
-* ``warm``: serve with the draft and ``--warmup``;
-* ``cold``: the same with ``--no-warmup`` (serve's default; the engine's own empty run of the target
-  stays);
+* ``warm``: serve with the draft and ``--warmup`` (serve's default on CUDA: a 2048-token prompt; on
+  other backends a short one);
+* ``cold``: the same with ``--no-warmup`` (serve's default on the CPU; the engine's own empty run of
+  the target stays);
 * ``plain``: ``--no-draft``;
 * ``long`` and ``plain-long``: ``cold`` and ``plain`` whose client first sends one untimed request
   of a longer prompt (the traffic set's longest conversation of at most ``--prewarm-max-prompt-bytes``,
-  16 tokens): does a warm-up through prompt processing at a real prompt's size take away what
-  serve's short warm-up leaves to the first request (on a GPU, kernels loaded at their first
-  launch)? Not in the default arms.
+  16 tokens): what a warm-up through prompt processing at a real prompt's size takes away of the
+  first request's cost (on a GPU, kernels loaded at their first launch), the question behind
+  serve's CUDA default; for a plain server too. Not in the default arms.
 
 Each fresh server answers ``--requests`` greedy requests one after the other, all the same prompt
 (streamed, prompt cache off, so each processes the whole prompt: a conversation of the load

@@ -49,6 +49,7 @@ class ServePlan:
     check: dict | None = None
     ui: Path | None = None  # the chat UI directory passed as --path (None: none passed)
     ui_note: str = ""  # where the page at / comes from, for printing
+    warmup: warmup.WarmUp = warmup.WarmUp(False, 0, "not decided")  # the warm-up before each ready (``supervise``)
 
     def to_dict(self) -> dict:
         """The plan as JSON-ready data: the command line (as a list and as one shell line), the
@@ -60,7 +61,8 @@ class ServePlan:
         return {"command": shlex.join(argv), "argv": argv, "settings": self.settings.redacted_dict(),
                 "decision": self.decision.to_dict(), "context": self.context.to_dict(),
                 "engine": self.engine.to_dict(), "check": self.check,
-                "ui": str(self.ui) if self.ui else None, "ui_note": self.ui_note, "warnings": list(self.warnings)}
+                "ui": str(self.ui) if self.ui else None, "ui_note": self.ui_note, "warmup": self.warmup.to_dict(),
+                "warnings": list(self.warnings)}
 
 
 # Accepted ranges, shared by the CLI's option types and the Python API.
@@ -105,7 +107,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
          force: bool = False, server: str | Path | None = None, ctx_size: int | None = None,
          ctx_per_slot: int | None = None, parallel: int | None = 1, extra_args: list[str] | None = None,
          use_profile: bool = True, ui: bool = True, draft_n_max_by_slots: str | None = None,
-         devices: DeviceReport | None = None) -> ServePlan:
+         devices: DeviceReport | None = None, warm: bool | None = None,
+         warmup_tokens: int | None = None) -> ServePlan:
     """Check the pair and decide the llama-server command line (nothing is started).
 
     The decision and the settings come from ``ggufdspark.launch`` (as ``bench`` and ``tune``
@@ -116,7 +119,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     With ``ui`` (the default) the chat UI built by ``build-engine`` (``ggufdspark.webui``) is served
     at ``/`` through ``--path``, unless ``extra_args`` already say ``--path`` or ``--no-ui``.
     ``devices``: decide for these devices instead of detecting the engine's (tests, dry runs for
-    another machine).
+    another machine). ``warm`` / ``warmup_tokens``: the warm-up before each ready (``warmup.decide``:
+    by default on CUDA, a 2048-token prompt).
 
     ``model``, ``draft`` and ``mmproj`` may be Hub references ``ORG/NAME[:QUANT]`` (so may ``hf``
     and ``hfd``, llama-server's spellings): they are resolved and downloaded first (``hubref``), a
@@ -139,6 +143,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     _check_range("ctx_size", ctx_size, 0, None)
     _check_range("ctx_per_slot", ctx_per_slot, 1, None)
     _check_range("parallel", parallel, 1, None)
+    _check_range("warmup_tokens", warmup_tokens, 0, None)
     if ctx_size is not None and ctx_per_slot is not None:
         raise InvalidArgumentError(f"ctx_size {ctx_size} and ctx_per_slot {ctx_per_slot}: give one of them")
     if draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
@@ -186,7 +191,8 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if host not in LOOPBACK and not settings.api_keys():
         warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
     warnings += dropped_warnings(settings.engine_env()[1], again=True)
-    return ServePlan(settings, decision, info, ctx, warnings, report, ui_dir, ui_note)
+    warm_up = warmup.decide(decision.backend, settings, warm, warmup_tokens)
+    return ServePlan(settings, decision, info, ctx, warnings, report, ui_dir, ui_note, warm_up)
 
 
 # llama-server flags that turn off its own search for the mmproj beside a -hf model (given after --)
@@ -264,8 +270,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
               backoff: tuple[float, ...] = (1, 2, 4, 8, 16), health_timeout: float | None = HEALTH_TIMEOUT_S,
               on_event: Callable[[str], None] = lambda msg: None,
               on_ready: Callable[[str], None] = lambda url: None,
-              on_record: Callable[[dict], None] = lambda rec: None, stats_every: float | None = None,
-              warm: bool = False) -> int:
+              on_record: Callable[[dict], None] = lambda rec: None, stats_every: float | None = None) -> int:
     """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes
     or hangs.
 
@@ -282,10 +287,11 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
 
     A second such signal while stopping kills the engine at once instead of waiting for it.
 
-    With ``warm``, before each ready event a drafted server is warmed up (``warmup.warm_up``; never with
-    ``--no-warmup`` or an embeddings / reranking server: ``warmup.wants_warm_up``): one short greedy request,
-    so the first user's request does not pay the drafted path's one-time work. Its seconds are the
-    ready record's ``warmup_s`` (None: not warmed); it is not traffic for the stats; a failed one is
+    Where ``p.warmup`` is on, before each ready event the server is warmed up (``warmup.warm_up``):
+    one greedy request through the drafted path, with a prompt of ``p.warmup.prompt_tokens`` tokens
+    (0: a short one), so the first user's request does not pay the drafted path's one-time work. Its
+    seconds and prompt size are the ready record's ``warmup_s`` and ``warmup_prompt_tokens`` (None:
+    not warmed); it is not traffic for the stats; a failed one is
     said and served through; an engine that dies on it was never ready: on the first start that is a
     failed start (``ServerStartError``), after a restart one more crash.
 
@@ -322,12 +328,12 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
     try:
         srv.start()
         try:
-            took = warmup.warmed(srv, p.settings, window, on_event, warm)
+            took = warmup.warmed(srv, p.warmup, window, on_event)
         except warmup.WarmUpDeath as e:  # never ready: a failed start, as a death while loading is
             note_in_log(log_path, f"llama-server {e}")
             raise ServerStartError(f"llama-server {e}; log: {log_path}") from None
         on_event(f"ready: {srv.url} (log: {log_path}){warmup.note(took)}")
-        on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": 0, "warmup_s": took})
+        on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": 0, **warmup.record(took)})
         on_ready(srv.url)
         watch = HealthWatch(srv, health_timeout)
         while True:
@@ -356,13 +362,13 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
                 _say_stats(window.restart(), on_event, on_record)
             srv.start()
             try:
-                took = warmup.warmed(srv, p.settings, window, on_event, warm)
+                took = warmup.warmed(srv, p.warmup, window, on_event)
             except warmup.WarmUpDeath:
                 continue  # died again before it was ready: the loop counts this crash too
             watch = HealthWatch(srv, health_timeout)
             on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts}){warmup.note(took)}")
             on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes,
-                       "warmup_s": took})
+                       **warmup.record(took)})
     except _Stop:
         if window:
             _say_stats(window.take(), on_event, on_record)  # what finished since the last line

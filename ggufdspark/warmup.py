@@ -1,27 +1,36 @@
-"""``serve --warmup``: before ``serve`` says a drafted server is ready, one short greedy request
-through the drafted path, so that its one-time work is not the first user's (``docs/serve.md``,
-step 8)."""
+"""``serve``'s warm-up: before ``serve`` says a drafted server is ready, one greedy request through
+the drafted path, so that its one-time work is not the first user's (``docs/serve.md``, step 8).
+On CUDA by default, through prompt processing at a real prompt's size; elsewhere off by default,
+and a short prompt when asked for."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+from dataclasses import asdict, dataclass
 from typing import Callable
 
+from ggufdspark import traffic
 from ggufdspark.errors import EngineError
+from ggufdspark.runners.client import Client
 from ggufdspark.runners.deaths import engine_error_line, exit_cause
 from ggufdspark.runners.server import ServerProcess, ServerSettings
 from ggufdspark.timings.live import LogWindow
 
-# Before it says ready, a drafted server answers one short greedy request, so that the first
-# user's request does not pay the drafted path's one-time work (the target's reserve that
-# the drafter's taps leave pending, the drafter's first graphs and buffers, on CUDA its graphs'
-# captures), as vLLM and SGLang capture their CUDA graphs before they serve. Off by default: on the
-# CPU the first request after a start measured no slower without it (benchmarks/first_request.py,
-# docs/serve.md), and on an H100 (benchmarks/h200.sh first) every server's first request, plain too,
-# was 7-9x slower to its first token than its later ones, the warm-up taking 7 ms of that
-WARMUP_TOKENS = 16
-WARMUP_PROMPT = "Warm up the engine."
+# Before it says ready, a drafted server answers one greedy request, so that the first user's
+# request does not pay the drafted path's one-time work (the target's reserve that the drafter's
+# taps leave pending, the drafter's first graphs and buffers, on CUDA its graphs' captures and the
+# kernels loaded at their first launch), as vLLM and SGLang capture their CUDA graphs before they
+# serve. What it measured (benchmarks/first_request.py, docs/serve.md): on an H100 (product-42) every
+# server's first request after a start was 8-9x slower to its first token than its later ones, plain
+# too (210 ms cold, 22 ms warm); a short warm-up took 28 ms of that, an untimed 2705-token request
+# about 60% (first TTFT 72 ms), for 0.3-0.4 s more at the start. On the CPU the first request
+# measured no slower without a warm-up, and a long prompt there costs seconds: off by default.
+WARMUP_TOKENS = 16  # the warm-up's answer (end of text ignored, so every step runs)
+WARMUP_PROMPT = "Warm up the engine."  # the short prompt (``prompt_tokens`` 0)
+# backend -> the warm-up's prompt size where it is on by default (capped to a slot's context)
+DEFAULT_PROMPT_TOKENS = {"cuda": 2048}
 # llama-server arguments after which there is nothing to warm: the user turned warm-up off, or the
 # server answers no completions
 _NO_WARMUP_ARGS = ("--no-warmup", "--embedding", "--embeddings", "--reranking", "--rerank")
@@ -31,40 +40,111 @@ _WARMUP_LOG_WAIT_S = 5.0
 _WARMUP_EXIT_WAIT_S = 5.0
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    """Whether ``serve`` warms the server up before it says ready, with a prompt of how many tokens
+    (0: ``WARMUP_PROMPT``, a few), and why."""
+
+    on: bool
+    prompt_tokens: int
+    why: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """serve's ``warm-up:`` line."""
+        if not self.on:
+            return f"off ({self.why})"
+        size = f"a {self.prompt_tokens}-token prompt" if self.prompt_tokens else "a short prompt"
+        return f"on, {size} and {WARMUP_TOKENS} answer tokens ({self.why})"
+
+
+def decide(backend: str, settings: ServerSettings, on: bool | None = None,
+           prompt_tokens: int | None = None) -> WarmUp:
+    """The warm-up for a server of ``settings`` on ``backend``: ``on`` / ``prompt_tokens`` as given
+    (``--warmup`` / ``--warmup-tokens``), else on where ``DEFAULT_PROMPT_TOKENS`` lists the backend,
+    with that prompt size. Never for a server without a draft or with an argument of
+    ``_NO_WARMUP_ARGS`` after ``--``."""
+    size = DEFAULT_PROMPT_TOKENS.get(backend, 0) if prompt_tokens is None else prompt_tokens
+    if not (settings.draft or settings.hf_draft):
+        return WarmUp(False, size, "no draft")
+    given = next((a for a in settings.extra_args if a.split("=", 1)[0] in _NO_WARMUP_ARGS), None)
+    if given:
+        return WarmUp(False, size, f"'{given}' given to llama-server")
+    if on is not None:
+        return WarmUp(on, size, "--warmup" if on else "--no-warmup")
+    if backend in DEFAULT_PROMPT_TOKENS:
+        return WarmUp(True, size, f"default for {backend}: a GPU's first request pays its first launches")
+    return WarmUp(False, size, f"default for {backend}: the first request measured no slower without it")
+
+
 class WarmUpDeath(Exception):
     """The engine died on the warm-up request: it never was ready. The message says how (its exit
     and its own last error line)."""
 
 
-def wants_warm_up(settings: ServerSettings) -> bool:
-    """Whether ``supervise`` warms this server up: a draft is loaded and no argument says otherwise."""
-    drafted = bool(settings.draft or settings.hf_draft)
-    return drafted and not any(a.split("=", 1)[0] in _NO_WARMUP_ARGS for a in settings.extra_args)
+def slot_context(client: Client) -> int | None:
+    """A slot's context in tokens, as the server's ``/props`` gives it (None: not said)."""
+    try:
+        n = json.loads(client.get_text("/props")).get("default_generation_settings", {}).get("n_ctx")
+    except (EngineError, ValueError):
+        return None
+    return n if isinstance(n, int) and n > 0 else None
 
 
-def warm_up(srv: ServerProcess, timeout: float = 300.0) -> float:
-    """One greedy ``WARMUP_TOKENS``-token request through the drafted path (prompt cache off, the
-    end-of-text token ignored so every step runs); returns its seconds.
+def _long_text() -> str:
+    """The warm-up's long prompt text: the load benchmark's prompt set, one prompt after another."""
+    parts = []
+    for it in traffic.traffic_items():
+        parts += [m["content"] for m in it.messages if isinstance(m.get("content"), str)]
+    return "\n\n".join(parts)
+
+
+def prompt_ids(client: Client, prompt_tokens: int) -> list[int]:
+    """The warm-up's prompt: ``WARMUP_PROMPT`` for ``prompt_tokens`` 0, else the first
+    ``prompt_tokens`` tokens of ``_long_text``, fewer where a slot holds fewer (room left for the
+    answer), never fewer than the short prompt's."""
+    short = client.tokenize(WARMUP_PROMPT, add_special=True)
+    if prompt_tokens <= 0:
+        return short
+    slot = slot_context(client)
+    n = min(prompt_tokens, slot - WARMUP_TOKENS - 1) if slot else prompt_tokens
+    if n <= len(short):
+        return short
+    text = _long_text()
+    ids = client.tokenize(text, add_special=True)
+    while len(ids) < n:  # a tokenizer of many bytes a token: the text again
+        text += "\n\n" + text
+        ids = client.tokenize(text, add_special=True)
+    return ids[:n]
+
+
+def warm_up(srv: ServerProcess, prompt_tokens: int = 0, timeout: float = 300.0) -> tuple[float, int]:
+    """One greedy ``WARMUP_TOKENS``-token request through the drafted path with a prompt of
+    ``prompt_ids`` (prompt cache off, the end-of-text token ignored so every step runs); returns its
+    seconds and its prompt's tokens.
 
     Raises:
         EngineError: the request failed (an HTTP error, no answer within ``timeout``).
     """
     t0 = time.monotonic()
     client = srv.client(timeout=timeout)
-    client.complete(client.tokenize(WARMUP_PROMPT, add_special=True), n_predict=WARMUP_TOKENS, ignore_eos=True)
-    return time.monotonic() - t0
+    ids = prompt_ids(client, prompt_tokens)
+    client.complete(ids, n_predict=WARMUP_TOKENS, ignore_eos=True)
+    return time.monotonic() - t0, len(ids)
 
 
-def warmed(srv: ServerProcess, settings: ServerSettings, window: LogWindow | None,
-           on_event: Callable[[str], None], warm: bool) -> float | None:
-    """``warm_up`` where ``wants_warm_up``; its seconds (None: not warmed). A failed warm-up of an
-    engine that still runs is said and served through; an engine that died on it raises
-    ``WarmUpDeath`` (it was never ready). The warm-up's request is not traffic: the stats window
-    moves past it."""
-    if not (warm and wants_warm_up(settings)):
+def warmed(srv: ServerProcess, w: WarmUp, window: LogWindow | None,
+           on_event: Callable[[str], None]) -> tuple[float, int] | None:
+    """``warm_up`` where ``w.on``; its seconds and prompt tokens (None: not warmed). A failed
+    warm-up of an engine that still runs is said and served through; an engine that died on it
+    raises ``WarmUpDeath`` (it was never ready). The warm-up's request is not traffic: the stats
+    window moves past it."""
+    if not w.on:
         return None
     try:
-        took = warm_up(srv)
+        took = warm_up(srv, w.prompt_tokens)
     except EngineError as e:
         assert srv.proc is not None
         try:
@@ -74,7 +154,7 @@ def warmed(srv: ServerProcess, settings: ServerSettings, window: LogWindow | Non
             return None
         said = engine_error_line(srv.run_log_text())
         raise WarmUpDeath(f"{exit_cause(rc)} on the warm-up request" + (f": {said}" if said else "")) from None
-    if window and took is not None:
+    if window:
         # the engine logs the request's timings and release after its answer went out: wait for them
         # (a few seconds at most), so that no stats line counts the warm-up
         deadline = time.monotonic() + _WARMUP_LOG_WAIT_S
@@ -83,6 +163,11 @@ def warmed(srv: ServerProcess, settings: ServerSettings, window: LogWindow | Non
     return took
 
 
-def note(took: float | None) -> str:
-    """The ready line's tail: how long the warm-up took, or nothing."""
-    return f", warmed up in {took:.2f} s" if took is not None else ""
+def note(took: tuple[float, int] | None) -> str:
+    """The ready line's tail: how long the warm-up took and its prompt's size, or nothing."""
+    return f", warmed up in {took[0]:.2f} s ({took[1]} prompt tokens)" if took is not None else ""
+
+
+def record(took: tuple[float, int] | None) -> dict:
+    """The ready record's warm-up keys: ``warmup_s`` and ``warmup_prompt_tokens`` (None: not warmed)."""
+    return {"warmup_s": took[0] if took else None, "warmup_prompt_tokens": took[1] if took else None}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -605,14 +606,16 @@ def test_serve_warm_up_that_kills_the_engine_is_a_failed_start(small_pair, dspar
     assert lines[-1].startswith("ready"), lines
 
 
-def test_serve_warms_the_drafted_path_up_before_it_says_ready(small_pair, dspark_engine, tmp_path):
-    """serve --warmup: a drafted server answers one short greedy request (16 tokens, drafted) before
-    serve's ready line and record, which give the warm-up's seconds; that request is not traffic for
-    the stats. By default (off), with --no-warmup, with `-- --no-warmup` (llama-server's own switch,
-    which wins over --warmup) and without a draft there is none: the engine's log has no finished
-    request until a client sends one."""
-    import re
+_PROMPT_EVAL = re.compile(r"prompt eval time = +[0-9.]+ ms / +(\d+) tokens")
 
+
+def test_serve_warms_the_drafted_path_up_before_it_says_ready(small_pair, dspark_engine, tmp_path):
+    """serve --warmup: a drafted server answers one greedy request (16 tokens, drafted) before
+    serve's ready line and record, which give the warm-up's seconds and prompt size (on the CPU by
+    default a short prompt); that request is not traffic for the stats. By default on the CPU (off),
+    with --no-warmup, with `-- --no-warmup` (llama-server's own switch, which wins over --warmup) and
+    without a draft there is none: the engine's log has no finished request until a client sends
+    one. Serve's `warm-up:` line says which and why."""
     released = re.compile(r"release: id +\d+ \| task -?\d+ \| stop processing")
     port = _free_port()
     log = tmp_path / "w.log"
@@ -624,7 +627,12 @@ def test_serve_warms_the_drafted_path_up_before_it_says_ready(small_pair, dspark
         text = log.read_text()
         assert len(released.findall(text)) == 1, text[-2000:]  # the warm-up, before ready
         assert ready["event"] == "ready" and isinstance(ready["warmup_s"], float) and ready["warmup_s"] > 0, ready
-        assert f"warmed up in {ready['warmup_s']:.2f} s" in lines[-1], lines[-1]
+        # the short prompt: the engine processed exactly what the record says
+        assert [int(n) for n in _PROMPT_EVAL.findall(text)] == [ready["warmup_prompt_tokens"]], text[-2000:]
+        assert 1 < ready["warmup_prompt_tokens"] < 16, ready
+        assert f"warmed up in {ready['warmup_s']:.2f} s ({ready['warmup_prompt_tokens']} prompt tokens)" \
+            in lines[-1], lines[-1]
+        assert "warm-up: on, a short prompt and 16 answer tokens (--warmup)" in lines, lines
         # the warm-up went through the draft: its timings carry drafted tokens
         assert re.search(r"draft acceptance = [0-9.]+ \( *\d+ accepted / +[1-9]\d* generated\)", text), text[-2000:]
         answer = _complete(port, n=24)
@@ -663,7 +671,59 @@ def test_serve_warms_the_drafted_path_up_before_it_says_ready(small_pair, dspark
             assert proc.stdout is not None
             ready = json.loads(proc.stdout.readline())
             assert ready["warmup_s"] is None and "warmed up" not in lines[-1], (args, ready, lines[-1])
+            assert ready["warmup_prompt_tokens"] is None, ready
             assert not released.findall(log.read_text()), args
+            why = ("default for cpu: the first request measured no slower without it", "--no-warmup",
+                   "'--no-warmup' given to llama-server", "no draft")[i]
+            assert f"warm-up: off ({why})" in lines, (args, lines)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
+
+
+def test_serve_warms_up_through_a_real_prompt_size_capped_to_a_slot(small_pair, dspark_engine, tmp_path):
+    """--warmup-tokens N: the warm-up's prompt is N tokens of the load benchmark's prompt set (on CUDA
+    2048 by default), which the engine processes before serve says ready; where a slot holds fewer,
+    as many as leave room for the 16-token answer. The record and the ready line say the size."""
+    for i, (ctx, asked, want) in enumerate(((512, 100, 100), (256, 500, 256 - 16 - 1))):
+        log = tmp_path / f"long-{i}.log"
+        proc, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port",
+                                   str(_free_port()), "--log", str(log), "--json", "--ctx-per-slot", str(ctx),
+                                   "--warmup", "--warmup-tokens", str(asked))
+        try:
+            assert proc.stdout is not None
+            ready = json.loads(proc.stdout.readline())
+            with urllib.request.urlopen(ready["url"] + "/props", timeout=30) as r:
+                assert json.loads(r.read())["default_generation_settings"]["n_ctx"] == ctx  # what the cap reads
+            assert ready["warmup_prompt_tokens"] == want, (ready, lines)
+            assert [int(n) for n in _PROMPT_EVAL.findall(log.read_text())] == [want], log.read_text()[-2000:]
+            assert f"({want} prompt tokens)" in lines[-1], lines[-1]
+            assert f"warm-up: on, a {asked}-token prompt and 16 answer tokens (--warmup)" in lines, lines
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+
+
+def test_serve_warms_up_by_default_on_cuda_only(small_pair, dspark_engine, ggufdspark_cli):
+    """The warm-up's default follows the backend: on CUDA on, with a 2048-token prompt (the H100's
+    first request lost about 60% of its extra time to one such request); on the CPU off. The plan
+    (serve --dry-run --json) carries it; no draft or llama-server's own `--no-warmup` turn it off
+    whatever the backend, --warmup-tokens sets the size."""
+    from ggufdspark.devices import DeviceReport
+
+    t, d = str(small_pair.target), str(small_pair.draft)
+    cuda, cpu = DeviceReport(backend="cuda", source="none"), DeviceReport(backend="cpu", source="none")
+    w = plan(t, d, devices=cuda).warmup
+    assert (w.on, w.prompt_tokens) == (True, 2048) and w.why.startswith("default for cuda"), w
+    assert plan(t, d, devices=cuda, warmup_tokens=300).warmup.prompt_tokens == 300
+    assert plan(t, d, devices=cuda, warm=False).warmup.on is False
+    assert plan(t, d, devices=cuda, extra_args=["--no-warmup"]).warmup.on is False
+    assert plan(t, d, devices=cuda, no_draft=True).warmup.on is False
+    w = plan(t, d, devices=cpu).warmup
+    assert (w.on, w.prompt_tokens) == (False, 0) and w.why.startswith("default for cpu"), w
+    p = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--json", "--warmup", "--warmup-tokens", "64")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["warmup"] == {"on": True, "prompt_tokens": 64, "why": "--warmup"}
+    assert "warm-up: on, a 64-token prompt and 16 answer tokens (--warmup)" in p.stderr, p.stderr
+    bad = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--warmup-tokens", "-1")
+    assert bad.returncode != 0 and "--warmup-tokens" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

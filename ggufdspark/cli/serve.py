@@ -57,10 +57,15 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--stats-interval", type=NumberRange(0), default=serve_lib.STATS_EVERY_S, show_default=True,
               help="Every this many seconds with traffic, a line of what finished: requests, tokens, decode "
                    "speed, drafted and accepted tokens, accept length (0: none).")
-@click.option("--warmup/--no-warmup", default=False, show_default=True,
-              help="Before saying ready, send a drafted server one short request, so the drafted path's one-time "
-                   "work (CUDA graph captures, first buffers) is not the first user's (off: on the CPU the first "
-                   "request measured no slower without it); '-- --no-warmup' also turns off the engine's own.")
+@click.option("--warmup/--no-warmup", default=None,
+              help="Before saying ready, send a drafted server one request, so the drafted path's one-time work "
+                   "(first kernel launches, CUDA graph captures, first buffers) is not the first user's. Default: on "
+                   "for CUDA, off elsewhere (on the CPU the first request measured no slower without it); "
+                   "'-- --no-warmup' also turns off the engine's own.")
+@click.option("--warmup-tokens", type=click.IntRange(0), default=None,
+              help="The warm-up request's prompt size in tokens, capped to a slot's context (default: 2048 on "
+                   "CUDA, where prompt processing at a real prompt's size measured most of the first request's "
+                   "cost away; a short prompt elsewhere; 0: the short prompt).")
 @click.option("--no-profile", is_flag=True, help="Ignore a tune profile.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.option("--json", "as_json", is_flag=True,
@@ -72,7 +77,7 @@ from ggufdspark.errors import InvalidArgumentError
 def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_n_max_by_slots,
             no_draft, force, server,
             ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, health_timeout, stats_interval,
-            warmup, no_profile, dry_run,
+            warmup, warmup_tokens, no_profile, dry_run,
             as_json, no_ui, open_page,
             extra):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
@@ -88,7 +93,8 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
                        draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
                        ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, parallel=parallel, extra_args=list(extra),
-                       use_profile=not no_profile, ui=not no_ui, draft_n_max_by_slots=draft_n_max_by_slots)
+                       use_profile=not no_profile, ui=not no_ui, draft_n_max_by_slots=draft_n_max_by_slots,
+                       warm=warmup, warmup_tokens=warmup_tokens)
     keyed = bool(p.settings.api_keys())
     if keyed and p.ui and open_page:
         raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
@@ -103,6 +109,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     c = p.context
     slot = f"{c.per_slot} tokens a slot" if c.per_slot else "the model's trained context, divided among the slots"
     click.echo(f"context: {slot} x {c.parallel} slot(s) (-c {c.total}): {c.why}", err=True)
+    click.echo(f"warm-up: {p.warmup.describe()}", err=True)
     if dry_run:
         echo_json(p.to_dict()) if as_json else click.echo(shlex.join(p.settings.redacted()))
         return
@@ -121,8 +128,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
 
     serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
                         health_timeout=health_timeout, on_event=_say, on_ready=ready,
-                        on_record=_json_line if as_json else (lambda rec: None), stats_every=stats_interval,
-                        warm=warmup)
+                        on_record=_json_line if as_json else (lambda rec: None), stats_every=stats_interval)
 
 
 # Printed with the chat URL when the server requires a key (the key itself never is). The pinned
