@@ -684,16 +684,20 @@ def test_serve_warms_the_drafted_path_up_before_it_says_ready(small_pair, dspark
 def test_serve_warms_up_through_a_real_prompt_size_capped_to_a_slot(small_pair, dspark_engine, tmp_path):
     """--warmup-tokens N: the warm-up's prompt is N tokens of the load benchmark's prompt set (on CUDA
     2048 by default), which the engine processes before serve says ready; where a slot holds fewer,
-    as many as leave room for the 16-token answer. The record and the ready line say the size."""
-    for i, (ctx, asked, want) in enumerate(((512, 100, 100), (256, 500, 256 - 16 - 1))):
+    as many as leave room for the 16-token answer (a server that wants a key answers /props to it).
+    The record and the ready line say the size."""
+    cases = ((512, 100, 100, None), (256, 500, 256 - 16 - 1, None), (256, 500, 256 - 16 - 1, "warm-key-789"))
+    for i, (ctx, asked, want, key) in enumerate(cases):
         log = tmp_path / f"long-{i}.log"
         proc, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--port",
                                    str(_free_port()), "--log", str(log), "--json", "--ctx-per-slot", str(ctx),
-                                   "--warmup", "--warmup-tokens", str(asked))
+                                   "--warmup", "--warmup-tokens", str(asked), *(("--api-key", key) if key else ()))
         try:
             assert proc.stdout is not None
             ready = json.loads(proc.stdout.readline())
-            with urllib.request.urlopen(ready["url"] + "/props", timeout=30) as r:
+            props = urllib.request.Request(ready["url"] + "/props",
+                                           headers={"Authorization": f"Bearer {key}"} if key else {})
+            with urllib.request.urlopen(props, timeout=30) as r:
                 assert json.loads(r.read())["default_generation_settings"]["n_ctx"] == ctx  # what the cap reads
             assert ready["warmup_prompt_tokens"] == want, (ready, lines)
             assert [int(n) for n in _PROMPT_EVAL.findall(log.read_text())] == [want], log.read_text()[-2000:]
