@@ -76,7 +76,9 @@ def decide(backend: str, settings: ServerSettings, on: bool | None = None,
         return WarmUp(on, size, "--warmup" if on else "--no-warmup")
     if backend in DEFAULT_PROMPT_TOKENS:
         return WarmUp(True, size, f"default for {backend}: a GPU's first request pays its first launches")
-    return WarmUp(False, size, f"default for {backend}: the first request measured no slower without it")
+    if backend == "cpu":
+        return WarmUp(False, size, "default for cpu: the first request measured no slower without it")
+    return WarmUp(False, size, f"default for {backend}: not measured there; --warmup turns it on")
 
 
 class WarmUpDeath(Exception):

@@ -710,7 +710,8 @@ def test_serve_warms_up_through_a_real_prompt_size_capped_to_a_slot(small_pair, 
 
 def test_serve_warms_up_by_default_on_cuda_only(small_pair, dspark_engine, ggufdspark_cli):
     """The warm-up's default follows the backend: on CUDA on, with a 2048-token prompt (the H100's
-    first request lost about 60% of its extra time to one such request); on the CPU off. The plan
+    first request lost about 60% of its extra time to one such request); on the CPU off, and on a
+    backend where nothing measured it (Metal) off too. The plan
     (serve --dry-run --json) carries it; no draft or llama-server's own `--no-warmup` turn it off
     whatever the backend, --warmup-tokens sets the size."""
     from ggufdspark.devices import DeviceReport
@@ -725,6 +726,10 @@ def test_serve_warms_up_by_default_on_cuda_only(small_pair, dspark_engine, ggufd
     assert plan(t, d, devices=cuda, no_draft=True).warmup.on is False
     w = plan(t, d, devices=cpu).warmup
     assert (w.on, w.prompt_tokens) == (False, 0) and w.why.startswith("default for cpu"), w
+    # a backend nothing measured says so, and is off like the CPU
+    w = plan(t, d, devices=DeviceReport(backend="metal", source="none")).warmup
+    assert (w.on, w.prompt_tokens) == (False, 0) and w.why == "default for metal: not measured there; --warmup " \
+        "turns it on", w
     p = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--json", "--warmup", "--warmup-tokens", "64")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["warmup"] == {"on": True, "prompt_tokens": 64, "why": "--warmup"}
