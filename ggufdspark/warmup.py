@@ -115,11 +115,12 @@ def prompt_ids(client: Client, prompt_tokens: int) -> list[int]:
     if n <= len(short):
         return short
     text = _long_text()
-    ids = client.tokenize(text, add_special=True)
-    while len(ids) < n:  # a tokenizer of many bytes a token: the text again
-        text += "\n\n" + text
-        ids = client.tokenize(text, add_special=True)
-    return ids[:n]
+    size = n * 8  # characters: enough for n tokens at any usual tokenizer's rate; more where not
+    while True:
+        ids = client.tokenize((text * (size // len(text) + 1))[:size], add_special=True)
+        if len(ids) >= n:
+            return ids[:n]
+        size *= 2
 
 
 def warm_up(srv: ServerProcess, prompt_tokens: int = 0, timeout: float = 300.0) -> tuple[float, int]:
