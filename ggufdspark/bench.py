@@ -22,7 +22,6 @@ and every draft length needs its own server start (``tune`` does that).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -151,7 +150,7 @@ def measure_arms(plain_settings: ServerSettings, spec_settings: ServerSettings, 
 
 
 def _media_marker(client: Client) -> str | None:
-    return json.loads(client.get_text("/props")).get("media_marker")
+    return client.props().get("media_marker")
 
 
 def _for_server(turns: list[Turn], old: str | None, new: str | None) -> list[Turn]:

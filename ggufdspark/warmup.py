@@ -5,7 +5,6 @@ and a short prompt when asked for."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -89,7 +88,7 @@ class WarmUpDeath(Exception):
 def slot_context(client: Client) -> int | None:
     """A slot's context in tokens, as the server's ``/props`` gives it (None: not said)."""
     try:
-        n = json.loads(client.get_text("/props")).get("default_generation_settings", {}).get("n_ctx")
+        n = client.props().get("default_generation_settings", {}).get("n_ctx")
     except (EngineError, ValueError):
         return None
     return n if isinstance(n, int) and n > 0 else None

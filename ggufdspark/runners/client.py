@@ -96,6 +96,10 @@ class Client:
     def metrics(self) -> str:
         return self.get_text("/metrics")
 
+    def props(self) -> dict:
+        """``/props``: the server's settings (a slot's ``default_generation_settings``, ``media_marker``...)."""
+        return json.loads(self.get_text("/props"))
+
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         return self.post_json("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})["tokens"]
 
