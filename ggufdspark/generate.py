@@ -129,3 +129,31 @@ def _snapshot(root: Path) -> dict[Path, tuple[int, int]]:
     if not root.is_dir():
         return {}
     return {f: (st.st_mtime_ns, st.st_size) for f in sorted(root.rglob("*")) if f.is_file() and (st := f.stat())}
+
+
+def generate_trained(out: str | Path, *, force: bool = False,
+                     on_step: Callable[[str], None] = lambda msg: None) -> GenerateResult:
+    """Write the trained pair that ships with the package (``ggufdspark.trained.shipped``) to
+    ``OUT/target`` and ``OUT/drafter``: a pair that predicts, where ``generate``'s random ones only
+    have the right shapes.
+
+    Raises:
+        InvalidArgumentError: this installation has no trained pair.
+        OutputExistsError: ``out`` is a non-empty directory and ``force`` is false.
+    """
+    from ggufdspark.trained import shipped
+
+    out = Path(out)
+    existed = out.exists()
+    on_step(f"writing {shipped.describe()} to {out}")
+    try:
+        files = shipped.write(out, force=force)
+    except (InvalidArgumentError, OutputExistsError):
+        raise
+    except BaseException:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return GenerateResult(out=str(out), family="trained", model="ggufdspark trained LFM2 pair", size="trained",
+                          dtype="BF16", vl=False, moe=False, target=str(out / "target"), drafter=str(out / "drafter"),
+                          files=[WrittenFile(str(f), f.stat().st_size) for f in files])

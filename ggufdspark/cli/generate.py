@@ -6,7 +6,7 @@ import click
 
 from ggufdspark.cli._common import echo_json
 from ggufdspark.families import DEFAULT_FAMILY, FAMILIES, SIZES
-from ggufdspark.generate import DTYPES, ONLY, generate
+from ggufdspark.generate import DTYPES, ONLY, generate, generate_trained
 
 
 @click.command(name="generate")
@@ -23,13 +23,26 @@ from ggufdspark.generate import DTYPES, ONLY, generate
               help="Type of the safetensors weights written.")
 @click.option("--vl", is_flag=True, help="Make the target an LFM2-VL checkpoint (vision tower + projector); "
                                          "--family vl-3b only.")
+@click.option("--trained", is_flag=True,
+              help="Write the trained pair that ships with ggufdspark instead of random weights: a small LFM2 "
+                   "target trained on the Python standard library and its DSpark drafter, which really predicts "
+                   "(docs/trained.md; --family, --size, --only, --dtype and --vl do not apply).")
 @click.option("--force", is_flag=True, help="Write into a non-empty directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON: family, directories, files, sizes.")
-def command(out, family, size, only, dtype, vl, force, as_json):
-    """Generate a random LFM2 / LFM2-MoE target and/or its DSpark drafter (Hub layout) under OUT.
-    Needs the 'generate' extra: pip install 'ggufdspark[generate]'."""
-    r = generate(out, family=family, size=size, only=only, dtype=dtype, vl=vl, force=force,
-                 on_step=lambda msg: click.echo(msg, err=True))
+def command(out, family, size, only, dtype, vl, trained, force, as_json):
+    """Generate a random LFM2 / LFM2-MoE target and/or its DSpark drafter (Hub layout) under OUT,
+    or (--trained) write the trained pair. Random pairs need the 'generate' extra:
+    pip install 'ggufdspark[generate]'."""
+    if trained:
+        ctx = click.get_current_context()
+        given = [f"--{name.replace('_', '-')}" for name in ("family", "size", "only", "dtype", "vl")
+                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"--trained writes the shipped pair as it is: {', '.join(given)} do not apply")
+        r = generate_trained(out, force=force, on_step=lambda msg: click.echo(msg, err=True))
+    else:
+        r = generate(out, family=family, size=size, only=only, dtype=dtype, vl=vl, force=force,
+                     on_step=lambda msg: click.echo(msg, err=True))
     if as_json:
         echo_json(r.to_dict())
     else:

@@ -126,20 +126,10 @@ def _write_weights(out: Path, items: list, n_shards: int) -> None:
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
-def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF16", seed: int = 1,
-                tokenizer_from: Path | None = None) -> Path:
-    """Write an ``Lfm2ForCausalLM`` checkpoint (config, weights, tokenizer) to ``out``; an
-    ``Lfm2MoeForCausalLM`` one when ``spec.num_experts`` > 0."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if tokenizer_from:
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            shutil.copy(Path(tokenizer_from) / f, out / f)
-        ids = {t: i for t, i in added_ids(out / "tokenizer.json").items()}
-    else:
-        ids = make_tokenizer(out, min(spec.vocab_size, 1024))
+def target_config(spec: TargetSpec, ids: dict[str, int], dtype: str = "BF16") -> dict:
+    """The config.json of an ``Lfm2ForCausalLM`` (``Lfm2MoeForCausalLM`` for an MoE spec) of ``spec``'s
+    shape; ``ids``: the tokenizer's special token ids."""
     h, kv, nh = spec.hidden_size, spec.num_key_value_heads, spec.num_attention_heads
-    hd = h // nh
     config = {
         "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "vocab_size": spec.vocab_size,
         "hidden_size": h, "intermediate_size": spec.intermediate_size, "block_ff_dim": spec.intermediate_size,
@@ -166,6 +156,24 @@ def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF1
             "num_dense_layers": spec.num_dense_layers, "moe_intermediate_size": spec.moe_intermediate_size,
             "use_expert_bias": True, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
         })
+    return config
+
+
+def make_target(out: Path, spec: TargetSpec = SMALL_TARGET, *, dtype: str = "BF16", seed: int = 1,
+                tokenizer_from: Path | None = None) -> Path:
+    """Write an ``Lfm2ForCausalLM`` checkpoint (config, weights, tokenizer) to ``out``; an
+    ``Lfm2MoeForCausalLM`` one when ``spec.num_experts`` > 0."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer_from:
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(Path(tokenizer_from) / f, out / f)
+        ids = {t: i for t, i in added_ids(out / "tokenizer.json").items()}
+    else:
+        ids = make_tokenizer(out, min(spec.vocab_size, 1024))
+    config = target_config(spec, ids, dtype)
+    h, kv, nh = spec.hidden_size, spec.num_key_value_heads, spec.num_attention_heads
+    hd = h // nh
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD]}, indent=2))

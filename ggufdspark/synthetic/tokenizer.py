@@ -67,8 +67,9 @@ def training_corpus(n_sentences: int = 4000, seed: int = 0) -> list[str]:
     return out
 
 
-def make_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
-    """Train and save an LFM2-style byte-level BPE tokenizer. Returns special token ids."""
+def make_tokenizer(out: Path, vocab_size: int, corpus: list[str] | None = None) -> dict[str, int]:
+    """Train and save an LFM2-style byte-level BPE tokenizer on ``corpus`` (default: the
+    deterministic pseudo-English of ``training_corpus``). Returns special token ids."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -79,7 +80,7 @@ def make_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(training_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus if corpus is not None else training_corpus(), trainer=trainer)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, ids[BOS])])
