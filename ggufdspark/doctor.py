@@ -101,7 +101,7 @@ def hub_note() -> str:
     s = HubSettings.now()
     token = "a token is set" if get_token() else "no token (gated repos: 'hf auth login' or HF_TOKEN)"
     return (f"downloaded by ggufdspark through huggingface_hub {huggingface_hub.__version__} into {s.cache} "
-            f"from {s.endpoint}; {token}{'; HF_HUB_OFFLINE: the cache only' if s.offline else ''}. "
+            f"from {s.shown}; {token}{'; HF_HUB_OFFLINE: the cache only' if s.offline else ''}. "
             "The engine gets local files, never -hf: it is built without TLS (LLAMA_OPENSSL=OFF)")
 
 

@@ -15,8 +15,28 @@ snapshot only once complete and of the listed size; one that fails for good leav
 ever handed on. When the Hub cannot be reached, a repo already
 in the cache is used from there (with a warning), as huggingface_hub does for single files.
 
-A value is a reference when it names no existing file, does not end in ``.gguf`` and reads
-``ORG/NAME[:QUANT]`` (llama.cpp's repo-id rule: letters, digits and ``_`` joined by single ``.``/``-``).
+A value is a reference when it names no existing file, does not end in ``.gguf``, reads
+``ORG/NAME[:QUANT]`` (llama.cpp's repo-id rule: letters, digits and ``_`` joined by single ``.``/``-``)
+and its ``ORG`` is not a folder of the working directory. That last rule keeps a mistyped local path
+(``-m models/llm-q8``, ``.gguf`` forgotten, beside a ``models/`` folder) from going to the Hub with
+the user's token: it is a path, and a missing one is an error that says why it was not read as a
+repo (and names ``models/llm-q8.gguf`` when that exists). A path that starts with ``/``, ``.`` or
+``~``, holds more than one ``/`` or ends in ``.gguf`` never reads as a reference anyway. A Hub
+repo whose org is also a folder here is reached from another working directory. A reference the
+Hub does not know is reported as both: no such repo, and no local file of that name.
+
+What the Hub (or a mirror named by ``HF_ENDPOINT``) answers is checked before any path is built
+from it, as huggingface_hub checks it: the commit must be 40 hex digits and every listed name a
+plain relative path (no leading ``/``, no ``..``, ``.`` or empty segment, no backslash, drive or
+control character). A listing that breaks either rule is refused whole, with one line naming the
+name: the Hub's commit API refuses such names, so a listing holding one did not come from a Hub
+that behaves, and nothing else in it (sizes, the other names) is trusted either. A ``refs/main``
+in the cache that is not a commit id is refused the same way (it would make the snapshot folder
+any folder). Text from the Hub that goes into a message is escaped to one line and bounded (the
+first 20 quants, then how many more).
+
+A read-only cache (a shared one on a cluster) serves what it holds: ``refs/main`` is written only
+when it changes, and a write that fails is a warning, not an error.
 """
 
 from __future__ import annotations
@@ -25,17 +45,21 @@ import contextlib
 import logging
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufdspark import hubpick
-from ggufdspark.errors import HubAccessError, HubConnectionError, HubError, HubNotFoundError, InvalidArgumentError
+from ggufdspark.errors import (HubAccessError, HubConnectionError, HubError, HubNotFoundError, InputNotFoundError,
+                               InvalidArgumentError)
 
 log = logging.getLogger(__name__)
 
 _NAME = r"[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*"
 REF_RE = re.compile(rf"(?P<repo>{_NAME}/{_NAME})(?::(?P<tag>[^:/\s]+))?")
 ROLES = ("target", "draft", "mmproj", "any")
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")  # huggingface_hub's REGEX_COMMIT_HASH
+MAX_LISTED = 20  # quants (or file names: 8) a message lists before "and K more"
 
 
 @dataclass(frozen=True)
@@ -49,12 +73,96 @@ class HubRef:
         return f"{self.repo}:{self.tag}" if self.tag else self.repo
 
 
+# the userinfo of a URL: after "scheme://", everything up to the last "@" before the host ends
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+
+
+def strip_userinfo(text: object) -> str:
+    """``text`` with the ``user:password@`` part of every URL in it removed.
+
+    A mirror named by ``HF_ENDPOINT`` may carry its credentials in its URL; wherever an endpoint is
+    shown (``doctor``, Hub errors, ``publish``'s plan and JSON, the CLI's log and error lines) it
+    goes through this first. ``text`` may be a URL or a message quoting URLs."""
+    return _USERINFO.sub(r"\1", str(text))
+
+
+def _local_org(s: str) -> str | None:
+    """The ``ORG`` of ``ORG/NAME[:QUANT]`` when it is a folder of the working directory."""
+    org = s.split("/", 1)[0]
+    return org if "/" in s and os.path.isdir(org) else None
+
+
 def is_ref(value: object) -> bool:
     """Whether ``value`` is a Hub reference rather than a file (see the module docstring)."""
     if value is None or isinstance(value, Path):
         return False
     s = str(value)
-    return not s.lower().endswith(".gguf") and not os.path.exists(s) and bool(REF_RE.fullmatch(s))
+    return (not s.lower().endswith(".gguf") and not os.path.exists(s) and bool(REF_RE.fullmatch(s))
+            and _local_org(s) is None)
+
+
+def refuse_missing_paths(*values: object) -> None:
+    """Raise for the first value that reads ``ORG/NAME[:QUANT]`` but is a local path (its ``ORG``
+    is a folder here) naming nothing: the message gives both readings, nothing goes to the Hub.
+
+    Raises:
+        InputNotFoundError: such a value.
+    """
+    for v in values:
+        if v is None or isinstance(v, Path):
+            continue
+        s = str(v)
+        org = _local_org(s)
+        if org is None or os.path.exists(s) or s.lower().endswith(".gguf") or not REF_RE.fullmatch(s):
+            continue
+        hint = f"; did you mean {s}.gguf?" if os.path.isfile(s + ".gguf") else ""
+        raise InputNotFoundError(f"{s}: no such file ({org}/ is a local folder, so it is not read as a Hub repo)"
+                                 f"{hint}")
+
+
+def shown(text: object, limit: int = 120) -> str:
+    """Text from the Hub (a file name, a commit id, a server's message) as a message shows it: control
+    characters escaped (``\\n``), so it stays on one line, and at most ``limit`` characters."""
+    out = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(text))
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
+def _listed(items: list[str], n: int = MAX_LISTED) -> str:
+    """The first ``n`` of ``items`` (each ``shown``), then how many more."""
+    more = f", and {len(items) - n} more" if len(items) > n else ""
+    return ", ".join(shown(i, 60) for i in items[:n]) + more
+
+
+def unsafe_name(name: str) -> str | None:
+    """Why a repo file name cannot be joined onto a snapshot folder, or None for a plain relative
+    path (what huggingface_hub's ``_validate_relative_filename`` refuses, and a little more)."""
+    if not name:
+        return "an empty name"
+    if name.startswith("/"):
+        return "an absolute path"
+    if "\\" in name:
+        return "a backslash"
+    if re.match(r"[A-Za-z]:", name):
+        return "a drive"
+    if any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in name):
+        return "a control character"
+    segments = name.split("/")
+    if ".." in segments:
+        return "a '..' segment"
+    if "." in segments:
+        return "a '.' segment"
+    if "" in segments:
+        return "an empty segment"
+    return None
+
+
+def _check_names(repo: str, files: list[str], source: str) -> None:
+    """Refuse a listing holding a name that is not a plain relative path (``source`` says who listed it)."""
+    for f in files:
+        reason = unsafe_name(f)
+        if reason:
+            raise HubError(f"{repo}: {source} listed '{shown(f)}' ({reason}), which is no file of a repo: "
+                           "refusing its listing")
 
 
 def parse_ref(text: str) -> HubRef:
@@ -125,6 +233,11 @@ class HubSettings:
     cache: Path
     offline: bool
 
+    @property
+    def shown(self) -> str:
+        """The endpoint as it is shown: without the ``user:password@`` a mirror's URL may carry."""
+        return strip_userinfo(self.endpoint)
+
     @classmethod
     def now(cls) -> "HubSettings":
         from huggingface_hub import constants
@@ -150,27 +263,51 @@ def _cache_dir(repo: str) -> Path:
 
 
 def _cached_listing(repo: str) -> Listing | None:
-    """The cache's snapshot of ``repo``'s main branch, or None when it was never downloaded."""
+    """The cache's snapshot of ``repo``'s main branch, or None when it was never downloaded.
+
+    Raises:
+        HubError: ``refs/main`` holds something else than a commit id (a path would make any
+            folder the snapshot), or the snapshot a name that is not a plain relative path.
+    """
     d = _cache_dir(repo)
+    ref = d / "refs" / "main"
     try:
-        commit = (d / "refs" / "main").read_text().strip()
+        with open(ref, encoding="utf-8", errors="replace") as f:
+            commit = f.read(256).strip()
     except OSError:
         return None
+    if not COMMIT_RE.fullmatch(commit):
+        raise HubError(f"{repo}: {ref} holds '{shown(commit)}', not a commit id (40 hex digits): delete it "
+                       "and run again with the Hub reachable")
     snap = d / "snapshots" / commit
     if not snap.is_dir():
         return None
     files = sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file())
+    _check_names(repo, files, f"the cache's snapshot {snap}")
     return Listing(repo, commit, files, cached=True, snapshot=snap)
 
 
 def _remember_main(lst: Listing) -> None:
     """Record the commit the files came from as the cache's ``refs/main`` (as snapshot_download does
-    after downloading by commit), so that an offline run finds them."""
+    after downloading by commit), so that an offline run finds them. Best effort: written only when
+    it changes, and a cache that cannot be written (a read-only shared one) costs a warning only,
+    since the files were found there all the same."""
     ref = _cache_dir(lst.repo) / "refs" / "main"
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f".main.{os.getpid()}.tmp")
-    tmp.write_text(lst.commit)
-    tmp.replace(ref)
+    try:
+        if ref.read_text().strip() == lst.commit:
+            return
+    except OSError:
+        pass
+    tmp = ref.with_name(f".main.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(lst.commit)
+        tmp.replace(ref)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        log.warning("cannot record %s's commit %s as %s (%s): the files are used all the same; an offline run "
+                    "finds them once it is recorded", lst.repo, lst.commit[:12], ref, e.strerror or e)
 
 
 def _token() -> str | None:
@@ -185,18 +322,21 @@ def _say_error(e: BaseException, token: str | None) -> str:
     status = getattr(getattr(e, "response", None), "status_code", None)
     text = f"HTTP {status}: {server.splitlines()[0]}" if status and server else \
         next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    text = strip_userinfo(text)  # huggingface_hub's messages quote the URL asked
     if token:
         from ggufdspark.publish.masking import MaskSecret
 
         text = MaskSecret(token).mask(text)  # the token, and its body without "hf_"
-    return text[:300]
+    return shown(text, 300)
 
 
-def _failure(e: Exception, repo: str, token: str | None) -> HubError | None:
-    """The one-line error for a Hub client failure; None for one that is not the Hub's (a network error)."""
+def _failure(e: Exception, repo: str, token: str | None, local: str | None = None) -> HubError | None:
+    """The one-line error for a Hub client failure; None for one that is not the Hub's (a network error).
+    ``local``: the value as given, when it could also have been a local file (a repo not found says
+    there is neither)."""
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
-    endpoint = _hub().endpoint
+    endpoint = _hub().shown
     login = "log in with 'hf auth login' or set HF_TOKEN"
     if isinstance(e, GatedRepoError):
         if token:
@@ -205,41 +345,52 @@ def _failure(e: Exception, repo: str, token: str | None) -> HubError | None:
         return HubAccessError(f"{repo} is gated: {login} (with an account that has access: {endpoint}/{repo})")
     if isinstance(e, RepositoryNotFoundError):
         private = "" if token else f"; if it is private, {login}"
-        return HubNotFoundError(f"{repo}: no such model repo on {endpoint}{private}")
+        neither = f", and no local file {local}" if local else ""
+        return HubNotFoundError(f"{repo}: no such model repo on {endpoint}{neither}{private}")
     if isinstance(e, HfHubHTTPError):
         return HubError(f"{repo}: the Hub at {endpoint} refused: {_say_error(e, token)}")
     return None
 
 
 def _listing(ref: HubRef, token: str | None) -> Listing:
-    if _hub().offline:
+    """``ref``'s repo at the head of main: from the Hub, else (offline, or the Hub unreachable) from
+    the cache. Whatever the Hub says is checked before a path is built from it (module docstring)."""
+    hub = _hub()
+    if hub.offline:
         cached = _cached_listing(ref.repo)
         if cached is None:
-            raise HubNotFoundError(f"{ref.repo}: not in the Hugging Face cache ({_hub().cache}) and "
+            raise HubNotFoundError(f"{ref.repo}: not in the Hugging Face cache ({hub.cache}) and "
                                    "HF_HUB_OFFLINE is set: run once without it to download")
         return cached
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
-    api = HfApi(endpoint=_hub().endpoint, token=token)
+    api = HfApi(endpoint=hub.endpoint, token=token)
     try:
-        info = api.model_info(ref.repo)
-        entries = [e for e in api.list_repo_tree(ref.repo, recursive=True, revision=info.sha)
+        sha = api.model_info(ref.repo).sha
+        if not COMMIT_RE.fullmatch(str(sha)):  # before it goes into a URL, let alone a path
+            raise HubError(f"{ref.repo}: the Hub at {hub.shown} gave '{shown(sha)}' as the commit of main, "
+                           "not a commit id (40 hex digits): refusing it")
+        entries = [e for e in api.list_repo_tree(ref.repo, recursive=True, revision=sha)
                    if isinstance(e, RepoFile)]
-        return Listing(ref.repo, info.sha, [e.path for e in entries], sizes={e.path: e.size for e in entries})
+    except HubError:
+        raise
     except Exception as e:  # the Hub client's errors, and what the network does
-        err = _failure(e, ref.repo, token)
+        err = _failure(e, ref.repo, token, local=str(ref))
         if err is not None:
             raise err from None
         cached = _cached_listing(ref.repo)
         reason = _say_error(e, token)
         if cached is None:
-            raise HubConnectionError(f"{ref.repo}: cannot download: the Hub at {_hub().endpoint} cannot be reached "
-                                     f"({reason}) and the repo is not in the Hugging Face cache ({_hub().cache})"
+            raise HubConnectionError(f"{ref.repo}: cannot download: the Hub at {hub.shown} cannot be reached "
+                                     f"({reason}) and the repo is not in the Hugging Face cache ({hub.cache})"
                                      ) from None
-        log.warning("cannot reach the Hub at %s (%s): using %s as cached (commit %s)", _hub().endpoint, reason,
+        log.warning("cannot reach the Hub at %s (%s): using %s as cached (commit %s)", hub.shown, reason,
                     ref.repo, cached.commit[:12])
         return cached
+    files = [e.path for e in entries]
+    _check_names(ref.repo, files, f"the Hub at {hub.shown}")
+    return Listing(ref.repo, sha, files, sizes={e.path: e.size for e in entries})
 
 
 def _no_match(ref: HubRef, lst: Listing, what: str, keyword: str | None) -> HubNotFoundError:
@@ -248,7 +399,7 @@ def _no_match(ref: HubRef, lst: Listing, what: str, keyword: str | None) -> HubN
     if not ggufs:
         return HubNotFoundError(f"{ref.repo}{where}: no GGUF files")
     quants = hubpick.quants_present(lst.files, keyword)
-    have = f"quants there: {', '.join(quants)}" if quants else f"GGUF files there: {', '.join(ggufs[:8])}"
+    have = f"quants there: {_listed(quants)}" if quants else f"GGUF files there: {_listed(ggufs, 8)}"
     tag = f" tagged {ref.tag}" if ref.tag else ""
     return HubNotFoundError(f"{ref}: no {what}{tag} in {ref.repo}{where}; {have}")
 
@@ -266,17 +417,21 @@ def _pick(ref: HubRef, lst: Listing, role: str) -> str:
         if sidecar is not None:
             if ref.tag and f"-{ref.tag.upper()}." not in sidecar.upper():
                 log.warning("%s: no dspark- draft tagged %s: taking %s, the closest quant (as llama-server -hfd "
-                            "does)", ref, ref.tag, sidecar)
+                            "does)", ref, ref.tag, shown(sidecar))
             return sidecar
     if primary is None:
         raise _no_match(ref, lst, "DSpark draft (dspark-*.gguf) or model file" if role == "draft"
                         else "model file", hubpick.DSPARK if role == "draft" else None)
     if not ref.tag:
-        log.info("%s: no quant given: taking %s (llama-server's default: Q4_K_M, Q8_0, else the first)", ref, primary)
+        log.info("%s: no quant given: taking %s (llama-server's default: Q4_K_M, Q8_0, else the first)", ref,
+                 shown(primary))
     return primary
 
 
 def _fetch(lst: Listing, path: str, token: str | None) -> Path:
+    """The local file of ``path`` (a name of ``lst``): the snapshot's when there, else downloaded.
+    ``lst``'s commit and names were checked when it was made (``_listing``, ``_cached_listing``), so
+    the shortcut below only ever looks inside the repo's own snapshot folder."""
     if lst.cached:
         return lst.snapshot / path
     from huggingface_hub import hf_hub_download
@@ -348,8 +503,10 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None, mmp
     does with ``--spec-type draft-dspark``.
 
     Raises:
+        InputNotFoundError: a value that is a local path naming nothing (``refuse_missing_paths``).
         HubError (and subclasses): see ``resolve``.
     """
+    refuse_missing_paths(target, draft, mmproj)
     out = LocalPair(target, draft, mmproj)
     if is_ref(target):
         r = resolve(target, "target", find_mmproj=find_mmproj and mmproj is None,

@@ -26,6 +26,10 @@ Endpoints (the paths the clients build, read from their sources):
 Not served: Xet storage (clients must run with ``HF_HUB_DISABLE_XET=1``), datasets and Spaces,
 pull requests, pagination beyond one page. Commits are atomic: an ``lfsFile`` whose object was
 never uploaded rejects the whole commit and the repo does not change.
+
+A hostile mirror: a test puts a ``StoredFile`` under any name into ``hub.repos[id].head.files``, or
+gives a ``Commit`` any ``oid``; the listings and routes serve them as they are (a revision is matched
+still quoted, as one path segment, the way the Hub routes it).
 """
 
 from __future__ import annotations
@@ -310,9 +314,11 @@ class _Handler(BaseHTTPRequestHandler):
             for method, pattern, fn in routes:
                 if method != self.command:
                     continue
-                m = re.fullmatch(pattern, path)
+                # matched before unquoting, as the Hub routes: a revision quoted whole (``%2F``)
+                # stays one path segment, whatever it holds
+                m = re.fullmatch(pattern, split.path)
                 if m:
-                    return fn(self, query, **m.groupdict())
+                    return fn(self, query, **{k: unquote(v) if v else v for k, v in m.groupdict().items()})
             raise HubError(404, f"no route for {self.command} {path}")
         except HubError as e:
             headers = {"X-Error-Message": e.message}

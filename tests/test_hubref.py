@@ -108,10 +108,11 @@ def test_what_is_a_reference(tmp_path, monkeypatch):
     assert parse_ref("org/Tiny-LFM2-GGUF:q8_0") == HubRef("org/Tiny-LFM2-GGUF", "q8_0")
     assert str(parse_ref("org/x.y-z")) == "org/x.y-z"
     monkeypatch.chdir(tmp_path)
+    assert is_ref("org/Tiny-LFM2-GGUF:Q8_0") and is_ref("org/name")
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "local").write_bytes(b"")
-    assert is_ref("org/Tiny-LFM2-GGUF:Q8_0") and is_ref("org/name")
     assert not is_ref("org/local")  # an existing file is a file
+    assert not is_ref("org/name")  # a path in a local folder (issue 64 row 4), even when missing
     assert not is_ref("models/tiny.gguf") and not is_ref("tiny") and not is_ref("a/b/c") and not is_ref("org/-x")
 
 

@@ -19,6 +19,7 @@ import click
 from ggufdspark import __version__
 from ggufdspark.cli._common import WARNING, close_progress, safe_text
 from ggufdspark.errors import GgufdsparkError
+from ggufdspark.hubref import strip_userinfo
 
 # verb -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -69,7 +70,7 @@ class LazyGroup(click.Group):
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             # messages quote files and engine logs: escaped, so they cannot drive the terminal
-            click.echo(f"ggufdspark: error: {safe_text(str(e))}", err=True)
+            click.echo(f"ggufdspark: error: {safe_text(strip_userinfo(e))}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("ggufdspark: interrupted", err=True)
@@ -83,7 +84,7 @@ class LazyGroup(click.Group):
             # directory should be, an unreadable input): one line naming the path, never a traceback
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo(f"ggufdspark: error: {safe_text(os_error_text(e))}", err=True)
+            click.echo(f"ggufdspark: error: {safe_text(strip_userinfo(os_error_text(e)))}", err=True)
             sys.exit(1)
 
 
@@ -132,7 +133,7 @@ class MarkedFormatter(logging.Formatter):
     that a warning reads as one whichever module logged it. Text from files is escaped."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = safe_text(super().format(record))
+        text = safe_text(strip_userinfo(super().format(record)))  # an endpoint's credentials never shown
         if record.levelno >= logging.ERROR:
             return f"ERROR: {text}"
         if record.levelno >= logging.WARNING:

@@ -203,6 +203,7 @@ def from_hub(target, draft=None, mmproj=None, *, find_mmproj: bool = False, find
     (``hubref.resolve_pair``); files pass through unchanged. Nothing is imported without a reference."""
     from ggufdspark import hubref
 
+    hubref.refuse_missing_paths(target, draft, mmproj)  # a mistyped local path says so, never reaches the Hub
     if not any(hubref.is_ref(v) for v in (target, draft, mmproj)):
         return target, draft, mmproj
     p = hubref.resolve_pair(target, draft, mmproj, find_mmproj=find_mmproj, find_draft=find_draft)
@@ -214,6 +215,7 @@ def hub_file(value: str) -> str:
     draft (``hubref.resolve`` with role ``any``)."""
     from ggufdspark import hubref
 
+    hubref.refuse_missing_paths(value)
     return str(hubref.resolve(value, "any").path) if hubref.is_ref(value) else value
 
 

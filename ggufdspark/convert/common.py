@@ -13,6 +13,7 @@ from typing import Any
 from ggufdspark.errors import CorruptFileError, InputNotFoundError, UnsafeOutputError, UnsupportedModelError
 from ggufdspark.gguffile.constants import OUTTYPE_LABEL, OUTTYPE_TENSOR, OUTTYPES, Key, TensorType
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
+from ggufdspark.hubref import strip_userinfo
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,10 @@ def resolve_checkpoint(spec: str | Path) -> Path:
         return p
     s = str(spec)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", s) and not s.startswith((".", "/")):
+        org = s.split("/", 1)[0]
+        if os.path.isdir(org):  # a mistyped local path: never sent to the Hub (hubref's rule)
+            raise InputNotFoundError(f"{s}: no such file or directory ({org}/ is a local folder, so it is not "
+                                     "read as a Hub repo)")
         try:
             from huggingface_hub import snapshot_download
             from huggingface_hub.errors import LocalEntryNotFoundError
@@ -85,7 +90,8 @@ def resolve_checkpoint(spec: str | Path) -> Path:
             return Path(snapshot_download(s, allow_patterns=patterns))
         except Exception as e:  # noqa: BLE001
             raise InputNotFoundError(f"{s}: not a local directory, and the Hub download failed: "
-                                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+                                     f"{type(e).__name__}: {strip_userinfo(str(e).splitlines()[0] if str(e) else '')}"
+                                     ) from None
     raise InputNotFoundError(f"{p}: no such file or directory")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from ggufdspark.errors import GgufdsparkError, InvalidArgumentError, PublishError
+from ggufdspark.hubref import strip_userinfo
 from ggufdspark.publish.masking import masked_in_logs
 from ggufdspark.publish.plan import Paths, add_earlier_files, plan_publish, resolution_warnings
 from ggufdspark.publish.records import PublishPlan, PublishResult, RepoPlan
@@ -126,7 +127,8 @@ def publish(target: Paths, draft: Paths, *, repo: str,
         raise PublishError("no Hugging Face token: run 'hf auth login' or set HF_TOKEN")
     # the token masked: a misbehaving endpoint may reflect it into a URL or header
     with masked_in_logs(token), bounded_timeouts(hub_timeout()):
-        _publish(HfApi(endpoint=plan.endpoint, token=token), plan, result, local, message, token, on_plan)
+        # the endpoint as given (plan.endpoint is the one shown, its credentials stripped)
+        _publish(HfApi(endpoint=endpoint, token=token), plan, result, local, message, token, on_plan)
     return result
 
 
@@ -155,7 +157,7 @@ def _describe_error(e: BaseException, token: str | None) -> str:
     """One line from a Hub client exception and its causes (at most two), the token masked."""
     seen, parts = set(), []
     if (slow := _timed_out(e)) is not None:
-        text = slow
+        text = strip_userinfo(slow)
         return (text.replace(token, "***") if token else text)[:400]
     while e is not None and len(parts) < 2:
         status = getattr(getattr(e, "response", None), "status_code", None)
@@ -171,7 +173,7 @@ def _describe_error(e: BaseException, token: str | None) -> str:
         if status:  # the HTTP error says it all; its causes repeat it
             break
         e = e.__cause__ or e.__context__
-    text = ": ".join(parts)
+    text = strip_userinfo(": ".join(parts))  # the client's messages quote the URL, credentials and all
     if token:
         text = text.replace(token, "***")
     return text[:400]
@@ -280,8 +282,8 @@ def _upload(api, plan: PublishPlan, result: PublishResult, message: str | None, 
             current = rp.repo_id
             summary = message or f"Upload {', '.join(f.path_in_repo for f in rp.to_upload)} (ggufdspark publish)"
             info = api.create_commit(rp.repo_id, ops, commit_message=summary, parent_commit=rp.head)
-            result.commits[rp.repo_id] = info.commit_url
-            log.info("committed %s", info.commit_url)
+            result.commits[rp.repo_id] = strip_userinfo(info.commit_url)
+            log.info("committed %s", result.commits[rp.repo_id])
             _verify(api, rp, info.oid)
     except GgufdsparkError:
         raise

@@ -12,6 +12,7 @@ from typing import Iterable, Mapping, Sequence
 from ggufdspark.check import PairReport, check_pair
 from ggufdspark.errors import PublishError, PublishOptionError
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
+from ggufdspark.hubref import strip_userinfo
 from ggufdspark.profiles import file_sha256
 from ggufdspark.publish.cards import (Pair, human_size, license_from_gguf, llama_server_command, render_card,
                                       serve_command)
@@ -152,8 +153,9 @@ def plan_publish(target: Paths, draft: Paths, *,
                              for b in ("cuda", "metal")},
                           "serve": serve_command(pair.ref("target", q), pair.ref("draft", q))} for q in tq}
     commands = {b: quant_commands[tq[0]][b] for b in ("cuda", "metal")}
-    return PublishPlan(repos, commands, dry_run=True, endpoint=endpoint or hf_constants.ENDPOINT,
-                       pairing=pairing, quant_commands=quant_commands)
+    # the endpoint as shown (plan, JSON): a mirror's URL may carry credentials
+    shown = strip_userinfo(endpoint or hf_constants.ENDPOINT)
+    return PublishPlan(repos, commands, dry_run=True, endpoint=shown, pairing=pairing, quant_commands=quant_commands)
 
 
 def resolution_warnings(plan: PublishPlan, listing: dict[str, list[str]]) -> None:

@@ -37,7 +37,7 @@ class PublishPlan:
     repos: list[RepoPlan]
     commands: dict[str, str]  # backend -> llama-server command line, for the first target
     dry_run: bool
-    endpoint: str
+    endpoint: str  # as shown: without the user:password@ of the URL (publish talks to the one given)
     pairing: dict[str, str] = field(default_factory=dict)  # target quant -> draft quant
     # target quant -> {"cuda": llama-server line, "metal": ..., "serve": ggufdspark serve line}
     quant_commands: dict[str, dict[str, str]] = field(default_factory=dict)
