@@ -76,7 +76,7 @@ SIZES = {
     "gpu": Size(),
     # the CPU size: a quarter of the work per step, fewer steps; hours on 2 cores
     "cpu": replace(Size(), hidden=192, layers=6, attention_layers=(2, 4), heads=3, kv_heads=1, ffn=512, seq=256,
-                   target_steps=4000, target_batch=16, target_seconds=3 * 3600.0, gen_batches=12, gen_batch=64,
+                   target_steps=4000, target_batch=16, target_seconds=3 * 3600.0, gen_batches=8, gen_batch=64,
                    gen=128, d_ffn=512, d_heads=3, d_kv_heads=1, taps=(1, 3, 4), drafter_steps=3000,
                    drafter_batch=8, anchors=8, drafter_seconds=2 * 3600.0, eval_prompts=16),
     # a few minutes on a CPU: a pair that predicts a little, to check the engine against the reference
@@ -278,12 +278,18 @@ def _load_weights(directory: Path) -> dict:
 
 
 def greedy(model, prompts, n_new: int):
-    """Greedy continuations, [N, P + n_new] (``prompts``: [N, P]); the whole sequence is run again for
-    each token (no cache: the model is small, and this needs nothing of transformers' generate)."""
+    """Greedy continuations, [N, P + n_new] (``prompts``: [N, P]), exactly ``n_new`` tokens each:
+    transformers' ``generate`` with its cache, or (where that fails) the whole sequence run again for
+    each token."""
     import torch
 
-    seq = prompts
     with torch.no_grad():
+        try:
+            return model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                                  max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=0, use_cache=True)
+        except Exception as e:  # an API change of transformers: the slow way still gives the same tokens
+            log.warning("generate() failed (%s): greedy without a cache", str(e).splitlines()[0][:200])
+        seq = prompts
         for _ in range(n_new):
             logits = model(input_ids=seq, use_cache=False).logits[:, -1]
             seq = torch.cat((seq, logits.argmax(-1, keepdim=True)), dim=1)
@@ -423,11 +429,11 @@ def run_corpus(work: Path, vocab: int, limit_bytes: int | None) -> dict:
     return corpus.build(Path(work) / "corpus", vocab_size=vocab, limit_bytes=limit_bytes)
 
 
-def run_train(work: Path, size_name: str) -> dict:
+def run_train(work: Path, size_name: str, **overrides) -> dict:
     import torch
 
     work = Path(work)
-    size = SIZES[size_name]
+    size = replace(SIZES[size_name], **overrides)
     facts = json.loads((work / "corpus" / "corpus.json").read_text())
     t0 = time.time()
     random.seed(0)
@@ -465,13 +471,17 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("train", help="target, distillation, drafter, evaluation, export")
     t.add_argument("work", type=Path)
     t.add_argument("--size", choices=sorted(SIZES), default="gpu")
+    t.add_argument("--target-minutes", type=float, default=None, help="cap the target's training (default: the size's)")
+    t.add_argument("--drafter-minutes", type=float, default=None, help="cap the drafter's training (default: the size's)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     if args.cmd == "corpus":
         facts = run_corpus(args.work, args.vocab, int(args.limit_mb * 1e6) if args.limit_mb else None)
         print(json.dumps({k: v for k, v in facts.items() if k != "heldout_names"}))
     else:
-        report = run_train(args.work, args.size)
+        over = {k: v * 60 for k, v in (("target_seconds", args.target_minutes),
+                                           ("drafter_seconds", args.drafter_minutes)) if v is not None}
+        report = run_train(args.work, args.size, **over)
         print(json.dumps({k: report[k] for k in ("target", "drafter", "eval", "seconds")}))
     return 0
 
