@@ -18,8 +18,10 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# where the held-out files are: sha1(relative path) mod HOLDOUT_MOD == 0
+# where the held-out files are: sha1(relative path) mod HOLDOUT_MOD == 0 (evaluation), in DISTILL
+# (the prompts of the drafter's training data: text the target never trained on, as a user's prompt is)
 HOLDOUT_MOD = 20
+DISTILL = (1, 2, 3)
 # files larger than this are mostly data tables (unicodedata-like), not code to learn from
 MAX_FILE_BYTES = 400_000
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "idlelib", "lib2to3", "pydoc_data", "encodings"}
@@ -31,8 +33,16 @@ class Source:
     text: str
 
     @property
+    def bucket(self) -> int:
+        return int(hashlib.sha1(self.rel.encode()).hexdigest(), 16) % HOLDOUT_MOD
+
+    @property
     def held_out(self) -> bool:
-        return int(hashlib.sha1(self.rel.encode()).hexdigest(), 16) % HOLDOUT_MOD == 0
+        return self.bucket == 0
+
+    @property
+    def distill(self) -> bool:
+        return self.bucket in DISTILL
 
 
 def stdlib_root() -> Path:
@@ -65,11 +75,12 @@ def python_sources(root: Path | None = None, limit_bytes: int | None = None) -> 
     return out
 
 
-def split(sources: list[Source]) -> tuple[list[Source], list[Source]]:
-    """(training, held-out)."""
-    train = [s for s in sources if not s.held_out]
+def split(sources: list[Source]) -> tuple[list[Source], list[Source], list[Source]]:
+    """(the target's training files, the distillation prompts' files, the held-out files)."""
+    train = [s for s in sources if not s.held_out and not s.distill]
+    distill = [s for s in sources if s.distill]
     held = [s for s in sources if s.held_out]
-    return train, held
+    return train, distill, held
 
 
 def train_tokenizer(out: Path, texts: list[str], vocab_size: int) -> dict[str, int]:
@@ -103,18 +114,20 @@ def build(out: Path, vocab_size: int = 8192, limit_bytes: int | None = None, roo
     """Tokenizer (``out/tokenizer``), ``out/train.npy`` and ``out/heldout.npy``; returns the facts."""
     out = Path(out)
     sources = python_sources(root, limit_bytes)
-    train, held = split(sources)
-    log.info("corpus: %d files (%d held out), %.1f MB", len(sources), len(held),
-             sum(len(s.text) for s in sources) / 1e6)
+    train, distill, held = split(sources)
+    log.info("corpus: %d files (%d for distillation prompts, %d held out), %.1f MB", len(sources), len(distill),
+             len(held), sum(len(s.text) for s in sources) / 1e6)
     train_tokenizer(out / "tokenizer", [s.text for s in train], vocab_size)
-    tr, ho = encode(out / "tokenizer", train), encode(out / "tokenizer", held)
+    tr, di, ho = (encode(out / "tokenizer", x) for x in (train, distill, held))
     np.save(out / "train.npy", tr)
+    np.save(out / "distill.npy", di)
     np.save(out / "heldout.npy", ho)
     import sys
 
     facts = {"python": sys.version.split()[0], "root": str(root or stdlib_root()), "files": len(sources),
              "heldout_files": len(held), "bytes": sum(len(s.text.encode()) for s in sources),
-             "train_tokens": int(tr.size), "heldout_tokens": int(ho.size), "vocab_size": vocab_size,
+             "distill_files": len(distill), "train_tokens": int(tr.size), "distill_tokens": int(di.size),
+             "heldout_tokens": int(ho.size), "vocab_size": vocab_size,
              "heldout_names": [s.rel for s in held]}
     import json
 

@@ -48,11 +48,11 @@ class Size:
     kv_heads: int = 2
     ffn: int = 768
     seq: int = 512
-    target_steps: int = 3000
+    target_steps: int = 1500
     target_batch: int = 64
     target_lr: float = 3e-3
     target_seconds: float = 200.0  # a cap: training stops there even before target_steps
-    gen_batches: int = 16
+    gen_batches: int = 24
     gen_batch: int = 256
     gen: int = 192
     d_layers: int = 2
@@ -63,11 +63,11 @@ class Size:
     taps: tuple[int, ...] = (1, 3, 5, 6)
     block_size: int = 9
     markov_rank: int = 32
-    drafter_steps: int = 3000
+    drafter_steps: int = 6000
     drafter_batch: int = 32
     anchors: int = 16
     drafter_lr: float = 2e-3
-    drafter_seconds: float = 150.0
+    drafter_seconds: float = 210.0
     eval_prompts: int = 32
     eval_draft: int = 8
 
@@ -301,14 +301,16 @@ def distill(work: Path, size: Size, model) -> list[tuple[int, "object"]]:
     import torch
 
     dev = _device()
-    train = np.load(work / "corpus" / "train.npy")
+    # prompts from files the target never trained on (as users' prompts are), half of them, and from
+    # its training files: a target recites what it memorised, and the drafter must follow both
+    streams = [np.load(work / "corpus" / "distill.npy"), np.load(work / "corpus" / "train.npy")]
     rng = np.random.default_rng(2)
     lengths = [p for p in (32, 64, 128, 192, 256, 320) if p + size.gen <= size.seq] or [size.seq // 2]
     out, t0 = [], time.time()
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
     for b in range(size.gen_batches):
         p = lengths[b % len(lengths)]
-        prompts = torch.from_numpy(_windows(train, size.gen_batch, p, rng)).to(dev)
+        prompts = torch.from_numpy(_windows(streams[b % 2], size.gen_batch, p, rng)).to(dev)
         with amp:
             seq = greedy(model, prompts, size.gen)
         out.append((p, seq))
@@ -396,14 +398,15 @@ def simulate(model, drafter, tokens, prompt_len: int, n_draft: int, layer_inputs
     return counts
 
 
-def evaluate(work: Path, size: Size, model, drafter) -> dict:
+def evaluate(work: Path, size: Size, model, drafter, split: str = "heldout", n_prompts: int | None = None) -> dict:
+    """Accept length per position on prompts of ``split`` (``heldout``: files neither model saw)."""
     import torch
 
     dev = _device()
-    held = np.load(work / "corpus" / "heldout.npy")
+    held = np.load(work / "corpus" / f"{split}.npy")
     rng = np.random.default_rng(4)
     p = min(128, size.seq // 2)
-    prompts = torch.from_numpy(_windows(held, size.eval_prompts, p, rng)).to(dev)
+    prompts = torch.from_numpy(_windows(held, n_prompts or size.eval_prompts, p, rng)).to(dev)
     model, drafter = model.float(), drafter.float()
     seqs = greedy(model, prompts, min(128, size.seq - p))
     counts: list[int] = []
@@ -448,6 +451,8 @@ def run_train(work: Path, size_name: str, **overrides) -> dict:
     drafter, dft = train_drafter(work, size, model, tcfg, data)
     drafter, _ = load_drafter(work / "pair" / "drafter", model.model.embed_tokens.weight.detach())
     ev = evaluate(work, size, model, drafter.to(dev))
+    ev["other_splits"] = {sp: {k: v for k, v in evaluate(work, size, model, drafter, sp, 8).items() if k != "samples"}
+                          for sp in ("train", "distill")}
     import transformers
 
     report = {"size": size_name, "shape": asdict(size), "device": torch.cuda.get_device_name() if dev.type == "cuda"
