@@ -7,6 +7,7 @@ import click
 from ggufdspark.cli._common import echo_json
 from ggufdspark.families import DEFAULT_FAMILY, FAMILIES, SIZES
 from ggufdspark.generate import DTYPES, ONLY, generate
+from ggufdspark.interrupts import stop_signals_interrupt
 
 
 @click.command(name="generate")
@@ -28,8 +29,9 @@ from ggufdspark.generate import DTYPES, ONLY, generate
 def command(out, family, size, only, dtype, vl, force, as_json):
     """Generate a random LFM2 / LFM2-MoE target and/or its DSpark drafter (Hub layout) under OUT.
     Needs the 'generate' extra: pip install 'ggufdspark[generate]'."""
-    r = generate(out, family=family, size=size, only=only, dtype=dtype, vl=vl, force=force,
-                 on_step=lambda msg: click.echo(msg, err=True))
+    with stop_signals_interrupt():  # SIGTERM / SIGHUP: what this run wrote removed, as on Ctrl-C
+        r = generate(out, family=family, size=size, only=only, dtype=dtype, vl=vl, force=force,
+                     on_step=lambda msg: click.echo(msg, err=True))
     if as_json:
         echo_json(r.to_dict())
     else:
