@@ -9,7 +9,8 @@ Exit codes (``exit_code``): 1 by default; 2 a usage error (click's own code, als
 and outputs refused before any work); 3 the lossless gate failed; 4 an input file missing or
 unreadable, or a Hub reference naming nothing there (``HubNotFoundError``); 5 a bench whose two
 plain runs disagreed too much to give a speedup (the machine's speed moved during the run:
-``PlainDriftError``); 130 interrupted; 141 the reader of the output went away (a broken pipe).
+``PlainDriftError``); 130 interrupted; 143 / 129 stopped by SIGTERM / SIGHUP while writing
+(``ggufdspark.interrupts``); 141 the reader of the output went away (a broken pipe).
 
 Usage errors (exit 2) are decided here and nowhere else: an option value the library refuses is an
 ``InvalidArgumentError`` (or a subclass that also names the verb's own error, such as

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ggufdspark import engine
+from ggufdspark import engine, interrupts
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import (EngineError, GgufdsparkError, InputNotFoundError, InvalidArgumentError,
                                OutputExistsError, UnsafeOutputError, UnsupportedModelError, no_space_error)
@@ -178,14 +178,16 @@ def quantize(source: str | Path, qtype: str, *, output: str | Path | None = None
     if imatrix is not None:
         args += ["--imatrix", str(imatrix)]
 
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o666 & ~umask)  # mkstemp makes it private; the result is an ordinary file
     t0 = time.monotonic()
+    tmp: Path | None = None
     try:
+        with interrupts.held():  # a stop signal between creating the .partial and owning it: raised after
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+            tmp = Path(tmp_name)
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o666 & ~umask)  # mkstemp makes it private; the result is an ordinary file
         args += [str(src), str(tmp), name, str(threads or os.cpu_count() or 1)]
         _run(args, src, name, progress, out)
         result = _verify(tmp, out, src, kind, name, src_type, keep)
@@ -197,7 +199,8 @@ def quantize(source: str | Path, qtype: str, *, output: str | Path | None = None
     except FileExistsError:
         raise OutputExistsError(f"{out}: appeared while quantizing (use --force to overwrite)") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     result.seconds = time.monotonic() - t0
     result.path = out
     return result
@@ -205,10 +208,15 @@ def quantize(source: str | Path, qtype: str, *, output: str | Path | None = None
 
 def _run(args: list[str], src: Path, name: str, progress: Progress | None, out: Path) -> None:
     log.debug("%s", " ".join(args))
-    proc, line = lifeline.spawn(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace")
+    proc: subprocess.Popen | None = None
+    line = None
     tail: list[str] = []
     try:
+        # SIGTERM / SIGHUP held while starting it: raised in the fork, or before Popen returns, it
+        # would leave llama-quantize running unseen, writing the .partial file after its removal
+        with interrupts.held():
+            proc, line = lifeline.spawn(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, errors="replace")
         assert proc.stdout is not None
         for text in proc.stdout:
             text = text.rstrip("\n")
@@ -218,11 +226,13 @@ def _run(args: list[str], src: Path, name: str, progress: Progress | None, out: 
                 progress(int(m.group(1)), int(m.group(2)), m.group(3))
         rc = proc.wait()
     except BaseException:
-        lifeline.killpg(proc.pid)
-        proc.wait()
+        if proc is not None:
+            lifeline.killpg(proc.pid)
+            proc.wait()
         raise
     finally:
-        line.release()
+        if line is not None:
+            line.release()
     if rc == -signal.SIGXFSZ or (rc != 0 and any(_NO_ROOM.search(t) for t in tail)):
         # the file-size limit kills the tool (SIGXFSZ); a full disk makes its write fail
         code = errno.EFBIG if rc == -signal.SIGXFSZ else errno.ENOSPC

@@ -444,12 +444,27 @@ def test_a_log_window_takes_each_request_once_as_the_log_grows(tmp_path):
     assert later.take().requests == len(tm.parse(done.decode(), format="log", allow_plain=True))
 
 
-def test_timings_follow_prints_what_a_running_server_finishes(small_pair, start_server):
-    """`ggufdspark timings --follow LOG --json` beside a real llama-server: JSON lines of what finished,
-    adding up to the responses' own counts, none while idle; Ctrl-C (SIGINT) ends it with exit 0;
-    options that do not apply to a growing log are refused in one line."""
+def _stop(p: subprocess.Popen) -> tuple[str, str]:
+    """End a follower whatever signal dispositions it inherited (issue 63: run where SIGINT is ignored,
+    a SIGINT alone left it polling for ever): SIGINT, then SIGTERM, then SIGKILL. Returns its output."""
     import signal
 
+    for stop in (lambda: p.send_signal(signal.SIGINT), p.terminate, p.kill):
+        if p.poll() is not None:
+            break
+        stop()
+        try:
+            return p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    return p.communicate()
+
+
+def test_timings_follow_prints_what_a_running_server_finishes(small_pair, start_server):
+    """`ggufdspark timings --follow LOG --json` beside a real llama-server: JSON lines of what finished,
+    adding up to the responses' own counts, none while idle; Ctrl-C (SIGINT) ends it with exit 0
+    (SIGTERM where the suite runs with SIGINT ignored); options that do not apply to a growing log are
+    refused in one line."""
     srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=4, parallel=1, ctx_size=512)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen([sys.executable, "-m", "ggufdspark", "timings", "--follow", str(srv.log_path), "--every", "0.3",
@@ -464,8 +479,7 @@ def test_timings_follow_prints_what_a_running_server_finishes(small_pair, start_
             assert line, f"timings --follow ended early: {lines}, {p.stderr.read()}"
             lines.append(json.loads(line))
     finally:
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=30)
+        out, err = _stop(p)
     assert p.returncode == 0 and "Traceback" not in err, err
     assert out.strip() == "", out  # idle after the two requests: nothing more
     for key in ("predicted_n", "draft_n", "draft_n_accepted"):

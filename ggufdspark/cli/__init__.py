@@ -20,6 +20,7 @@ from ggufdspark import __version__
 from ggufdspark.cli._common import WARNING, close_progress, safe_text
 from ggufdspark.errors import GgufdsparkError
 from ggufdspark.hubref import strip_userinfo
+from ggufdspark.interrupts import Terminated
 
 # verb -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -71,6 +72,12 @@ class LazyGroup(click.Group):
                 raise
             # messages quote files and engine logs: escaped, so they cannot drive the terminal
             click.echo(f"ggufdspark: error: {safe_text(strip_userinfo(e))}", err=True)
+            sys.exit(e.exit_code)
+        except Terminated as e:  # SIGTERM / SIGHUP inside interrupts.stop_signals_interrupt()
+            try:
+                click.echo(f"ggufdspark: stopped by {e.name}", err=True)
+            except OSError:
+                pass  # SIGHUP: the terminal may be gone
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("ggufdspark: interrupted", err=True)

@@ -7,6 +7,7 @@ import click
 from ggufdspark.cli._common import ProgressLine, echo_json
 from ggufdspark.convert.common import OUTTYPES
 from ggufdspark.convert.drafter import convert_drafter
+from ggufdspark.interrupts import stop_signals_interrupt
 
 
 
@@ -26,8 +27,9 @@ def outtype_option():
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(drafter, target, output, outtype, force, as_json):
     """Convert the safetensors DSpark DRAFTER (directory or Hub repo id) to a GGUF draft."""
-    r = convert_drafter(drafter, target, output=output, outtype=outtype, force=force,
-                        progress=ProgressLine("convert", unit="B"))
+    with stop_signals_interrupt():  # SIGTERM / SIGHUP: the half-written .part removed, as on Ctrl-C
+        r = convert_drafter(drafter, target, output=output, outtype=outtype, force=force,
+                            progress=ProgressLine("convert", unit="B"))
     report(r, as_json)
 
 

@@ -8,6 +8,7 @@ import click
 from ggufdspark.cli._common import ProgressLine, echo_json
 from ggufdspark.cli.convert import outtype_option, report
 from ggufdspark.convert.target import convert_target
+from ggufdspark.interrupts import stop_signals_interrupt
 
 
 @click.command(name="convert-target")
@@ -22,8 +23,9 @@ from ggufdspark.convert.target import convert_target
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(target, output, outtype, mmproj, mmproj_output, force, as_json):
     """Convert an LFM2 / LFM2-VL target checkpoint (directory or Hub repo id) to GGUF."""
-    r = convert_target(target, output=output, outtype=outtype, force=force, progress=ProgressLine("convert", unit="B"),
-                       mmproj=mmproj, mmproj_output=mmproj_output)
+    with stop_signals_interrupt():  # SIGTERM / SIGHUP: the half-written .part removed, as on Ctrl-C
+        r = convert_target(target, output=output, outtype=outtype, force=force,
+                           progress=ProgressLine("convert", unit="B"), mmproj=mmproj, mmproj_output=mmproj_output)
     if as_json:
         m = r.mmproj
         echo_json({"path": str(r.path), "sha256": r.sha256, "tensors": r.n_tensors, "bytes": r.nbytes,

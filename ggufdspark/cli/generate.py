@@ -7,6 +7,7 @@ import click
 from ggufdspark.cli._common import echo_json
 from ggufdspark.families import DEFAULT_FAMILY, FAMILIES, SIZES
 from ggufdspark.generate import DTYPES, ONLY, generate, generate_trained
+from ggufdspark.interrupts import stop_signals_interrupt
 
 
 @click.command(name="generate")
@@ -39,10 +40,12 @@ def command(out, family, size, only, dtype, vl, trained, force, as_json):
                  if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise click.UsageError(f"--trained writes the shipped pair as it is: {', '.join(given)} do not apply")
-        r = generate_trained(out, force=force, on_step=lambda msg: click.echo(msg, err=True))
-    else:
-        r = generate(out, family=family, size=size, only=only, dtype=dtype, vl=vl, force=force,
-                     on_step=lambda msg: click.echo(msg, err=True))
+    with stop_signals_interrupt():  # SIGTERM / SIGHUP: what this run wrote removed, as on Ctrl-C
+        if trained:
+            r = generate_trained(out, force=force, on_step=lambda msg: click.echo(msg, err=True))
+        else:
+            r = generate(out, family=family, size=size, only=only, dtype=dtype, vl=vl, force=force,
+                         on_step=lambda msg: click.echo(msg, err=True))
     if as_json:
         echo_json(r.to_dict())
     else:

@@ -6,6 +6,7 @@ import click
 
 from ggufdspark.cli._common import ProgressLine, echo_json, hub_file
 from ggufdspark.quantize import quantize
+from ggufdspark.interrupts import stop_signals_interrupt
 
 
 @click.command(name="quantize")
@@ -29,8 +30,9 @@ def command(source, qtype, output, imatrix, force, server, as_json):
     if local != source and output is None:
         output = "."  # never into the Hugging Face cache's snapshot
     source = local
-    r = quantize(source, qtype, output=output, imatrix=imatrix, force=force, server=server,
-                 progress=ProgressLine("quantize"))
+    with stop_signals_interrupt():  # SIGTERM / SIGHUP: llama-quantize stopped, the .partial removed
+        r = quantize(source, qtype, output=output, imatrix=imatrix, force=force, server=server,
+                     progress=ProgressLine("quantize"))
     if as_json:
         echo_json(r.to_dict())
         return

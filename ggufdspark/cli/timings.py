@@ -14,6 +14,7 @@ import click
 from ggufdspark import timings as tm
 from ggufdspark.cli._common import NumberRange, echo_json, finite_json
 from ggufdspark.errors import InputNotFoundError
+from ggufdspark.interrupts import stop_signals_interrupt
 from ggufdspark.timings.live import LogWindow, stats_line
 
 # (header, RequestTimings attribute, format): the table's columns, left to right
@@ -178,18 +179,20 @@ def _follow(file: str | None, every: float, *, as_json: bool, refused: list[str]
     if not Path(file).is_file():
         raise InputNotFoundError(f"{file}: log not found")
     window = LogWindow(file)
-    click.echo(f"following {file}: a line every {every:g} s in which requests finished or ran (Ctrl-C ends)",
-               err=True)
+    # ended by Ctrl-C, kill (SIGTERM) or a closed terminal (SIGHUP) alike, from the moment it says it
+    # follows: a follower left behind by a script or a test run would otherwise poll on for ever
     try:
-        while True:
-            time.sleep(every)
-            st = window.take()
-            if not st.active:
-                continue
-            if as_json:
-                click.echo(json.dumps(finite_json(st.to_dict())))
-            else:
-                click.echo(stats_line(st))
-            sys.stdout.flush()
-    except KeyboardInterrupt:
+        with stop_signals_interrupt():
+            click.echo(f"following {file}: a line every {every:g} s in which requests finished or ran "
+                       "(Ctrl-C ends)", err=True)
+            while True:
+                time.sleep(every)
+                st = window.take()
+                if st.active:
+                    click.echo(json.dumps(finite_json(st.to_dict())) if as_json else stats_line(st))
+                    sys.stdout.flush()
+                if window.gone:
+                    raise InputNotFoundError(f"{file}: the log is gone (deleted or moved away); "
+                                             "stopped following")
+    except KeyboardInterrupt:  # Ctrl-C, or interrupts.Terminated
         pass

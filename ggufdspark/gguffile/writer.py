@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from ggufdspark import interrupts
 from ggufdspark.errors import GgufdsparkError, OutputExistsError, no_space_error
 from ggufdspark.gguffile.constants import (DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, SCALAR_FORMAT,
                                            TYPE_SIZES, TensorType, ValueType)
@@ -153,13 +154,15 @@ class GGUFWriter:
         if self.path.exists() and not force:
             raise OutputExistsError(f"{self.path}: already exists (use --force to overwrite)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; the output gets the usual permissions
         total = self.total_bytes
         done = 0
+        tmp = None
         try:
+            with interrupts.held():  # a stop signal between creating the .part and owning it: raised after
+                fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; the output gets the usual permissions
             with os.fdopen(fd, "wb", buffering=0) as f, _Sink(f) as put:
                 put(self._header())
                 for t in self._tensors:
@@ -178,7 +181,8 @@ class GGUFWriter:
             os.replace(tmp, self.path)
         except BaseException as e:
             try:
-                os.unlink(tmp)
+                if tmp is not None:
+                    os.unlink(tmp)
             except FileNotFoundError:
                 pass
             if isinstance(e, OSError) and not isinstance(e, GgufdsparkError):

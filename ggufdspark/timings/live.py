@@ -15,6 +15,7 @@ user's own Prometheus would then read)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -25,10 +26,18 @@ from ggufdspark.errors import TimingsParseError
 from ggufdspark.timings.formats import parse_log
 from ggufdspark.timings.records import RequestTimings
 
+log = logging.getLogger(__name__)
+
 _LAUNCH = re.compile(r"launch_slot_: id +(\d+) \| task (-?\d+) \|")
 _RELEASE = re.compile(r"release: id +(\d+) \| task (-?\d+) \| stop processing")
 _CANCEL = re.compile(r"cancel task, id_task = \d+")  # a client that went away (no timing block follows)
+# a new engine's first line (tools/server/server.cpp: SRV_INF "initializing ...", prefixed
+# "srv  <function>: "; load_model's "initializing, n_slots = ..." is a later line of the same start)
+_BANNER = re.compile(r"^.*\bsrv +\w+: initializing \.\.\.[ \t]*$", re.M)
 _MAX_READ = 1 << 24  # bytes read a take: a log that grew more is caught up over several takes
+MAX_LINE = 1 << 24  # a longer line is skipped (the engine's lines are short; its prompts are not logged whole)
+_TAIL = 64  # bytes compared to tell a log that was cut and rewritten past the old end
+GONE_AFTER = 2  # takes in a row without the log before it is gone
 
 
 @dataclass
@@ -68,56 +77,120 @@ class IntervalStats:
 
 
 class LogWindow:
-    """Follows a llama-server log from where it stood when made (``from_end``) or from its start."""
+    """Follows a llama-server log from where it stood when made (``from_end``) or from its start.
+
+    The log is reopened by name at each take, as ``tail -F`` does, so what happens to the file is
+    seen: a log truncated in place (logrotate's ``copytruncate``) or replaced by another file is read
+    from its start again; a new engine's first line (``srv ...: initializing ...``: ``serve`` restarting
+    a crashed engine, or another engine started on the same log) means none of the old engine's
+    requests runs any more. A log missing at ``GONE_AFTER`` takes in a row is ``gone`` (deleted or
+    moved away; one miss is allowed for a rotation that renames it and creates it anew). A line
+    longer than ``MAX_LINE`` bytes (no engine writes one) is skipped, with a warning, instead of
+    holding up the lines after it.
+    """
 
     def __init__(self, path: str | os.PathLike, *, from_end: bool = True):
         self.path = Path(path)
-        try:
-            self.offset = self.path.stat().st_size if from_end else 0
-        except FileNotFoundError:
-            self.offset = 0  # the engine creates it
+        self.offset = 0
+        self.inode: tuple[int, int] | None = None  # (device, inode) of the file read last
+        self.tail = b""  # the bytes just before ``offset``: if they moved, the log was cut and rewritten
+        self.skipping = False  # inside an over-long line: dropped up to its end
+        self.missing = 0  # takes in a row that found no file at the path
         self.pending = ""  # complete lines after the last release, taken in with a later one
         self.running: set[tuple[int, int]] = set()
         self.since = time.monotonic()
+        if from_end:
+            try:
+                with open(self.path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    self.offset, self.inode = st.st_size, (st.st_dev, st.st_ino)
+                    f.seek(max(0, self.offset - _TAIL))
+                    self.tail = f.read(self.offset - max(0, self.offset - _TAIL))
+            except FileNotFoundError:
+                pass  # the engine creates it
+
+    @property
+    def gone(self) -> bool:
+        """The log has been missing at ``GONE_AFTER`` takes in a row."""
+        return self.missing >= GONE_AFTER
 
     def restart(self) -> IntervalStats:
         """The engine died and is started again on the same log: what the old one finished (its log
         read to the end); none of its requests runs any more."""
         st = self.take()
+        self._new_engine()
+        return st
+
+    def _new_engine(self) -> None:
         self.running.clear()
         self.pending = ""
-        return st
+
+    def _start_over(self, why: str) -> None:
+        log.debug("%s: %s: reading it from its start", self.path, why)
+        self.offset, self.tail, self.skipping = 0, b"", False
+        self._new_engine()
 
     def _read(self) -> str:
         """The complete lines appended since the last read."""
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self.offset:  # truncated or replaced: start over
-                    self.offset, self.pending = 0, ""
-                f.seek(self.offset)
-                data = f.read(min(size - self.offset, _MAX_READ))
+            f = open(self.path, "rb")
         except FileNotFoundError:
+            self.missing += 1
+            if self.missing == GONE_AFTER:  # said by the caller (``gone``), which decides what follows
+                log.debug("%s: the log is gone (deleted or moved away)", self.path)
             return ""
-        end = data.rfind(b"\n") + 1
+        with f:
+            self.missing = 0
+            st = os.fstat(f.fileno())
+            inode = (st.st_dev, st.st_ino)
+            if self.inode is not None and inode != self.inode:
+                self._start_over("replaced by another file")
+            elif st.st_size < self.offset:
+                self._start_over("truncated")
+            elif self.tail:
+                f.seek(self.offset - len(self.tail))
+                if f.read(len(self.tail)) != self.tail:  # cut, then written past where it was
+                    self._start_over("truncated and rewritten")
+            self.inode = inode
+            f.seek(self.offset)
+            data = f.read(min(st.st_size - self.offset, _MAX_READ))
+        start = 0
+        if self.skipping:  # the rest of an over-long line
+            nl = data.find(b"\n")
+            start = len(data) if nl < 0 else nl + 1
+            self.skipping = nl < 0
+        end = max(start, data.rfind(b"\n") + 1)
+        text = data[start:end]  # the complete lines
+        if len(data) - end >= MAX_LINE:  # no line end in MAX_LINE bytes: that line is skipped
+            log.warning("%s: a line of more than %d MiB at byte %d: skipped", self.path, MAX_LINE >> 20,
+                        self.offset + end)
+            self.skipping, end = True, len(data)
+        self.tail = (self.tail + data[:end])[-_TAIL:]
         self.offset += end
-        return data[:end].decode("utf-8", errors="replace")
+        return text.decode("utf-8", errors="replace")
 
     def take(self) -> IntervalStats:
         """What finished since the last take (or since the window was made)."""
         text = self._read()
         cancelled = len(_CANCEL.findall(text))
-        for line in text.splitlines():
-            if m := _LAUNCH.search(line):
-                self.running.add((int(m[1]), int(m[2])))
-            elif m := _RELEASE.search(line):
-                self.running.discard((int(m[1]), int(m[2])))
-        text = self.pending + text
-        cut = _last_release_end(text)
-        done, self.pending = text[:cut], text[cut:]
+        records: list[RequestTimings] = []
+        cuts = [m.start() for m in _BANNER.finditer(text)]
+        for i, (a, b) in enumerate(zip([0] + cuts, cuts + [len(text)])):
+            if i:  # a new engine's first line: the old one's unreleased requests never end
+                self._new_engine()
+            piece = text[a:b]
+            for line in piece.splitlines():
+                if m := _LAUNCH.search(line):
+                    self.running.add((int(m[1]), int(m[2])))
+                elif m := _RELEASE.search(line):
+                    self.running.discard((int(m[1]), int(m[2])))
+            piece = self.pending + piece
+            cut = _last_release_end(piece)
+            records += _records(piece[:cut], str(self.path))
+            self.pending = piece[cut:]
         now = time.monotonic()
         seconds, self.since = now - self.since, now
-        return interval_stats(_records(done, str(self.path)), seconds, len(self.running), cancelled)
+        return interval_stats(records, seconds, len(self.running), cancelled)
 
 
 def _last_release_end(text: str) -> int:
