@@ -43,3 +43,21 @@ def build_other_pair(root: str | Path) -> Pair:
     refused next to the small target."""
     spec = replace(synth.SMALL_TARGET, hidden_size=96, vocab_size=1100, intermediate_size=256)
     return build_pair(root, target_spec=spec, name="other-lfm2")
+
+
+def build_trained_pair(root: str | Path, *, outtype: str = "f16", name: str = "trained-lfm2") -> Pair:
+    """The trained pair that ships with the package (``ggufdspark.trained.shipped``), converted: a
+    drafter that really predicts its target (reusing finished files)."""
+    from ggufdspark.trained import shipped
+
+    root = Path(root)
+    tdir, ddir = root / name / "target", root / name / "drafter"
+    target = root / f"{name}-{outtype.upper()}.gguf"
+    draft = root / f"dspark-{name}-{outtype.upper()}.gguf"
+    if not (ddir / "config.json").is_file():
+        shipped.write(root / name, force=True)
+    if not target.is_file():
+        convert_target(tdir, output=target, outtype=outtype)
+    if not draft.is_file():
+        convert_drafter(ddir, target, output=draft, outtype=outtype)
+    return Pair(tdir, ddir, target, draft)
