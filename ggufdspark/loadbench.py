@@ -33,6 +33,8 @@ from ggufdspark import traffic as tr
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import BenchError, EngineError, InvalidArgumentError, OutputExistsError
 from ggufdspark.loadreport import NOISE_ARM, LoadReport
+from ggufdspark.profiles import pair_record
+from ggufdspark.redaction import redact_command_line, redact_engine_args
 from ggufdspark.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
                                 log_directory, prepare, running, server_failure, warm)
 from ggufdspark.runners.client import Client
@@ -324,7 +326,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                                "default chain, a seed a request)" if temperature > 0 else "greedy")
                                + f", prompt cache off, ignore_eos (every answer exactly {answer_tokens} tokens)"}
         return LoadReport(
-            command=command,
+            command=redact_command_line(command) if command else None,
             engine={"commit": info.commit, "version": info.version, "path": info.path, "patches": list(info.patches)},
             hardware={"backend": decision.backend, "devices": decision.devices},
             traffic=traffic,
@@ -332,13 +334,14 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                       "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
                       "p_min": p_min, "draft_cut": drafted.draft_n_max_by_slots, "slots": shape.slots, "ctx_per_slot": per_slot,
                       "synthetic": asdict(synthetic) if synthetic else None,
-                      "plain_command": settings["plain"].redacted(), "drafted_command": drafted.redacted(),
+                      "plain_command": redact_engine_args(settings["plain"].redacted()),
+                      "drafted_command": redact_engine_args(drafted.redacted()),
                       **({"drafted_arms": {a.name: _arm_text(a, settings[a.name]) for a in draft_arms}}
                          if draft_arms else {}),
                       **({"noise_floor": f"{NOISE_ARM}: a second plain server, the same command as plain"}
                          if noise_floor else {})},
             synthetic=synthetic.describe() if synthetic else None, arms=arms,
-            logs={a: str(logs / f"{a}.log") for a in settings})
+            logs={a: str(logs / f"{a}.log") for a in settings}, pair=pair_record(target, draft))
 
 
 def _round_levels(n: int, r: int) -> list[int]:
