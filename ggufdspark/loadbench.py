@@ -66,17 +66,29 @@ def paused_arm(n_max: int) -> DraftArm:
     return DraftArm("n0", n_max, [(0, 0)])
 
 
+# The most slots one engine runs: llama.cpp keeps one sequence a slot in a bitset of LLAMA_MAX_SEQ
+# (256, src/llama-cparams.h); 100000 clients made the engine abort at start with a backtrace.
+MAX_CLIENTS = 256
+# The longest answer a request asks for: 32768 tokens, beyond any standard shape (256, 1024) and the
+# trained context of the models served here; 10^8 ran about 14 minutes an arm before anything failed.
+MAX_ANSWER_TOKENS = 32768
+
+
 def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
                requests_per_client: int | None, requests: int | None, seed: int, backend: str,
                temperature: float = 0.0, rounds: int = 1, conversation: bool = False) -> tr.Shape:
     """The traffic asked for, validated.
 
     Raises:
-        InvalidArgumentError: a level below 1 client or a rate <= 0, both ``clients`` and
-            ``rate`` as levels, an option of the other mode, or counts below 1.
+        InvalidArgumentError: a level below 1 client or above ``MAX_CLIENTS``, a rate <= 0, both
+            ``clients`` and ``rate`` as levels, an option of the other mode, counts below 1, or
+            answers longer than ``MAX_ANSWER_TOKENS``.
     """
-    if answer_tokens < 1:
-        raise InvalidArgumentError(f"--answer-tokens {answer_tokens}: expected at least 1")
+    if not 1 <= answer_tokens <= MAX_ANSWER_TOKENS:
+        raise InvalidArgumentError(f"--answer-tokens {answer_tokens}: expected 1..{MAX_ANSWER_TOKENS}")
+    if clients and max(clients) > MAX_CLIENTS:
+        raise InvalidArgumentError(f"--clients {max(clients)}: at most {MAX_CLIENTS} (one llama-server runs at most "
+                                   f"{MAX_CLIENTS} slots: LLAMA_MAX_SEQ)")
     if not 0 <= temperature <= 100:
         raise InvalidArgumentError(f"--temperature {temperature:g}: expected 0 (greedy) to 100")
     if rounds < 1:

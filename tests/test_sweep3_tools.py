@@ -313,3 +313,30 @@ def test_tune_json_never_holds_the_key(small_pair, ggufdspark_cli, isolated):
     assert rep["settings"]["server_args"] == ["--api-key=<redacted>"]
     assert KEY1 not in Path(rep["profile_path"]).read_text()
     assert rep["pair"]["target_sha256"] == sha256(small_pair.target)  # row 13: the pair it measured
+
+
+# ----------------------------------------------------------------------------- also seen: bench --load bounds
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--clients", "100000"], "--clients 100000: at most 256"),
+    (["--clients", "1,257"], "--clients 257: at most 256"),
+    (["--rate", "2", "--clients", "5000"], "--clients 5000: at most 256"),
+    (["--answer-tokens", "100000000"], "--answer-tokens 100000000: expected 1..32768"),
+])
+def test_bench_load_bounds_clients_and_answer_tokens(args, said, small_pair, ggufdspark_cli, isolated, tmp_path):
+    """Also seen: --clients 100000 made the engine abort with an 18-line backtrace (llama.cpp runs at
+    most 256 sequences), --answer-tokens 100000000 ran ~14 minutes an arm: both refused up front
+    with one line and exit 2, no engine started (no log directory written)."""
+    logs = tmp_path / "logs"
+    p = ggufdspark_cli("bench", "--load", "-m", str(small_pair.target), "-md", str(small_pair.draft), *args,
+                       "--log-dir", str(logs), env=isolated, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert said in p.stderr.strip().splitlines()[-1], p.stderr
+    assert not logs.exists() or not any(logs.iterdir())
+
+
+def test_tune_load_bounds_clients(small_pair, ggufdspark_cli, isolated):
+    p = ggufdspark_cli("tune", "--load", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--clients",
+                       "1,1000", "--no-save", env=isolated, timeout=60)
+    assert p.returncode == 2 and "--clients 1000: at most 256" in p.stderr, p.stderr
