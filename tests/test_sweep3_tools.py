@@ -340,3 +340,36 @@ def test_tune_load_bounds_clients(small_pair, ggufdspark_cli, isolated):
     p = ggufdspark_cli("tune", "--load", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--clients",
                        "1,1000", "--no-save", env=isolated, timeout=60)
     assert p.returncode == 2 and "--clients 1000: at most 256" in p.stderr, p.stderr
+
+
+# ----------------------------------------------------------------------------- also seen: the warm-up's timeout
+
+
+def test_a_hung_warm_up_gives_up_after_its_timeout(small_pair, start_server):
+    """Also seen: a warm-up request that never answered waited a fixed 300 s. Its limit is now the
+    WarmUp's own (``timeout_s``: by default a minute plus the prompt at a slow CPU's rate, or as
+    given): an engine stopped (SIGSTOP) during the warm-up is given up on after it, said, and
+    served through once it runs again."""
+    import os
+    import signal
+    import time
+
+    from ggufdspark import warmup
+
+    srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=3)
+    short = warmup.decide("cpu", srv.settings, True, 0)
+    long = warmup.decide("cuda", srv.settings, None, None)
+    assert short.on and 30 <= short.timeout_s <= 120, short
+    assert long.prompt_tokens == 2048 and short.timeout_s < long.timeout_s < 300, long
+    assert warmup.decide("cpu", srv.settings, True, 0, timeout=7.5).timeout_s == 7.5
+    events: list[str] = []
+    os.kill(srv.proc.pid, signal.SIGSTOP)  # our own engine: stopped, not ended
+    try:
+        t0 = time.monotonic()
+        took = warmup.warmed(srv, warmup.WarmUp(True, 0, "test", timeout_s=2.0), None, events.append)
+        waited = time.monotonic() - t0
+    finally:
+        os.kill(srv.proc.pid, signal.SIGCONT)
+    assert took is None and waited < 2.0 + warmup._WARMUP_EXIT_WAIT_S + 5, (took, waited)
+    assert len(events) == 1 and "warm-up request failed" in events[0] and "timed out" in events[0], events
+    assert srv.alive() and srv.client().complete("Hello", n_predict=2)  # the engine serves on
