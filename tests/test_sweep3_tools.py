@@ -373,3 +373,42 @@ def test_a_hung_warm_up_gives_up_after_its_timeout(small_pair, start_server):
     assert took is None and waited < 2.0 + warmup._WARMUP_EXIT_WAIT_S + 5, (took, waited)
     assert len(events) == 1 and "warm-up request failed" in events[0] and "timed out" in events[0], events
     assert srv.alive() and srv.client().complete("Hello", n_predict=2)  # the engine serves on
+
+
+# ----------------------------------------------------------------------------- also seen: publish's commit order
+
+
+def test_an_interrupted_publish_never_leaves_the_target_card_without_its_draft(small_pair, hub, hub_env, isolated):
+    """Also seen: Ctrl-C between publish's two commits left the target repo's card (whose serve line
+    names the draft repo) committed while the draft repo had no draft. The draft repo is committed
+    first now: a publish interrupted while its draft commit hangs leaves the target repo without
+    the card; a re-run finishes both."""
+    import os
+    import signal
+    import time
+
+    hub.hang = r"^POST /api/models/org/Tiny-LFM2-DSpark-GGUF/commit/"
+    env = {**os.environ, **hub_env, **isolated, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    args = [sys.executable, "-m", "ggufdspark", "publish", "--target", str(small_pair.target), "--draft",
+            str(small_pair.draft), "--repo", "org/Tiny-LFM2"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not hub.hung and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting for the Hub to hold the draft's commit
+        assert hub.hung, f"the draft's commit never came (exit {proc.poll()})"
+        proc.send_signal(signal.SIGINT)  # the process we started: Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0, out
+    target_files = hub.files("org/Tiny-LFM2-GGUF") if "org/Tiny-LFM2-GGUF" in hub.repos else {}
+    assert "README.md" not in target_files, "the target card was committed while its draft repo had no draft"
+    assert "Traceback" not in err, err
+    hub.hang = None
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "dspark-Tiny-LFM2-F16.gguf" in hub.files("org/Tiny-LFM2-DSpark-GGUF")
+    assert "README.md" in hub.files("org/Tiny-LFM2-GGUF")
