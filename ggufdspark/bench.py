@@ -39,7 +39,7 @@ from ggufdspark.profiles import pair_record
 from ggufdspark.redaction import redact_engine_args
 from ggufdspark.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoint, Outcome, Progress, Synthetic,
                                 Turn, arm_settings, base_settings, check_p_min, check_rates, check_threads,
-                                concurrency_levels, log_directory,
+                                concurrency_levels, kept_logs, log_directory,
                                 measure_load, prepare, request, run_first_arm, running, warm)
 from ggufdspark.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStats, accept_histogram, bracket_drift,
                                check_plot_path, decode_tps, format_report, group_stats, plain_drift, plot_report,
@@ -306,7 +306,7 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
                 for t, p1, s, p2 in zip(arms.turns, arms.plain, arms.spec, arms.plain_again)]
         return BenchReport(settings, synthetic.describe() if synthetic else None, groups, overall, drift, load,
                            arms.gate, acceptance, reference,
-                           {k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")}, rows,
+                           kept_logs({k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")}, log_dir), rows,
                            pair=pair_record(target, draft))
 
 

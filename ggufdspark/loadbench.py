@@ -36,7 +36,7 @@ from ggufdspark.loadreport import NOISE_ARM, LoadReport
 from ggufdspark.profiles import pair_record
 from ggufdspark.redaction import redact_command_line, redact_engine_args
 from ggufdspark.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
-                                log_directory, prepare, running, server_failure, warm)
+                                kept_logs, log_directory, prepare, running, server_failure, warm)
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import ServerProcess, ServerSettings
 
@@ -353,7 +353,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                       **({"noise_floor": f"{NOISE_ARM}: a second plain server, the same command as plain"}
                          if noise_floor else {})},
             synthetic=synthetic.describe() if synthetic else None, arms=arms,
-            logs={a: str(logs / f"{a}.log") for a in settings}, pair=pair_record(target, draft))
+            logs=kept_logs({a: str(logs / f"{a}.log") for a in settings}, log_dir), pair=pair_record(target, draft))
 
 
 def _round_levels(n: int, r: int) -> list[int]:

@@ -308,7 +308,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
                     "offload": decision.offload, "flash_attn": decision.flash_attn, "server_args": redact_engine_args(server_args or []),
                     "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos",
                     "engine_failures": failures}
-        result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs),
+        result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs) if log_dir else None,
                             pair=profiles.pair_record(target, draft))
         if save:
             data = result.to_dict()

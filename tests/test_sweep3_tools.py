@@ -412,3 +412,36 @@ def test_an_interrupted_publish_never_leaves_the_target_card_without_its_draft(s
     assert again.returncode == 0, again.stderr
     assert "dspark-Tiny-LFM2-F16.gguf" in hub.files("org/Tiny-LFM2-DSpark-GGUF")
     assert "README.md" in hub.files("org/Tiny-LFM2-GGUF")
+
+
+# ----------------------------------------------------------------------------- also seen: temporary folders
+
+
+def test_bench_and_tune_leave_no_temporary_folder(small_pair, ggufdspark_cli, isolated, tmp_path):
+    """Also seen: every bench / tune run left a /tmp/ggufdspark-* folder of server logs nobody asked
+    for. Without --log-dir they are removed when the run ends well (its report then names no logs);
+    with --log-dir they are kept and named."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**isolated, "TMPDIR": str(tmp)}
+    t, d = str(small_pair.target), str(small_pair.draft)
+    runs = {
+        "bench": ["bench", "-m", t, "-md", d, "--limit", "1", "--categories", "complex_reasoning", "-n", "8",
+                  "--no-gate", "--concurrency", "1", "--max-plain-drift", "1000", "--json"],
+        "bench --load": ["bench", "--load", "-m", t, "-md", d, "--clients", "1", "--answer-tokens", "4",
+                         "--requests-per-client", "1", "--json"],
+        "sampling check": ["bench", "--sampling-check", "-m", t, "-md", d, "--samples", "20", "-n", "2", "--json"],
+        "tune": ["tune", "-m", t, "-md", d, "--rates", "0.8,0.6", "--draft-lengths", "1", "--concurrency", "1",
+                 "-n", "4", "--requests", "1", "--no-save", "--json"],
+    }
+    for name, args in runs.items():
+        p = ggufdspark_cli(*args, env=env)
+        assert p.returncode in (0, 1, 3) and "Traceback" not in p.stderr, (name, p.stderr[-2000:])  # 1: inconclusive
+        rep = json.loads(p.stdout)
+        assert not rep["logs"], (name, rep["logs"])
+        assert list(tmp.iterdir()) == [], (name, list(tmp.iterdir()))
+    kept = tmp_path / "kept"
+    p = ggufdspark_cli(*runs["bench --load"], "--log-dir", str(kept), env=env)
+    assert p.returncode == 0, p.stderr
+    logs = json.loads(p.stdout)["logs"]
+    assert set(logs) == {"plain", "drafted"} and all(Path(f).is_file() for f in logs.values()), logs
