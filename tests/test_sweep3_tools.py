@@ -445,3 +445,53 @@ def test_bench_and_tune_leave_no_temporary_folder(small_pair, ggufdspark_cli, is
     assert p.returncode == 0, p.stderr
     logs = json.loads(p.stdout)["logs"]
     assert set(logs) == {"plain", "drafted"} and all(Path(f).is_file() for f in logs.values()), logs
+
+
+# ----------------------------------------------------------------------------- also seen: huge headers
+
+
+def _rss_and_time(args: list[str]) -> tuple[subprocess.CompletedProcess, int, float]:
+    """Run ``ggufdspark ARGS`` under a fresh wrapper interpreter whose only child it is: the child's
+    peak RSS (KiB) and wall time, besides the process."""
+    import os
+
+    code = ("import resource, subprocess, sys, time, json\n"
+            "t0 = time.monotonic()\n"
+            "p = subprocess.run([sys.executable, '-m', 'ggufdspark', *sys.argv[1:]], capture_output=True, text=True)\n"
+            "print(json.dumps([p.returncode, p.stdout, p.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
+            " time.monotonic() - t0]))\n")
+    root = Path(__file__).resolve().parent.parent
+    w = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=root,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    rc, out, err, rss, wall = json.loads(w.stdout)
+    return subprocess.CompletedProcess(args, rc, out, err), rss, wall
+
+
+def test_inspect_refuses_a_header_of_millions_of_empty_strings(small_pair, tmp_path):
+    """Also seen: a 96 MB header of 12 M empty strings (a valid count: every item is 8 bytes) took
+    inspect 9 s and 218 MB before it said anything. Arrays are bounded (no model's metadata holds a
+    million items, the largest vocabularies a few hundred thousand): one line naming the file, the
+    key and the count, at once."""
+    import struct
+
+    from ggufdspark.gguffile.constants import GGUF_MAGIC, ValueType
+
+    path = tmp_path / "huge-header.gguf"
+    n = 12_000_000
+    key = b"tokenizer.ggml.tokens"
+    with open(path, "wb") as f:
+        f.write(GGUF_MAGIC + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+                + struct.pack("<IIQ", ValueType.ARRAY, ValueType.STRING, n))
+        f.write(bytes(8 * n))  # 12 M empty strings: each a zero length
+    small, base_rss, _ = _rss_and_time(["inspect", str(small_pair.draft)])
+    assert small.returncode == 0, small.stderr
+    p, rss, wall = _rss_and_time(["inspect", str(path)])
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert str(path) in line and "'tokenizer.ggml.tokens'" in line and str(n) in line, line
+    assert rss < base_rss + 40_000, f"inspect took {rss} KiB ({base_rss} KiB for a real draft)"
+    assert wall < 8, f"inspect took {wall:.1f} s to refuse it"
+    # a real vocabulary-sized array still reads
+    from ggufdspark.gguffile.reader import read_gguf
+
+    assert len(read_gguf(small_pair.target).metadata["tokenizer.ggml.tokens"]) == 1024
