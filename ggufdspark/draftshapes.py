@@ -104,10 +104,13 @@ def markov_rank(d: GGUFFile) -> int | None:
     return shape[1] if shape is not None else None
 
 
-def expected_tensors(hp: DraftHparams, *, n_vocab: int, n_taps: int, rank: int | None) -> dict[str, tuple[tuple[int, ...], bool]]:
+Expected = dict[str, tuple[tuple[int, ...], bool]]  # tensor name -> (shape, required)
+
+
+def expected_tensors(hp: DraftHparams, *, n_vocab: int, n_taps: int, rank: int | None) -> Expected:
     """name -> (shape, required) of every tensor the engine creates for this draft."""
     h = hp.n_embd
-    out: dict[str, tuple[tuple[int, ...], bool]] = {
+    out: Expected = {
         "fc.weight": ((h, n_taps * h), True),
         "enc.output_norm.weight": ((h,), True),
         "output_norm.weight": ((h,), True),
@@ -137,7 +140,7 @@ def same_shape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) <= 4 and len(b) <= 4 and ne(a) == ne(b)
 
 
-def shape_problem(d: GGUFFile, expected: dict[str, tuple[tuple[int, ...], bool]]) -> tuple[str | None, int]:
+def shape_problem(d: GGUFFile, expected: Expected) -> tuple[str | None, int]:
     """(the first tensor missing or of another shape than ``expected``, and how many are), or (None, 0)."""
     bad: list[str] = []
     for name, (shape, required) in expected.items():
