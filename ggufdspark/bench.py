@@ -35,9 +35,11 @@ from ggufdspark.gate import (NEAR_TIE_GAP, GateResult, check_reference, first_di
                              run_gate)
 from ggufdspark.hardware import Decision
 from ggufdspark.prompts import render
+from ggufdspark.profiles import pair_record
+from ggufdspark.redaction import redact_engine_args
 from ggufdspark.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoint, Outcome, Progress, Synthetic,
                                 Turn, arm_settings, base_settings, check_p_min, check_rates, check_threads,
-                                concurrency_levels, log_directory,
+                                concurrency_levels, kept_logs, log_directory,
                                 measure_load, prepare, request, run_first_arm, running, warm)
 from ggufdspark.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStats, accept_histogram, bracket_drift,
                                check_plot_path, decode_tps, format_report, group_stats, plain_drift, plot_report,
@@ -297,13 +299,15 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
                     "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
                     "requests": len(arms.turns), "prompts": pset.source, "images": pset.images,
                     "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,
-                    "spec_command": spec_settings.redacted(), "plain_command": plain_settings.redacted()}
+                    "spec_command": redact_engine_args(spec_settings.redacted()),
+                    "plain_command": redact_engine_args(plain_settings.redacted())}
         rows = [{"item": t.item, "category": t.category, "turn": t.turn, "prompt_tokens": t.n_prompt,
                  "plain": _row(p1), "spec": _row(s), "plain_again": _row(p2)}
                 for t, p1, s, p2 in zip(arms.turns, arms.plain, arms.spec, arms.plain_again)]
         return BenchReport(settings, synthetic.describe() if synthetic else None, groups, overall, drift, load,
                            arms.gate, acceptance, reference,
-                           {k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")}, rows)
+                           kept_logs({k: str(logs / f"{k}.log") for k in ("plain-1", "spec", "plain-2")}, log_dir), rows,
+                           pair=pair_record(target, draft))
 
 
 def _row(o: Outcome) -> dict:

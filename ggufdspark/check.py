@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufdspark import families
+from ggufdspark import draftshapes, families
 from ggufdspark.gguffile.mmproj import ClipKey, projector_width
 from ggufdspark.errors import PairMismatchError
 from ggufdspark.gguffile.constants import TOKENIZER_IDENTITY_KEYS, Key
@@ -169,6 +169,8 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
         width = fc[1]
         out.append(CheckResult("fc input width", width == len(taps) * th,
                                f"fc takes {width}, {len(taps)} taps x hidden {th} = {len(taps) * th}"))
+    if kind == "dspark-draft":
+        out += check_draft_shapes(d, vocab_size(d), len(taps))
     bs = d.get_int(Key.BLOCK_SIZE)
     out.append(CheckResult("block size sane", isinstance(bs, int) and 2 <= bs <= MAX_BLOCK_SIZE,
                            f"block_size {bs} (expected 2..{MAX_BLOCK_SIZE})"))
@@ -176,6 +178,32 @@ def check_gguf_pair(t: GGUFFile, d: GGUFFile) -> list[CheckResult]:
     if mask is not None:
         out.append(CheckResult("mask token in vocabulary", tv is not None and 0 <= mask < tv,
                                f"mask_token_id {mask}, vocabulary {tv}"))
+    return out
+
+
+def check_draft_shapes(d: GGUFFile, n_vocab: int | None, n_taps: int) -> list[CheckResult]:
+    """The draft's attention heads, Markov head and tensors as llama.cpp's loader needs them
+    (``draftshapes``): each failure names the value the engine would refuse at start."""
+    hp = draftshapes.draft_hparams(d)
+    if hp is None:
+        return []
+    out = []
+    attention = draftshapes.attention_problem(hp)
+    out.append(CheckResult("draft attention heads", attention is None, attention or draftshapes.describe_attention(hp)))
+    rank = draftshapes.markov_rank(d)
+    if rank is not None:
+        out.append(CheckResult("draft Markov head rank", rank > 0,
+                               f"rank {rank}" + ("" if rank > 0 else " (markov_w1.weight has no columns): expected at "
+                                                 "least 1")))
+    if attention is None and n_vocab and n_taps and (rank is None or rank > 0):
+        expected = draftshapes.expected_tensors(hp, n_vocab=n_vocab, n_taps=n_taps, rank=rank)
+        problem, n_bad = draftshapes.shape_problem(d, expected)
+        out.append(CheckResult("draft tensor shapes", problem is None,
+                               (problem + (f" (and {n_bad - 1} more)" if n_bad > 1 else "")) if problem else
+                               f"{len(expected)} tensors as {hp.n_layer} layers, hidden {hp.n_embd} and "
+                               f"{n_taps} taps imply"))
+    types = draftshapes.type_problem(d)
+    out.append(CheckResult("draft tensor types", types is None, types or "float or quantized weights"))
     return out
 
 

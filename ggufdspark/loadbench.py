@@ -33,8 +33,10 @@ from ggufdspark import traffic as tr
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import BenchError, EngineError, InvalidArgumentError, OutputExistsError
 from ggufdspark.loadreport import NOISE_ARM, LoadReport
+from ggufdspark.profiles import pair_record
+from ggufdspark.redaction import redact_command_line, redact_engine_args
 from ggufdspark.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
-                                log_directory, prepare, running, server_failure, warm)
+                                kept_logs, log_directory, prepare, running, server_failure, warm)
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import ServerProcess, ServerSettings
 
@@ -64,17 +66,29 @@ def paused_arm(n_max: int) -> DraftArm:
     return DraftArm("n0", n_max, [(0, 0)])
 
 
+# The most slots one engine runs: llama.cpp keeps one sequence a slot in a bitset of LLAMA_MAX_SEQ
+# (256, src/llama-cparams.h); 100000 clients made the engine abort at start with a backtrace.
+MAX_CLIENTS = 256
+# The longest answer a request asks for: 32768 tokens, beyond any standard shape (256, 1024) and the
+# trained context of the models served here; 10^8 ran about 14 minutes an arm before anything failed.
+MAX_ANSWER_TOKENS = 32768
+
+
 def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
                requests_per_client: int | None, requests: int | None, seed: int, backend: str,
                temperature: float = 0.0, rounds: int = 1, conversation: bool = False) -> tr.Shape:
     """The traffic asked for, validated.
 
     Raises:
-        InvalidArgumentError: a level below 1 client or a rate <= 0, both ``clients`` and
-            ``rate`` as levels, an option of the other mode, or counts below 1.
+        InvalidArgumentError: a level below 1 client or above ``MAX_CLIENTS``, a rate <= 0, both
+            ``clients`` and ``rate`` as levels, an option of the other mode, counts below 1, or
+            answers longer than ``MAX_ANSWER_TOKENS``.
     """
-    if answer_tokens < 1:
-        raise InvalidArgumentError(f"--answer-tokens {answer_tokens}: expected at least 1")
+    if not 1 <= answer_tokens <= MAX_ANSWER_TOKENS:
+        raise InvalidArgumentError(f"--answer-tokens {answer_tokens}: expected 1..{MAX_ANSWER_TOKENS}")
+    if clients and max(clients) > MAX_CLIENTS:
+        raise InvalidArgumentError(f"--clients {max(clients)}: at most {MAX_CLIENTS} (one llama-server runs at most "
+                                   f"{MAX_CLIENTS} slots: LLAMA_MAX_SEQ)")
     if not 0 <= temperature <= 100:
         raise InvalidArgumentError(f"--temperature {temperature:g}: expected 0 (greedy) to 100")
     if rounds < 1:
@@ -324,7 +338,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                                "default chain, a seed a request)" if temperature > 0 else "greedy")
                                + f", prompt cache off, ignore_eos (every answer exactly {answer_tokens} tokens)"}
         return LoadReport(
-            command=command,
+            command=redact_command_line(command) if command else None,
             engine={"commit": info.commit, "version": info.version, "path": info.path, "patches": list(info.patches)},
             hardware={"backend": decision.backend, "devices": decision.devices},
             traffic=traffic,
@@ -332,13 +346,14 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                       "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
                       "p_min": p_min, "draft_cut": drafted.draft_n_max_by_slots, "slots": shape.slots, "ctx_per_slot": per_slot,
                       "synthetic": asdict(synthetic) if synthetic else None,
-                      "plain_command": settings["plain"].redacted(), "drafted_command": drafted.redacted(),
+                      "plain_command": redact_engine_args(settings["plain"].redacted()),
+                      "drafted_command": redact_engine_args(drafted.redacted()),
                       **({"drafted_arms": {a.name: _arm_text(a, settings[a.name]) for a in draft_arms}}
                          if draft_arms else {}),
                       **({"noise_floor": f"{NOISE_ARM}: a second plain server, the same command as plain"}
                          if noise_floor else {})},
             synthetic=synthetic.describe() if synthetic else None, arms=arms,
-            logs={a: str(logs / f"{a}.log") for a in settings})
+            logs=kept_logs({a: str(logs / f"{a}.log") for a in settings}, log_dir), pair=pair_record(target, draft))
 
 
 def _round_levels(n: int, r: int) -> list[int]:

@@ -24,6 +24,7 @@ class LoadReport:
     synthetic: str | None
     arms: dict[str, list[tr.LevelResult]]
     logs: dict[str, str] = field(default_factory=dict)
+    pair: dict | None = None  # profiles.pair_record: what publish --results checks
 
     @property
     def drafted_arms(self) -> list[str]:
@@ -38,7 +39,7 @@ class LoadReport:
         return self.ratios_of(self.drafted_arms[0])
 
     def to_dict(self) -> dict:
-        out = {"kind": "ggufdspark bench --load", "command": self.command, "engine": self.engine,
+        out = {"kind": "ggufdspark bench --load", "command": self.command, "pair": self.pair, "engine": self.engine,
                "hardware": self.hardware, "traffic": self.traffic, "settings": self.settings,
                "synthetic": self.synthetic, "ratios": self.ratios,
                "arms": {a: [lv.to_dict() for lv in levels] for a, levels in self.arms.items()}, "logs": self.logs}

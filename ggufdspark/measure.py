@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -152,10 +153,11 @@ SEGV_HINT = ("on CPUs with AMX the pinned engine's repacked-weight kernels have 
 
 @contextlib.contextmanager
 def log_directory(log_dir: str | Path | None, prefix: str) -> Iterator[Path]:
-    """Where a run's server logs go: ``log_dir`` (created if missing), else a fresh temporary
-    directory named ``<prefix>...``. A temporary directory the run leaves empty because it failed
-    or was refused before writing anything is removed again; one holding logs stays (errors name
-    them). Shared by bench and tune."""
+    """Where a run's server logs go: ``log_dir`` (created if missing, kept), else a fresh temporary
+    directory named ``<prefix>...``, removed when the run ends well (its logs were not asked for:
+    reports then name none, ``kept_logs``). A run that fails keeps the temporary directory where it
+    holds logs (errors name them) and removes it where it is still empty (refused before anything
+    was written). Shared by bench and tune."""
     made = not log_dir
     logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=prefix))
     logs.mkdir(parents=True, exist_ok=True)
@@ -165,6 +167,14 @@ def log_directory(log_dir: str | Path | None, prefix: str) -> Iterator[Path]:
         if made and logs.is_dir() and not any(logs.iterdir()):
             logs.rmdir()
         raise
+    if made:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def kept_logs(logs: dict[str, str], log_dir: str | Path | None) -> dict[str, str]:
+    """A report's ``logs`` (arm -> path): as given with ``log_dir``, else none (``log_directory``
+    removes its temporary directory when the run ends well)."""
+    return logs if log_dir else {}
 
 
 # How long a server whose request failed may take to exit before it counts as still running: a

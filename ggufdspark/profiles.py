@@ -11,11 +11,14 @@ import json
 import logging
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 
 from ggufdspark.devices import DeviceReport
 from ggufdspark.engine import cache_dir, sha256_file
+from ggufdspark.errors import InvalidArgumentError
+from ggufdspark.launch import parse_draft_cut
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +39,32 @@ def file_sha256(path: str | Path) -> str:
         return known[key]
     known[key] = sha256_file(p)
     store.parent.mkdir(parents=True, exist_ok=True)
-    tmp = store.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(known))
-    os.replace(tmp, store)
+    _write_whole(store, json.dumps(known))
     return known[key]
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """``text`` at ``path``, renamed into place from a temporary file of its own (a random name
+    created exclusively, so that saves running at once in threads or processes never rename each
+    other's file away); the last rename wins, every reader sees one whole file. The file is created
+    with the usual permissions (0666 less the umask), as ``write_text`` would."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def pair_record(target: str | Path, draft: str | Path) -> dict:
+    """The pair a measurement was taken on, as every report and profile records it (``pair``): the
+    paths, and the sha256 of each file, which ``publish --results`` checks against the pair it
+    publishes (a path says nothing once the file is renamed or replaced)."""
+    return {"target": str(target), "draft": str(draft), "target_sha256": file_sha256(target),
+            "draft_sha256": file_sha256(draft)}
 
 
 def hardware_key(report: DeviceReport) -> str:
@@ -105,6 +130,26 @@ def profile_problem(data: object) -> str | None:
             continue
         if not isinstance(v, types) or (bool not in types and isinstance(v, bool)) or not ok(v):
             return f"recommendation.{key} is {v!r}, expected {expected}"
+    return _load_cut_problem(rec)
+
+
+def _load_cut_problem(rec: dict) -> str | None:
+    """Why the recommendation's ``load_cut`` (already a list of [N, L] pairs) is not a cut serve can
+    pass on, or None: the rules of ``--draft-n-max-by-slots`` (``launch.parse_draft_cut``: N
+    ascending from 0, L 0..64; ``serve_checks.check_draft_cut``: L no longer than the draft length
+    it cuts), so that a hand-edited profile fails here, naming itself, not at the engine's start."""
+    cut = rec.get("load_cut")
+    if not cut:
+        return None
+    try:
+        steps = parse_draft_cut(",".join(f"{n}:{k}" for n, k in cut))
+    except InvalidArgumentError as e:
+        return f"recommendation.load_cut is {cut!r}: {str(e).split(': ', 1)[-1]}"
+    n_max = rec.get("draft_n_max")
+    for n, k in steps:
+        if n_max is not None and k > n_max:
+            return (f"recommendation.load_cut is {cut!r}: {n}:{k} cuts drafts to {k} tokens, longer than the "
+                    f"profile's draft length {n_max}")
     return None
 
 
@@ -113,10 +158,7 @@ def save_profile(report: DeviceReport, target: str | Path, draft: str | Path, da
     p.parent.mkdir(parents=True, exist_ok=True)
     record = {"hardware": {"key": hardware_key(report), "backend": report.backend,
                            "devices": [d.__dict__ for d in report.devices]},
-              "pair": {"target": str(target), "draft": str(draft), "target_sha256": file_sha256(target),
-                       "draft_sha256": file_sha256(draft)},
+              "pair": pair_record(target, draft),
               "written_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **data}
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, p)
+    _write_whole(p, json.dumps(record, indent=2))
     return p

@@ -149,6 +149,7 @@ class BenchReport:
     reference: dict | None = None
     logs: dict = field(default_factory=dict)
     requests: list[dict] = field(default_factory=list)
+    pair: dict | None = None  # profiles.pair_record: what publish --results checks
 
     @property
     def headline_refused(self) -> bool:
@@ -167,7 +168,7 @@ class BenchReport:
         for p in load:
             p["plain_drift"] = _finite(p.get("plain_drift"))
         drift = {**self.drift, "plain_drift": _finite(self.drift.get("plain_drift"))}
-        return {"settings": self.settings, "synthetic": self.synthetic,
+        return {"kind": "ggufdspark bench", "pair": self.pair, "settings": self.settings, "synthetic": self.synthetic,
                 "plain_drift": drift["plain_drift"], "headline_refused": self.headline_refused,
                 "groups": groups, "overall": overall, "drift": drift, "load": load, "load_shape": LOCKSTEP_LABEL,
                 "gate": self.gate.to_dict(), "acceptance": self.acceptance, "reference": self.reference,

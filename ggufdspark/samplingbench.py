@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ggufdspark.errors import BenchError, BenchOptionError, LosslessGateError
-from ggufdspark.measure import arm_settings, base_settings, log_directory, prepare, running
+from ggufdspark.measure import arm_settings, base_settings, kept_logs, log_directory, prepare, running
+from ggufdspark.profiles import pair_record
 from ggufdspark.runners.client import Client
 from ggufdspark.sampling_check import ALPHA, SamplingCheck, check_samples
 
@@ -93,9 +94,11 @@ class SamplingReport:
     settings: dict[str, Any]
     logs: dict[str, str] = field(default_factory=dict)
     reason: str = ""
+    pair: dict | None = None  # profiles.pair_record: what publish --results checks
 
     def to_dict(self) -> dict:
-        return {"kind": "ggufdspark bench --sampling-check", "status": self.status, "reason": self.reason,
+        return {"kind": "ggufdspark bench --sampling-check", "pair": self.pair, "status": self.status,
+                "reason": self.reason,
                 "settings": self.settings,
                 "arms": {k: a.to_dict() for k, a in self.arms.items()}, "check": self.check.to_dict(),
                 "logs": self.logs}
@@ -172,4 +175,6 @@ def run_sampling_check(target: str | Path, draft: str | Path, *, prompt: str = D
         shown = {"prompt": prompt, "samples": samples, "n_predict": n_predict, "temperature": temperature,
                  "top_k": top_k, "alpha": alpha, "seed": seed, "clients": clients,
                  "draft_n_max": settings["drafted"].draft_n_max, "engine": str(info.path)}
-        return SamplingReport(status, check, arms, shown, {a: str(logs / f"{a}.log") for a in settings}, reason)
+        return SamplingReport(status, check, arms, shown, kept_logs({a: str(logs / f"{a}.log") for a in settings},
+                                                                    log_dir), reason,
+                              pair=pair_record(target, draft))

@@ -32,6 +32,7 @@ from ggufdspark.acceptance import (  # noqa: F401  (public here too: tune's own 
     profile_from_rates,
 )
 from ggufdspark.errors import BenchError, BenchOptionError, InputNotFoundError
+from ggufdspark.redaction import redact_engine_args
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,12 @@ class TuneResult:
     recommendation: dict
     profile_path: str | None = None
     logs: str | None = None
+    pair: dict | None = None  # profiles.pair_record: what publish --results checks
 
     def to_dict(self) -> dict:
-        return {"settings": self.settings, "acceptance": self.acceptance.to_dict(),
+        # no "pair" key without one: a saved profile merges this dict over its own pair record
+        return {"kind": "ggufdspark tune", **({"pair": self.pair} if self.pair else {}), "settings": self.settings,
+                "acceptance": self.acceptance.to_dict(),
                 "plain": [asdict(p) | {"speed": p.speed} for p in self.plain.values()],
                 "points": [asdict(p) | {"speed": p.speed, "ratio": _ratio(p, self.plain)} for p in self.points],
                 "drift": self.drift, "recommendation": self.recommendation, "profile_path": self.profile_path,
@@ -301,10 +305,11 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
                     "backend": decision.backend, "devices": decision.devices, "block_size": limits.block_size,
                     "draft_lengths": lengths, "p_min": p_list, "concurrency": levels, "n_predict": n_predict,
                     "requests_at_1": requests, "rounds": rounds, "trials": trials, "prompts": len(prompts),
-                    "offload": decision.offload, "flash_attn": decision.flash_attn, "server_args": server_args or [],
+                    "offload": decision.offload, "flash_attn": decision.flash_attn, "server_args": redact_engine_args(server_args or []),
                     "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos",
                     "engine_failures": failures}
-        result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs))
+        result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs) if log_dir else None,
+                            pair=profiles.pair_record(target, draft))
         if save:
             data = result.to_dict()
             data.pop("profile_path", None)

@@ -103,9 +103,10 @@ class TuneLoadResult:
     traffic: dict
     profile_path: str | None = None
     reports: list[dict] = field(default_factory=list, repr=False)
+    pair: dict | None = None  # profiles.pair_record: what publish --results checks
 
     def to_dict(self) -> dict:
-        return {"recommendation": self.recommendation,
+        return {"kind": "ggufdspark tune --load", "pair": self.pair, "recommendation": self.recommendation,
                 "ratios": {str(n): {str(k): v for k, v in r.items()} for n, r in self.ratios.items()},
                 "traffic": self.traffic, "profile": self.profile_path,
                 "load": self.reports[0] if self.reports else None}
@@ -172,7 +173,8 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
               for n, arm in arms.items()}
     traffic = rep.traffic
     rec = recommend_load(ratios, min_gain=min_gain)
-    result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic)}, reports=[rep.to_dict()])
+    result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic)}, reports=[rep.to_dict()],
+                            pair=rep.pair)
     if save:
         devices = hardware.detect(engine)  # the pair and engine were checked by run_load
         data = {"recommendation": {**rec, "measured_with": "tune --load (bench --load traffic)"},

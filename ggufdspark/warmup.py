@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from ggufdspark import traffic
@@ -34,6 +34,13 @@ DEFAULT_PROMPT_TOKENS = {"cuda": 2048}
 # server answers no completions
 _NO_WARMUP_ARGS = ("--no-warmup", "--embedding", "--embeddings", "--reranking", "--rerank")
 _WARMUP_LOG_WAIT_S = 5.0
+# How long the warm-up request may take before it counts as hung (a fixed 300 s before): a minute for
+# the short prompt, plus the prompt at a slow CPU's prompt rate (the 3B target on 2 cores of an x86
+# CPU processes prompts at about 40 tokens/s; half that allows for a slower machine or model), so
+# that a 2048-token warm-up gets about 2.7 minutes and a hung engine is given up on, said, and served
+# through (or found dead) in time. ``decide``'s ``timeout`` overrides it.
+WARMUP_BASE_TIMEOUT_S = 60.0
+WARMUP_SLOW_PROMPT_TPS = 20.0
 # after a failed warm-up request, how long the engine has to exit before it counts as alive (an
 # engine that aborts closes its socket a moment before the process ends)
 _WARMUP_EXIT_WAIT_S = 5.0
@@ -47,6 +54,7 @@ class WarmUp:
     on: bool
     prompt_tokens: int
     why: str
+    timeout_s: float = WARMUP_BASE_TIMEOUT_S  # the request's limit (``default_timeout``)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,13 +67,24 @@ class WarmUp:
         return f"on, {size} and {WARMUP_TOKENS} answer tokens ({self.why})"
 
 
+def default_timeout(prompt_tokens: int) -> float:
+    """The warm-up request's limit for a prompt of ``prompt_tokens`` (0: the short prompt)."""
+    return WARMUP_BASE_TIMEOUT_S + max(prompt_tokens, 0) / WARMUP_SLOW_PROMPT_TPS
+
+
 def decide(backend: str, settings: ServerSettings, on: bool | None = None,
-           prompt_tokens: int | None = None) -> WarmUp:
+           prompt_tokens: int | None = None, timeout: float | None = None) -> WarmUp:
     """The warm-up for a server of ``settings`` on ``backend``: ``on`` / ``prompt_tokens`` as given
     (``--warmup`` / ``--warmup-tokens``), else on where ``DEFAULT_PROMPT_TOKENS`` lists the backend,
     with that prompt size. Never for a server without a draft or with an argument of
-    ``_NO_WARMUP_ARGS`` after ``--``."""
+    ``_NO_WARMUP_ARGS`` after ``--``. ``timeout``: the request's limit in seconds (default:
+    ``default_timeout`` of the prompt size)."""
     size = DEFAULT_PROMPT_TOKENS.get(backend, 0) if prompt_tokens is None else prompt_tokens
+    w = _decide(backend, settings, on, size)
+    return replace(w, timeout_s=float(timeout) if timeout is not None else default_timeout(size))
+
+
+def _decide(backend: str, settings: ServerSettings, on: bool | None, size: int) -> WarmUp:
     if not (settings.draft or settings.hf_draft):
         return WarmUp(False, size, "no draft")
     given = next((a for a in settings.extra_args if a.split("=", 1)[0] in _NO_WARMUP_ARGS), None)
@@ -122,16 +141,17 @@ def prompt_ids(client: Client, prompt_tokens: int) -> list[int]:
         size *= 2
 
 
-def warm_up(srv: ServerProcess, prompt_tokens: int = 0, timeout: float = 300.0) -> tuple[float, int]:
+def warm_up(srv: ServerProcess, prompt_tokens: int = 0, timeout: float | None = None) -> tuple[float, int]:
     """One greedy ``WARMUP_TOKENS``-token request through the drafted path with a prompt of
     ``prompt_ids`` (prompt cache off, the end-of-text token ignored so every step runs); returns its
     seconds and its prompt's tokens.
 
     Raises:
-        EngineError: the request failed (an HTTP error, no answer within ``timeout``).
+        EngineError: the request failed (an HTTP error, no answer within ``timeout`` seconds;
+            default: ``default_timeout`` of ``prompt_tokens``).
     """
     t0 = time.monotonic()
-    client = srv.client(timeout=timeout)
+    client = srv.client(timeout=default_timeout(prompt_tokens) if timeout is None else timeout)
     ids = prompt_ids(client, prompt_tokens)
     client.complete(ids, n_predict=WARMUP_TOKENS, ignore_eos=True)
     return time.monotonic() - t0, len(ids)
@@ -146,7 +166,7 @@ def warmed(srv: ServerProcess, w: WarmUp, window: LogWindow | None,
     if not w.on:
         return None
     try:
-        took = warm_up(srv, w.prompt_tokens)
+        took = warm_up(srv, w.prompt_tokens, w.timeout_s)
     except EngineError as e:
         assert srv.proc is not None
         try:

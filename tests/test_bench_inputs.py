@@ -161,9 +161,12 @@ def test_log_directory_removes_only_an_empty_directory_it_made(tmp_path, monkeyp
         with log_directory(mine, "ggufdspark-x-") as d:
             raise RuntimeError("refused")
     assert mine.is_dir()
-    with log_directory(None, "ggufdspark-y-") as d:  # a run that succeeds keeps its directory
-        pass
-    assert d.is_dir()
+    with log_directory(None, "ggufdspark-y-") as d:  # a run that succeeds removes its temporary directory
+        (d / "plain-1.log").write_text("engine output")
+    assert not d.exists()
+    with log_directory(mine, "ggufdspark-y-") as d:  # and keeps the user's (issue 64)
+        (d / "plain-1.log").write_text("engine output")
+    assert (mine / "plain-1.log").is_file()
 
 
 # ----------------------------------------------------------------------------- plain drift

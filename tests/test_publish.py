@@ -184,7 +184,8 @@ def test_bench_report_renders(small_pair, tmp_path):
 
     group = GroupStats("code", 4, 512, 512, 373.0, 486.0, 350.0, 450.0, 4.3, 4.1, 0.37)
     overall = GroupStats("all", 4, 512, 512, 373.0, 486.0, 350.0, 450.0, 4.3, 4.1, 0.37)
-    report = {"settings": {"backend": "metal", "devices": [{"name": "MTL0", "description": "Apple M3 Ultra"}],
+    report = {"pair": {"target_sha256": sha256(small_pair.target), "draft_sha256": sha256(small_pair.draft)},
+              "settings": {"backend": "metal", "devices": [{"name": "MTL0", "description": "Apple M3 Ultra"}],
                            "engine": "0c1e570 (/Users/me/llama-server)"},
               "synthetic": None, "groups": [group.to_dict()], "overall": overall.to_dict(),
               "load": [{"level": 8, "plain_tps": 906.0, "spec_tps": 744.0, "ratio": 0.82}],

@@ -732,7 +732,7 @@ def test_serve_warms_up_by_default_on_cuda_only(small_pair, dspark_engine, ggufd
         "turns it on", w
     p = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--json", "--warmup", "--warmup-tokens", "64")
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["warmup"] == {"on": True, "prompt_tokens": 64, "why": "--warmup"}
+    assert json.loads(p.stdout)["warmup"] == {"on": True, "prompt_tokens": 64, "why": "--warmup", "timeout_s": 60 + 64 / 20}
     assert "warm-up: on, a 64-token prompt and 16 answer tokens (--warmup)" in p.stderr, p.stderr
     bad = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--warmup-tokens", "-1")
     assert bad.returncode != 0 and "--warmup-tokens" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

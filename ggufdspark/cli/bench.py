@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 
 import click
@@ -15,6 +14,7 @@ from ggufdspark import traffic as tr
 from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, given_options,
                                     mmproj_option, number_list, target_option)
 from ggufdspark.errors import InvalidArgumentError
+from ggufdspark.redaction import redacted_command
 
 
 @click.command(name="bench")
@@ -135,7 +135,7 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
             rounds=rounds, noise_floor=noise_floor, conversation=conversations, p_min=p_min, synthetic_len=synthetic_len,
             synthetic_rates=synthetic_rates, server=server, threads=threads,
             ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
-            command=shlex.join(["ggufdspark", *sys.argv[1:]]), progress=ProgressLine("bench --load"))
+            command=redacted_command("ggufdspark", sys.argv[1:]), progress=ProgressLine("bench --load"))
         _emit(report, json_file, as_json)
         return
     given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed",

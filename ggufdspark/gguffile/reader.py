@@ -23,6 +23,12 @@ from ggufdspark.gguffile.constants import (DEFAULT_ALIGNMENT, GGUF_MAGIC, SCALAR
 
 # Arrays of arrays are legal GGUF but no real model nests them; llama.cpp's own reader refuses any.
 MAX_ARRAY_DEPTH = 4
+# The most items one metadata array, and all of a header's arrays together, may hold. The largest
+# real arrays are tokenizers' (a few hundred thousand tokens or merges); a count the file can hold
+# is no proof of sense: 12 M empty strings (8 bytes each, a 96 MB header) took 9 s and 218 MB to
+# read into a list before anything was said.
+MAX_ARRAY_ITEMS = 4 << 20
+MAX_HEADER_ITEMS = 8 << 20
 _INTEGER_TYPES = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
                             ValueType.INT32, ValueType.UINT64, ValueType.INT64})
 
@@ -164,6 +170,7 @@ class _Cursor:
         self.buf = buf
         self.pos = 0
         self.path = path
+        self.items = 0  # array items read so far (MAX_HEADER_ITEMS)
 
     def need(self, n: int, what: str) -> None:
         if self.pos + n > len(self.buf):
@@ -211,6 +218,13 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> tuple[Any
         # refused before a list of that length is built (a 40-byte file must not allocate gigabytes)
         least = {ValueType.STRING: 8, ValueType.ARRAY: 12}.get(it) or struct.calcsize(SCALAR_FORMAT[it])
         left = len(cur.buf) - cur.pos
+        cur.items += count
+        if count > MAX_ARRAY_ITEMS:
+            raise CorruptFileError(f"{cur.path}: array {key!r} claims {count} {it.name} items, more than any model's "
+                                   f"metadata holds (at most {MAX_ARRAY_ITEMS} an array)")
+        if cur.items > MAX_HEADER_ITEMS:
+            raise CorruptFileError(f"{cur.path}: array {key!r} brings the header's array items to {cur.items}, more "
+                                   f"than any model's metadata holds (at most {MAX_HEADER_ITEMS})")
         if count * least > left:
             raise CorruptFileError(f"{cur.path}: truncated or corrupt GGUF header: array {key!r} claims "
                                    f"{count} {it.name} items, the {left} bytes left hold at most {left // least}")

@@ -260,6 +260,14 @@ def _verify(api, rp: RepoPlan, commit: str) -> None:
                                f"expected {f.size} bytes, sha256 {f.sha256[:16]}...)")
 
 
+def _commit_order(work: list) -> list:
+    """The repos to commit, those holding a target last: a target repo's card names the draft repo in
+    its serve line (``-hfd``), so it is committed only once the draft is there; an interrupt (Ctrl-C)
+    or a failure between the commits then leaves a draft nobody points at yet, never a card
+    pointing at a repo without its draft."""
+    return sorted(work, key=lambda w: any(f.role == "target" for f in w[0].files))
+
+
 def _upload(api, plan: PublishPlan, result: PublishResult, message: str | None, token: str) -> None:
     """Create the repos, upload every new object of every repo, then one commit per repo."""
     work = [(rp, _operations(rp)) for rp in plan.repos if rp.to_upload]
@@ -278,7 +286,7 @@ def _upload(api, plan: PublishPlan, result: PublishResult, message: str | None, 
             log.info("uploading %s to %s", ", ".join(f.path_in_repo for f in rp.to_upload), rp.repo_id)
             api.preupload_lfs_files(rp.repo_id, additions=ops)
         stage = "commit"
-        for rp, ops in work:
+        for rp, ops in _commit_order(work):
             current = rp.repo_id
             summary = message or f"Upload {', '.join(f.path_in_repo for f in rp.to_upload)} (ggufdspark publish)"
             info = api.create_commit(rp.repo_id, ops, commit_message=summary, parent_commit=rp.head)
@@ -286,6 +294,12 @@ def _upload(api, plan: PublishPlan, result: PublishResult, message: str | None, 
             log.info("committed %s", result.commits[rp.repo_id])
             _verify(api, rp, info.oid)
     except GgufdsparkError:
+        raise
+    except KeyboardInterrupt:
+        if stage == "commit":
+            done = list(result.commits)
+            log.warning("interrupted while committing to %s: %s; re-run to finish (files already there are "
+                        "skipped)", current, f"{', '.join(done)} was committed" if done else "nothing was committed")
         raise
     except Exception as e:  # the Hub client's errors (HTTP, connection, validation), as one line
         done = list(result.commits)
