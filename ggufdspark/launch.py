@@ -74,7 +74,8 @@ def _cut_text(cut: list[tuple[int, int]]) -> str:
 def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | None = None,
            draft_n_max: int | None = None, no_draft: bool = False, parallel: int | None = 1,
            draft_cut: str | None = None, precision_note: str | None = None,
-           measuring: bool = False, draft_max: int | None = None) -> hardware.Decision:
+           measuring: bool = False, draft_max: int | None = None,
+           no_draft_why: str = "--no-draft given") -> hardware.Decision:
     """The final serving decision: table default < tune profile < explicit arguments, then what
     this ``engine`` build can do (its patches: ``hardware.has_patch``).
 
@@ -91,6 +92,8 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         draft_max: the longest draft this drafter makes (its block: ``draft_block``); a
             table or profile length above it is cut to it (said in the reasons), a ``draft_n_max``
             given is not (the engine clamps it).
+        no_draft_why: the reason said for ``no_draft`` (``serve`` says why there is no draft
+            file when the user never gave ``--no-draft``).
 
     Returns:
         The ``hardware.Decision``; ``warnings`` holds what was asked for and cannot be done here.
@@ -136,7 +139,7 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         d.reasons.append(f"--draft-n-max {draft_n_max} given")
     if no_draft:
         d.draft_enabled = False
-        d.reasons.append("--no-draft given")
+        d.reasons.append(no_draft_why)
     if d.backend == "cuda" and d.draft_enabled and precision_note:
         d.reasons.append(f"draft precision: {precision_note}")
     if d.draft_enabled and not cut_off:

@@ -25,7 +25,7 @@ from ggufdspark import engine as eng
 from ggufdspark import hardware, hubref, launch, profiles, warmup, webui
 from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
-from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError, ServerStartError
+from ggufdspark.errors import EngineError, InputNotFoundError, InvalidArgumentError, PortInUseError, ServerStartError
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.deaths import engine_error_line, exit_cause
 from ggufdspark.runners.engine_env import dropped_warnings
@@ -149,13 +149,14 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     if draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
         parse_draft_cut(draft_n_max_by_slots)  # refused before any file is read
     # Hub references become local files first (downloaded now, so the start timeout never includes it)
-    model, draft, mmproj = _local_files(model, draft, mmproj, hf, hfd, no_draft, extra_args)
+    model, draft, mmproj, no_draft_why, no_draft_warning = _local_files(model, draft, mmproj, hf, hfd, no_draft,
+                                                                        extra_args)
     hf = hfd = None  # the engine gets local paths (-m/-md/--mmproj), never -hf: its build has no TLS
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
     info = eng.find_engine(server)
-    warnings: list[str] = []
+    warnings: list[str] = [no_draft_warning] if no_draft_warning else []
     report = None
     precision_note = None
     checked_draft = None if no_draft else draft
@@ -174,7 +175,7 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     devices = devices or hardware.detect(info)
     prof = profiles.load_profile(devices, model, draft) if (use_profile and model and draft) else None
     decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max,
-                             no_draft=no_draft or not use_draft, parallel=parallel,
+                             no_draft=no_draft or not use_draft, no_draft_why=no_draft_why, parallel=parallel,
                              draft_cut=draft_n_max_by_slots, precision_note=precision_note,
                              draft_max=launch.longest_draft(draft if use_draft else None))
     warnings += decision.warnings
@@ -209,7 +210,30 @@ def _local_files(model, draft, mmproj, hf, hfd, no_draft: bool, extra_args: list
     model, draft = model or hf, draft or hfd
     no_mm = any(a.split("=", 1)[0] in _NO_MMPROJ_FLAGS for a in (extra_args or []))
     pair = hubref.resolve_pair(model, draft, mmproj, find_mmproj=not no_mm, find_draft=not no_draft)
-    return pair.target, pair.draft, pair.mmproj
+    return (pair.target, pair.draft, pair.mmproj, *_why_no_draft(pair, no_draft))
+
+
+def _why_no_draft(pair: hubref.LocalPair, no_draft: bool) -> tuple[str, str | None]:
+    """Why the target is served without a draft (the decision's reason), and a warning where the
+    user may well have expected one: a one-repo pair (``-hf ORG/NAME:QUANT`` alone) whose ``dspark-``
+    draft is not in the Hugging Face cache while the Hub was not asked (``HF_HUB_OFFLINE``, or the Hub
+    unreachable), so nothing says whether the repo has one. Served without it all the same, as
+    llama-server's ``-hf`` serves a repo without a draft; ``-md`` or ``--no-draft`` say what is meant."""
+    if no_draft:
+        return "--no-draft given", None
+    if pair.draft:
+        return "", None  # there is a draft: not said
+    target = pair.resolved.get("target")
+    if target is None:
+        return "no draft: -md not given", None
+    repo = target.ref.repo
+    if not target.from_cache:
+        return f"no draft: -md not given and {repo} has no dspark- file", None
+    why = (f"no draft: -md not given and {repo} has no dspark- file in the Hugging Face cache (offline, or the "
+           "Hub unreachable: only the cached files were seen)")
+    return why, (f"{target.ref}: no dspark-*.gguf draft of {repo} in the Hugging Face cache ({target.path.parent}) "
+                 "and the Hub was not asked (HF_HUB_OFFLINE=1, or unreachable): serving the target WITHOUT a "
+                 "draft; run once with the Hub reachable to download it, give -md DRAFT.gguf, or --no-draft")
 
 
 # llama-server flags that decide the page at / themselves (given after --)
@@ -257,10 +281,17 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 # The health watchdog: /health is answered by llama-server's HTTP threads, not its decode loop
-# (tools/server/server-context.cpp get_health), and the pool has n_parallel + 4 threads plus up to
-# 1024 more on demand (server-http.cpp), so a busy engine still answers; one that answers nothing
-# for this long is hung and is restarted.
+# (tools/server/server-context.cpp get_health), but every connection holds one of those threads
+# while its request runs, and the pool is n_parallel + 4 threads (or --threads-http) plus at most
+# 1024 more (server-http.cpp): with more connections waiting than that, /health queues behind them.
+# So silence alone is no hang: an engine whose /health answered nothing for this long while its log
+# did not grow either (no request started or finished) is hung and is restarted (``HealthWatch``).
 HEALTH_TIMEOUT_S = 60.0
+# A crash counts toward ``max_restarts`` until the engine has then served this long without one;
+# after that the count starts again: a crash loop ends serve, a crash a week does not (systemd
+# counts starts within StartLimitIntervalSec; Kubernetes resets its crash-loop back-off after ten
+# minutes of running). A restart that never becomes ready never resets it, however long it takes.
+RESTART_WINDOW_S = 600.0
 # serve's throughput and acceptance line (``supervise``'s ``stats_every``): vLLM's servers log theirs
 # every 5-10 s by default
 STATS_EVERY_S = 10.0
@@ -268,22 +299,32 @@ STATS_EVERY_S = 10.0
 
 def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.0, max_restarts: int = 5,
               backoff: tuple[float, ...] = (1, 2, 4, 8, 16), health_timeout: float | None = HEALTH_TIMEOUT_S,
+              restart_window: float | None = RESTART_WINDOW_S,
               on_event: Callable[[str], None] = lambda msg: None,
               on_ready: Callable[[str], None] = lambda url: None,
               on_record: Callable[[dict], None] = lambda rec: None, stats_every: float | None = None) -> int:
     """Run the server until SIGINT, SIGTERM or SIGHUP; restart it (bounded backoff) when it crashes
     or hangs.
 
-    A hang: ``/health`` answered nothing for ``health_timeout`` seconds (None or 0: never checked).
-    An answer of any status counts (503 while a model loads is an answer), so only an engine that
-    stopped responding at all is restarted. The cause of every restart (the exit code or signal,
-    or the hang) goes to ``on_event`` and into the engine's log.
+    A hang: ``/health`` answered nothing for ``health_timeout`` seconds (None or 0: never checked)
+    and the engine's log did not grow meanwhile (``HealthWatch``: a busy engine's HTTP pool may
+    queue ``/health`` behind its requests, but its log moves as they start and finish). An answer of
+    any status counts (503 while a model loads is an answer). The cause of every restart (the exit
+    code or signal, or the hang) goes to ``on_event`` and into the engine's log.
+
+    A restart that fails (the port taken meanwhile, the engine dying while it loads or on its
+    warm-up) counts as one more crash and is retried after the next pause. More than
+    ``max_restarts`` crashes end it; the count starts again once an engine has served
+    ``restart_window`` seconds after its last crash (None or 0: never; ``RESTART_WINDOW_S``).
 
     ``on_event`` gets each supervision event as a line; ``on_record`` the same event as a dict
-    (``event``: ``ready`` / ``restart`` / ``stopping`` / ``gave_up``, ``restarts`` so far, ``url``,
+    (``event``: ``ready`` / ``restart`` / ``restarts_reset`` / ``stats`` / ``stopping`` /
+    ``gave_up`` / ``failed``, ``restarts`` so far, ``url``, ``pid`` (the engine's, in ``ready``),
     ``cause`` and ``engine_error``: the engine's own last error line, such as a CUDA error or a
-    failed GGML_ASSERT, where its log has one); ``on_ready`` gets the server's base URL once, when
-    the first start is healthy (not again after a restart).
+    failed GGML_ASSERT, where its log has one). The last record is always ``stopping`` (a clean
+    stop), ``gave_up`` (too many crashes) or ``failed`` (the first start failed, or anything else
+    ended it; ``cause`` says what). ``on_ready`` gets the server's base URL once, when the first
+    start is healthy (not again after a restart).
 
     A second such signal while stopping kills the engine at once instead of waiting for it.
 
@@ -306,7 +347,7 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
 
     Raises:
         ServerStartError / PortInUseError: the first start failed.
-        EngineError: it crashed or hung more than ``max_restarts`` times.
+        EngineError: it crashed, hung or failed to restart more than ``max_restarts`` times in a row.
     """
     srv = ServerProcess(p.settings, log_path=log_path, start_timeout=start_timeout)
     stopping = False
@@ -322,7 +363,8 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
         srv.kill()
 
     old = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
-    crashes = 0
+    crashes = 0  # counted toward max_restarts: since an engine last served restart_window seconds
+    ended = False  # the final record was sent
     window = LogWindow(log_path) if stats_every else None
     next_stats = time.monotonic() + (stats_every or 0)
     try:
@@ -332,49 +374,67 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
         except warmup.WarmUpDeath as e:  # never ready: a failed start, as a death while loading is
             note_in_log(log_path, f"llama-server {e}")
             raise ServerStartError(f"llama-server {e}; log: {log_path}") from None
-        on_event(f"ready: {srv.url} (log: {log_path}){warmup.note(took)}")
-        on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": 0, **warmup.record(took)})
+        on_event(f"ready: {srv.url} (log: {log_path}), llama-server pid {srv.proc.pid}{warmup.note(took)}")
+        on_record({"event": "ready", "url": srv.url, "pid": srv.proc.pid, "log": str(log_path), "restarts": 0,
+                   **warmup.record(took)})
         on_ready(srv.url)
         watch = HealthWatch(srv, health_timeout)
+        up_since = time.monotonic()
         while True:
             time.sleep(0.5)
             cause = watch.hung() if srv.alive() else exit_cause(srv.proc.returncode)
             if cause is None:
+                if crashes and restart_window and time.monotonic() - up_since >= restart_window:
+                    crashes = 0
+                    on_event(f"llama-server served {restart_window:g}s since its last crash: the restart count "
+                             "starts again")
+                    on_record({"event": "restarts_reset", "restarts": 0, "after_s": restart_window})
                 if window and time.monotonic() >= next_stats:
                     next_stats = time.monotonic() + stats_every
                     _say_stats(window.take(), on_event, on_record)
                 continue
             srv.stop(timeout=5)  # a hung engine may ignore SIGTERM: killed after 5 s
-            crashes += 1
             said = engine_error_line(srv.run_log_text())  # the CUDA error, the failed assert
-            why = f"{cause}: {said}" if said else cause
-            note_in_log(log_path, f"llama-server {why}")
-            rec = {"restarts": crashes - 1, "cause": f"llama-server {cause}", "engine_error": said, "log": str(log_path)}
-            if crashes > max_restarts:
-                on_record({"event": "gave_up", **rec})
-                raise EngineError(f"llama-server failed {crashes} time(s) (last: it {why}); giving up; "
-                                  f"log: {log_path}")
-            wait = backoff[min(crashes - 1, len(backoff) - 1)]
-            on_event(f"llama-server {why}; restart {crashes}/{max_restarts} in {wait:g}s")
-            on_record({"event": "restart", **rec, "restarts": crashes, "in_s": wait})
-            time.sleep(wait)
-            if window:  # what the dead engine finished, then none of its requests runs
-                _say_stats(window.restart(), on_event, on_record)
-            srv.start()
-            try:
-                took = warmup.warmed(srv, p.warmup, window, on_event)
-            except warmup.WarmUpDeath:
-                continue  # died again before it was ready: the loop counts this crash too
+            while True:  # restart until one is ready, within the budget
+                crashes += 1
+                why = f"{cause}: {said}" if said else cause
+                note_in_log(log_path, f"llama-server {why}")
+                rec = {"restarts": crashes - 1, "cause": f"llama-server {cause}", "engine_error": said,
+                       "log": str(log_path)}
+                if crashes > max_restarts:
+                    ended = True
+                    on_record({"event": "gave_up", **rec})
+                    raise EngineError(f"llama-server failed {crashes} time(s) (last: it {why}); giving up; "
+                                      f"log: {log_path}")
+                wait = backoff[min(crashes - 1, len(backoff) - 1)]
+                on_event(f"llama-server {why}; restart {crashes}/{max_restarts} in {wait:g}s")
+                on_record({"event": "restart", **rec, "restarts": crashes, "in_s": wait})
+                time.sleep(wait)
+                if window:  # what the dead engine finished, then none of its requests runs
+                    _say_stats(window.restart(), on_event, on_record)
+                try:
+                    took = _start_again(srv, p, window, on_event)
+                    break
+                except _StartFailed as e:
+                    cause, said = e.cause, e.said
             watch = HealthWatch(srv, health_timeout)
-            on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts}){warmup.note(took)}")
-            on_record({"event": "ready", "url": srv.url, "log": str(log_path), "restarts": crashes,
-                       **warmup.record(took)})
+            up_since = time.monotonic()
+            on_event(f"ready again: {srv.url} (restart {crashes} of at most {max_restarts}), llama-server pid "
+                     f"{srv.proc.pid}{warmup.note(took)}")
+            on_record({"event": "ready", "url": srv.url, "pid": srv.proc.pid, "log": str(log_path),
+                       "restarts": crashes, **warmup.record(took)})
     except _Stop:
         if window:
             _say_stats(window.take(), on_event, on_record)  # what finished since the last line
         on_event("stopping")
         on_record({"event": "stopping", "restarts": crashes})
         return 0
+    except Exception as e:
+        if not ended:  # the first start failed, or something unforeseen: the stream still ends with why
+            on_record({"event": "failed", "cause": next(iter(str(e).splitlines()), type(e).__name__),
+                       "engine_error": engine_error_line(srv.run_log_text()), "restarts": crashes,
+                       "log": str(log_path)})
+        raise
     finally:
         stopping = True
         try:
@@ -384,6 +444,41 @@ def supervise(p: ServePlan, *, log_path: str | Path, start_timeout: float = 300.
                 signal.signal(s, h)
         if killed:
             on_event(f"{signal.Signals(killed[0]).name} while stopping: llama-server killed")
+
+
+class _StartFailed(Exception):
+    """A restart that did not become ready: ``cause`` as a restart's (after ``llama-server``), and
+    the engine's own error line where its log has one."""
+
+    def __init__(self, cause: str, said: str | None):
+        super().__init__(cause)
+        self.cause, self.said = cause, said
+
+
+def _start_again(srv: ServerProcess, p: ServePlan, window: LogWindow | None,
+                 on_event: Callable[[str], None]) -> tuple[float, int] | None:
+    """Start the engine again and warm it up as the first start was; the warm-up's seconds and
+    prompt tokens (None: not warmed).
+
+    Raises:
+        _StartFailed: the port was taken meanwhile, the engine could not be run, died while loading,
+            was not healthy within the start timeout, or died on its warm-up.
+    """
+    try:
+        srv.start()
+        return warmup.warmed(srv, p.warmup, window, on_event)
+    except PortInUseError as e:
+        cause, said = f"could not start again: {e}", None
+    except ServerStartError as e:
+        first = next(iter(str(e).splitlines()), "")
+        cause, said = first.removeprefix("llama-server "), engine_error_line(srv.run_log_text())
+    except EngineError as e:  # the executable gone or not runnable
+        cause, said = f"could not start again: {e}", None
+    except warmup.WarmUpDeath:
+        cause = f"{exit_cause(srv.proc.returncode)} on the warm-up request"
+        said = engine_error_line(srv.run_log_text())
+    srv.stop(timeout=5)
+    raise _StartFailed(cause, said)
 
 
 def _say_stats(st: IntervalStats, on_event: Callable[[str], None], on_record: Callable[[dict], None]) -> None:

@@ -28,17 +28,30 @@ OWNED_ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
 }
 
 
+# llama-server flags that serve cannot run with, none of its options standing for them, and why.
+# --api-prefix moves every route, /health included: serve's health poll, warm-up and chat URL miss
+# them all, and a working engine was killed at the start timeout (its environment variable,
+# LLAMA_ARG_API_PREFIX, is left out of the engine's environment: runners/engine_env.py).
+UNSUPPORTED_ENGINE_FLAGS: dict[str, str] = {
+    "--api-prefix": "it moves /health and every route away from where serve polls and sends its requests",
+}
+
+
 def check_extra_args(extra_args: list[str]) -> None:
-    """Refuse engine arguments (given after ``--``) that serve sets itself (``OWNED_ENGINE_FLAGS``).
+    """Refuse engine arguments (given after ``--``) that serve sets itself (``OWNED_ENGINE_FLAGS``)
+    or cannot run with (``UNSUPPORTED_ENGINE_FLAGS``).
 
     Raises:
-        InvalidArgumentError: the first such flag, with the serve option to use instead.
+        InvalidArgumentError: the first such flag, with the serve option to use instead, or why not.
     """
     for a in extra_args:
         flag = a.split("=", 1)[0]
         owner = next((o for o, flags in OWNED_ENGINE_FLAGS.items() if flag in flags), None)
         if owner:
             raise InvalidArgumentError(f"{a!r} after --: serve sets {flag} itself; use serve's own {owner} option")
+        if flag in UNSUPPORTED_ENGINE_FLAGS:
+            raise InvalidArgumentError(f"{a!r} after --: serve does not run llama-server with {flag}: "
+                                       f"{UNSUPPORTED_ENGINE_FLAGS[flag]}")
 
 
 def profile_p_min(prof: dict | None, decision: hardware.Decision, draft_n_max: int | None,

@@ -180,7 +180,8 @@ def test_serve_no_draft_serves_target_alone(small_pair, dspark_engine):
         assert out.timings.draft_n is None and out.timings.predicted_n == 16
 
 
-def test_the_users_llama_arg_environment_adds_no_draft_nor_model(small_pair, dspark_engine, monkeypatch, caplog):
+def test_the_users_llama_arg_environment_adds_no_draft_nor_model(small_pair, dspark_engine, monkeypatch, caplog,
+                                                                  tmp_path):
     """llama-server reads LLAMA_ARG_* variables before its command line: a user's shell that names a
     draft (LLAMA_ARG_SPEC_DRAFT_MODEL alone makes the pinned engine draft) or a projector would change
     what serve serves and what bench measures as plain. Our engines start without the variables of
@@ -199,9 +200,14 @@ def test_the_users_llama_arg_environment_adds_no_draft_nor_model(small_pair, dsp
             assert out.timings.draft_n is None and out.timings.predicted_n == 16, out.timings
     said = [r.getMessage() for r in caplog.records if "in the environment is ignored" in r.getMessage()]
     assert sorted(m.split()[0] for m in said) == dropped, said
-    # a user's key file is kept: it protects the engine still
-    monkeypatch.setenv("LLAMA_ARG_API_KEY_FILE", "/somewhere/keys")
-    assert srv.settings.engine_env()[0]["LLAMA_ARG_API_KEY_FILE"] == "/somewhere/keys"
+    # a user's key file is followed, not ignored: its keys join the engine's private key file, so the
+    # engine stays protected and our own requests carry a key (issue 64 row 10; tests/test_sweep3_serve.py)
+    keys = tmp_path / "keys"
+    keys.write_text("# mine\nsk-from-the-file\n")
+    monkeypatch.setenv("LLAMA_ARG_API_KEY_FILE", str(keys))
+    env, dropped_now = srv.settings.engine_env()
+    assert "LLAMA_ARG_API_KEY_FILE" not in env and "LLAMA_ARG_API_KEY_FILE" not in dropped_now
+    assert srv.settings.api_keys() == ["sk-from-the-file"]
     monkeypatch.delenv("LLAMA_ARG_API_KEY_FILE")
     # an arm's own environment (settings.env) is kept, whatever it names
     kept = dataclasses.replace(srv.settings, env={"LLAMA_ARG_SPEC_TYPE": "none"}).engine_env()

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
 import threading
 import webbrowser
+from typing import Callable, Iterator
 
 import click
 
 from ggufdspark import launch, logfiles
 from ggufdspark import serve as serve_lib
 from ggufdspark.cli._common import NumberRange, draft_option, echo_json, echo_warning, finite_json, target_option
-from ggufdspark.errors import InvalidArgumentError
+from ggufdspark.errors import GgufdsparkError, InvalidArgumentError
 
 
 @click.command(name="serve", context_settings={"ignore_unknown_options": False})
@@ -51,9 +53,14 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--start-timeout", type=NumberRange(0, min_open=True), default=300, show_default=True,
               help="Seconds llama-server has to become healthy before serve gives up.")
 @click.option("--max-restarts", type=click.IntRange(0), default=5, show_default=True,
-              help="Restarts after crashes (with a growing pause) before serve gives up.")
+              help="Restarts after crashes (with a growing pause) before serve gives up; the count starts again "
+                   "once llama-server has served --restart-window seconds.")
+@click.option("--restart-window", type=NumberRange(0), default=serve_lib.RESTART_WINDOW_S, show_default=True,
+              help="Seconds llama-server must serve after a crash before the restart count starts again (a crash "
+                   "loop ends serve, a crash a week does not; 0: never, every crash counts).")
 @click.option("--health-timeout", type=NumberRange(0), default=serve_lib.HEALTH_TIMEOUT_S, show_default=True,
-              help="Restart llama-server when /health answers nothing for this many seconds (hung; 0: never).")
+              help="Restart llama-server when /health answers nothing for this many seconds and its log does not "
+                   "grow either (hung; a busy engine's log moves; 0: never).")
 @click.option("--stats-interval", type=NumberRange(0), default=serve_lib.STATS_EVERY_S, show_default=True,
               help="Every this many seconds with traffic, a line of what finished: requests, tokens, decode "
                    "speed, drafted and accepted tokens, accept length (0: none).")
@@ -70,13 +77,15 @@ from ggufdspark.errors import InvalidArgumentError
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.option("--json", "as_json", is_flag=True,
               help="With --dry-run: print the plan (command line, settings and why) as JSON; when serving: "
-                   "each supervision event (ready, restart with its cause, stats, stopping) as a JSON line on stdout.")
+                   "each supervision event (ready, restart with its cause, stats, stopping) as a JSON line on stdout, "
+                   "the last always stopping, gave_up or failed (with its cause).")
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
 @click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_n_max_by_slots,
             no_draft, force, server,
-            ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, health_timeout, stats_interval,
+            ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, restart_window, health_timeout,
+            stats_interval,
             warmup, warmup_tokens, no_profile, dry_run,
             as_json, no_ui, open_page,
             extra):
@@ -85,50 +94,51 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
     The chat page (built by 'ggufdspark build-engine' when node and npm are there) is at
     http://HOST:PORT/; its URL is printed once the server is up.
     """
-    if ctx_size is not None and ctx_per_slot is not None:
-        raise click.UsageError("-c/--ctx-size and --ctx-per-slot: give one "
-                               "(-c is the whole context, divided among the slots)")
-    if no_ui and open_page:
-        raise click.UsageError("--open and --no-ui: there is no chat page to open without the UI")
-    p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
-                       draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
-                       ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, parallel=parallel, extra_args=list(extra),
-                       use_profile=not no_profile, ui=not no_ui, draft_n_max_by_slots=draft_n_max_by_slots,
-                       warm=warmup, warmup_tokens=warmup_tokens)
-    keyed = bool(p.settings.api_keys())
-    if keyed and p.ui and open_page:
-        raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
-    for w in p.warnings:
-        echo_warning(w)
-    d = p.decision
-    click.echo(f"backend: {d.backend}; draft: "
-               + (f"on, n_max {d.draft_n_max}" if d.draft_enabled else "off")
-               + f"; offload: {'yes' if d.offload else 'no'}", err=True)
-    for r in d.reasons:
-        click.echo(f"  because {r}", err=True)
-    c = p.context
-    slot = f"{c.per_slot} tokens a slot" if c.per_slot else "the model's trained context, divided among the slots"
-    click.echo(f"context: {slot} x {c.parallel} slot(s) (-c {c.total}): {c.why}", err=True)
-    click.echo(f"warm-up: {p.warmup.describe()}", err=True)
-    if dry_run:
-        echo_json(p.to_dict()) if as_json else click.echo(shlex.join(p.settings.redacted()))
-        return
-    log_path = logfiles.check_log_path(log_file) if log_file else logfiles.new_log("serve")
-    p.settings.pick_port()  # so the command printed below names the port actually used
-    click.echo(shlex.join(p.settings.redacted()), err=True)
-    click.echo(f"log: {log_path}", err=True)
-    click.echo(f"chat UI: {p.ui_note}", err=True)
-    hint = (KEY_BLOCKS_PAGE if p.ui else KEY_HINT) if keyed else ""
+    with _final_event(as_json and not dry_run) as record:
+        if ctx_size is not None and ctx_per_slot is not None:
+            raise click.UsageError("-c/--ctx-size and --ctx-per-slot: give one "
+                                   "(-c is the whole context, divided among the slots)")
+        if no_ui and open_page:
+            raise click.UsageError("--open and --no-ui: there is no chat page to open without the UI")
+        p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
+                           draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
+                           ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, parallel=parallel, extra_args=list(extra),
+                           use_profile=not no_profile, ui=not no_ui, draft_n_max_by_slots=draft_n_max_by_slots,
+                           warm=warmup, warmup_tokens=warmup_tokens)
+        keyed = bool(p.settings.api_keys())
+        if keyed and p.ui and open_page:
+            raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
+        for w in p.warnings:
+            echo_warning(w)
+        d = p.decision
+        click.echo(f"backend: {d.backend}; draft: "
+                   + (f"on, n_max {d.draft_n_max}" if d.draft_enabled else "off")
+                   + f"; offload: {'yes' if d.offload else 'no'}", err=True)
+        for r in d.reasons:
+            click.echo(f"  because {r}", err=True)
+        c = p.context
+        slot = f"{c.per_slot} tokens a slot" if c.per_slot else "the model's trained context, divided among the slots"
+        click.echo(f"context: {slot} x {c.parallel} slot(s) (-c {c.total}): {c.why}", err=True)
+        click.echo(f"warm-up: {p.warmup.describe()}", err=True)
+        if dry_run:
+            echo_json(p.to_dict()) if as_json else click.echo(shlex.join(p.settings.redacted()))
+            return
+        log_path = logfiles.check_log_path(log_file) if log_file else logfiles.new_log("serve")
+        p.settings.pick_port()  # so the command printed below names the port actually used
+        click.echo(shlex.join(p.settings.redacted()), err=True)
+        click.echo(f"log: {log_path}", err=True)
+        click.echo(f"chat UI: {p.ui_note}", err=True)
+        hint = (KEY_BLOCKS_PAGE if p.ui else KEY_HINT) if keyed else ""
 
-    def ready(url: str) -> None:
-        page = url + "/"
-        _say(f"chat: {page}" + (f" ({hint})" if hint else ""))
-        if open_page:  # in a thread: a console browser (lynx, w3m) would hold up the supervision
-            threading.Thread(target=_open, args=(page,), daemon=True, name="open-browser").start()
+        def ready(url: str) -> None:
+            page = url + "/"
+            _say(f"chat: {page}" + (f" ({hint})" if hint else ""))
+            if open_page:  # in a thread: a console browser (lynx, w3m) would hold up the supervision
+                threading.Thread(target=_open, args=(page,), daemon=True, name="open-browser").start()
 
-    serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
-                        health_timeout=health_timeout, on_event=_say, on_ready=ready,
-                        on_record=_json_line if as_json else (lambda rec: None), stats_every=stats_interval)
+        serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
+                            restart_window=restart_window, health_timeout=health_timeout, on_event=_say, on_ready=ready,
+                            on_record=record, stats_every=stats_interval)
 
 
 # Printed with the chat URL when the server requires a key (the key itself never is). The pinned
@@ -153,6 +163,33 @@ def _host(value: str) -> str:
         return serve_lib.check_host(value)
     except InvalidArgumentError as e:
         raise click.BadParameter(str(e)) from None
+
+
+# serve --json: the events that end the stream (supervise sends one however it ends)
+FINAL_EVENTS = ("stopping", "gave_up", "failed")
+
+
+@contextlib.contextmanager
+def _final_event(on: bool) -> Iterator[Callable[[dict], None]]:
+    """serve --json's event stream (``on``), which always ends with a final event: supervise sends
+    one however it ends; an error before it started (a missing file, a refused option, no engine) is
+    sent here as ``{"event": "failed", "cause": ...}``, so a reader waiting on the stream learns why.
+    Yields the ``on_record`` to give supervise (nothing is printed when not ``on``)."""
+    sent: list[dict] = []
+
+    def record(rec: dict) -> None:
+        if on:
+            _json_line(rec)
+            sent.append(rec)
+
+    try:
+        yield record
+    except (GgufdsparkError, click.ClickException) as e:
+        if on and not any(r.get("event") in FINAL_EVENTS for r in sent):
+            text = e.format_message() if isinstance(e, click.ClickException) else str(e)
+            _json_line({"event": "failed", "cause": next(iter(text.splitlines()), type(e).__name__),
+                        "engine_error": None, "restarts": 0, "log": None})
+        raise
 
 
 def _json_line(rec: dict) -> None:

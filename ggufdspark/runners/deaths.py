@@ -10,6 +10,7 @@ import signal
 # Log lines that explain a failed start, most specific first.
 _FAILURE_PATTERNS = [
     (r"couldn't bind|address already in use|bind\(\) failed", "port already in use"),
+    (r"failed to load draft model", "the draft model failed to load"),
     (r"failed to create.*speculative|speculative.*fail|draft.*(mismatch|incompatible)", "the speculative (draft) context failed"),
     (r"unknown model architecture: '([^']+)'", "unknown model architecture"),
     # -hf / -hfd: the download fails first and the load failure that follows says nothing useful
@@ -54,10 +55,23 @@ def engine_error_line(log_text: str) -> str | None:
     return found
 
 
+# The model loader's own reason (src/llama.cpp, llama_model_load: "error loading model: check_tensor_dims:
+# tensor 'blk.0.attn_k.weight' has wrong shape; ..."); the lines after it only repeat "failed to load
+# (draft) model", so a failed load is explained by the first of these.
+_LOAD_ERROR = re.compile(r"error loading model: (.+)")
+_LOAD_FAILURES = ("the draft model failed to load", "the speculative (draft) context failed",
+                  "the model failed to load")
+
+
 def explain_failure(log_text: str) -> str:
+    """Why a start failed, in words, and the log line that says it: for a model that failed to load,
+    the loader's first error (the wrong tensor shape, the unknown key), not the lines that follow it."""
     for pat, why in _FAILURE_PATTERNS:
         m = re.search(pat, log_text, re.IGNORECASE)
         if m:
             line = next((ln for ln in log_text.splitlines() if re.search(pat, ln, re.IGNORECASE)), "")
+            load = _LOAD_ERROR.search(log_text) if why in _LOAD_FAILURES else None
+            if load:
+                return f"{why}: {' '.join(load.group(1).split())[:200]}"
             return f"{why}: {line.strip()[:200]}"
     return "see the log"

@@ -28,7 +28,7 @@ from ggufdspark.errors import EngineError, InvalidArgumentError, LogWaitTimeoutE
 from ggufdspark.runners import lifeline
 from ggufdspark.runners.deaths import exit_cause, explain_failure  # noqa: F401 (also public here)
 from ggufdspark.runners.client import Client, urlopen_direct
-from ggufdspark.runners.engine_env import dropped_warnings, engine_environment
+from ggufdspark.runners.engine_env import dropped_warnings, engine_environment, env_api_keys
 from ggufdspark.runners.tensor_overrides import env_override_args, overrides_token_table, with_token_table
 
 log = logging.getLogger(__name__)
@@ -105,13 +105,17 @@ class ServerSettings:
         return dataclasses.replace(self, kv_per_slot=self.ctx_size // self.parallel)
 
     def api_keys(self) -> list[str]:
-        """The API keys: ``api_key`` and any ``--api-key K`` / ``--api-key=K`` in ``extra_args``
-        (comma-separated lists, as llama-server reads them).
+        """The API keys: ``api_key``, any ``--api-key K`` / ``--api-key=K`` in ``extra_args``
+        (comma-separated lists, as llama-server reads them), and those of this process's
+        environment that the engine would read itself (``LLAMA_API_KEY``, ``LLAMA_ARG_API_KEY_FILE``:
+        ``engine_env.env_api_keys``; the engine gets them through its key file instead, so that our
+        own requests, which send ``api_keys()[0]``, are let in).
 
         Raises:
             InvalidArgumentError: a key the engine's key file cannot carry (a line break, a leading '#').
         """
-        keys = [k for k in (self.api_key or "").split(",") if k] + _split_key_args(self.extra_args)[1]
+        keys = ([k for k in (self.api_key or "").split(",") if k] + _split_key_args(self.extra_args)[1]
+                + env_api_keys())
         for k in keys:
             if any(c in k for c in "\r\n\0") or k.startswith("#"):
                 raise InvalidArgumentError("the API key contains a line break, a NUL or starts with '#'; "
