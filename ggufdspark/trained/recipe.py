@@ -433,6 +433,24 @@ def evaluate(work: Path, size: Size, model, drafter, split: str = "heldout", n_p
             "samples": samples}
 
 
+def held_out_prompts(work: Path, n: int = 8, length: int = 96) -> list[str]:
+    """``n`` prompts from the held-out files (neither model trained on them), spread over the stream,
+    each ``length`` tokens starting at a line's start and ending with a whole line: the shipped
+    ``prompts.json`` the demo, the tests and the docs send."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(work) / "corpus" / "tokenizer" / "tokenizer.json"))
+    held = np.load(Path(work) / "corpus" / "heldout.npy")
+    out = []
+    for i in range(n):
+        pos = (i * held.size) // n + 1000
+        while not tok.decode([int(held[pos])]).endswith("\n"):
+            pos += 1
+        text = tok.decode([int(t) for t in held[pos + 1:pos + 1 + length]])
+        out.append(text[:text.rfind("\n") + 1] if "\n" in text else text)
+    return out
+
+
 def run_corpus(work: Path, vocab: int, limit_bytes: int | None) -> dict:
     from ggufdspark.trained import corpus
 
@@ -480,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("work", type=Path)
     c.add_argument("--vocab", type=int, default=8192)
     c.add_argument("--limit-mb", type=float, default=None, help="use only the first files up to this size")
+    pr = sub.add_parser("prompts", help="WORK/pair/prompts.json: eight held-out prompts")
+    pr.add_argument("work", type=Path)
     t = sub.add_parser("train", help="target, distillation, drafter, evaluation, export")
     t.add_argument("work", type=Path)
     t.add_argument("--size", choices=sorted(SIZES), default="gpu")
@@ -487,7 +507,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--drafter-minutes", type=float, default=None, help="cap the drafter's training (default: the size's)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    if args.cmd == "corpus":
+    if args.cmd == "prompts":
+        prompts = held_out_prompts(args.work)
+        (args.work / "pair" / "prompts.json").write_text(json.dumps(prompts, indent=1))
+        print(json.dumps(prompts, indent=1))
+    elif args.cmd == "corpus":
         facts = run_corpus(args.work, args.vocab, int(args.limit_mb * 1e6) if args.limit_mb else None)
         print(json.dumps({k: v for k, v in facts.items() if k != "heldout_names"}))
     else:
