@@ -108,9 +108,9 @@ def test_engine_drafts_what_the_checkpoint_drafts(trained_pair, torch_pair, star
         out = c.complete(ids, n_predict=64)
         # the engine's log thread may write the request's last lines after the response
         srv.wait_for_log(r"draft acceptance = ", count=done + 1)
-        steps = fidelity.engine_steps(srv.run_log_text()[start:])
-        assert steps, "no 'accepted A/N draft tokens' lines at -v"
-        r = fidelity.compare(model, drafter, ids, out.tokens, steps, layers)
+        tasks = fidelity.engine_steps(srv.run_log_text()[start:])
+        assert tasks, "no 'generate_draft' / 'accepted A/N draft tokens' lines at -v"
+        r = fidelity.compare(model, drafter, ids, out.tokens, fidelity.steps_of(tasks, ids, out.tokens), layers)
         blocks += len(r.blocks)
         agree += r.agree
         ties += sum(b.near_tie for b in r.blocks if not b.same)

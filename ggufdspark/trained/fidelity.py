@@ -17,7 +17,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-ACCEPTED_RE = re.compile(r"accepted (\d+)/(\d+) draft tokens")
+DRAFT_RE = re.compile(r"task (\d+) \| generate_draft: id=(\d+), #tokens=\d+, #draft=\d+, pos_next=(\d+)")
+ACCEPTED_RE = re.compile(r"task (\d+) \| accepted (\d+)/(\d+) draft tokens, new n_tokens = (\d+)")
+
+
+@dataclass
+class Step:
+    """One verify step of a request, as the engine's ``-v`` log tells it."""
+
+    anchor: int  # position of the anchor (the last sampled token) in the request's tokens
+    anchor_id: int
+    accepted: int
+    n_draft: int
+    after_pause: bool = False  # the slot decoded without drafting since its previous drafted step
 
 
 @dataclass
@@ -28,6 +40,7 @@ class Block:
     torch: int  # accepted, as the checkpoint drafts it
     torch_ids: list[int] = field(default_factory=list)
     near_tie: bool = False
+    after_pause: bool = False
 
     @property
     def same(self) -> bool:
@@ -45,15 +58,45 @@ class Request:
         return sum(b.same for b in self.blocks)
 
 
-def engine_steps(log_text: str) -> list[tuple[int, int]]:
-    """(accepted, drafted) for each verify step in a ``-v`` engine log, in order."""
-    return [(int(a), int(n)) for a, n in ACCEPTED_RE.findall(log_text)]
+def engine_steps(log_text: str) -> dict[int, list[Step]]:
+    """Every task's drafted steps in a ``-v`` engine log, in order: the anchor's position and id
+    (``generate_draft``) and the accepted count (``accepted A/N draft tokens``)."""
+    events = sorted([(m.start(), "d", m) for m in DRAFT_RE.finditer(log_text)] +
+                    [(m.start(), "a", m) for m in ACCEPTED_RE.finditer(log_text)], key=lambda e: e[0])
+    pending: dict[int, tuple[int, int]] = {}
+    out: dict[int, list[Step]] = {}
+    last_end: dict[int, int] = {}
+    for _, kind, m in events:
+        task = int(m.group(1))
+        if kind == "d":
+            pending[task] = (int(m.group(3)), int(m.group(2)))
+            continue
+        if task not in pending:
+            continue
+        pos, anchor_id = pending.pop(task)
+        accepted, n_draft, n_tokens = int(m.group(2)), int(m.group(3)), int(m.group(4))
+        paused = task in last_end and pos > last_end[task]
+        out.setdefault(task, []).append(Step(pos, anchor_id, accepted, n_draft, paused))
+        last_end[task] = n_tokens
+    return out
 
 
-def compare(model, drafter, prompt: list[int], answer: list[int], steps: list[tuple[int, int]],
+def steps_of(tasks: dict[int, list[Step]], prompt: list[int], answer: list[int]) -> list[Step]:
+    """The steps of the task that served this request: the one whose anchors are this request's
+    tokens at their positions (requests are told apart by their tokens, not by the log's task ids)."""
+    tokens = prompt + answer
+    for steps in tasks.values():
+        if steps and steps[0].anchor >= len(prompt) and all(
+                s.anchor < len(tokens) and tokens[s.anchor] == s.anchor_id for s in steps) and \
+                steps[0].anchor == len(prompt):
+            return steps
+    raise LookupError(f"no task in the log drafted for the request of {len(prompt)} prompt tokens")
+
+
+def compare(model, drafter, prompt: list[int], answer: list[int], steps: list[Step],
             layer_inputs: list[int], tie_margin: float = 0.05) -> Request:
-    """Replay the engine's steps (``steps``: its accepted/drafted counts for this request) on the
-    torch pair; ``answer``: the engine's generated ids."""
+    """Replay the engine's steps for one request on the torch pair: at each step's anchor, the
+    block the checkpoint drafts and how much of it the answer (the target's greedy text) accepts."""
     import torch
 
     from ggufdspark.trained.nets import Taps
@@ -64,19 +107,19 @@ def compare(model, drafter, prompt: list[int], answer: list[int], steps: list[tu
     with torch.no_grad():
         feats = taps(model, tokens[None])[0].float()
     taps.close()
-    a, blocks = len(prompt), []
-    for accepted, n_draft in steps:
+    blocks = []
+    for st in steps:
+        a = st.anchor
         if a + 1 >= tokens.shape[0]:
             break
-        ids, _ = drafter.draft(feats, tokens, a, n_draft)
+        ids, _ = drafter.draft(feats, tokens, a, st.n_draft)
         m = 0
-        while m < n_draft and a + 1 + m < tokens.shape[0] and ids[m] == int(tokens[a + 1 + m]):
+        while m < st.n_draft and a + 1 + m < tokens.shape[0] and ids[m] == int(tokens[a + 1 + m]):
             m += 1
-        b = Block(a, n_draft, accepted, m, ids)
+        b = Block(a, st.n_draft, st.accepted, m, ids, after_pause=st.after_pause)
         if not b.same:
-            b.near_tie = _near_tie(drafter, feats, tokens, a, n_draft, min(accepted, m), tie_margin)
+            b.near_tie = _near_tie(drafter, feats, tokens, a, st.n_draft, min(st.accepted, m), tie_margin)
         blocks.append(b)
-        a += accepted + 1  # the engine's path: its accepted tokens and the target's own next one
     return Request(len(prompt), answer, blocks)
 
 
