@@ -427,7 +427,7 @@ def test_bench_and_tune_leave_no_temporary_folder(small_pair, ggufdspark_cli, is
     t, d = str(small_pair.target), str(small_pair.draft)
     runs = {
         "bench": ["bench", "-m", t, "-md", d, "--limit", "1", "--categories", "complex_reasoning", "-n", "8",
-                  "--no-gate", "--concurrency", "1", "--max-plain-drift", "1000", "--json"],
+                  "--no-gate", "--concurrency", "1", "--max-plain-drift", "inf", "--json"],
         "bench --load": ["bench", "--load", "-m", t, "-md", d, "--clients", "1", "--answer-tokens", "4",
                          "--requests-per-client", "1", "--json"],
         "sampling check": ["bench", "--sampling-check", "-m", t, "-md", d, "--samples", "20", "-n", "2", "--json"],

@@ -87,8 +87,7 @@ def steps_of(tasks: dict[int, list[Step]], prompt: list[int], answer: list[int])
     tokens = prompt + answer
     for steps in tasks.values():
         if steps and steps[0].anchor >= len(prompt) and all(
-                s.anchor < len(tokens) and tokens[s.anchor] == s.anchor_id for s in steps) and \
-                steps[0].anchor == len(prompt):
+                s.anchor < len(tokens) and tokens[s.anchor] == s.anchor_id for s in steps):
             return steps
     raise LookupError(f"no task in the log drafted for the request of {len(prompt)} prompt tokens")
 
@@ -127,9 +126,16 @@ def _near_tie(drafter, feats, tokens, anchor: int, n_draft: int, slot: int, marg
     """Whether the torch drafter's top-2 at ``slot`` are within ``margin`` (probability)."""
     import torch
 
+    with torch.no_grad():
+        return _top2_close(drafter, feats, tokens, anchor, n_draft, slot, margin)
+
+
+def _top2_close(drafter, feats, tokens, anchor: int, n_draft: int, slot: int, margin: float) -> bool:
+    import torch
+
     logits, _, _ = drafter.blocks(feats[None], tokens[None], torch.tensor([[anchor]], device=tokens.device), n_draft)
     prev = tokens[anchor + slot]  # teacher-forced: the slots before agree with the answer
     bias, _ = drafter.markov_bias(prev[None])
     p = torch.softmax(logits[0, 0, slot].float() + bias[0].float(), -1)
-    top = torch.topk(p, 2).values
+    top = torch.topk(p.detach(), 2).values
     return float(top[0] - top[1]) < margin
