@@ -172,7 +172,7 @@ def main() -> int:
         ref = (model, drafter, [t + 1 for t in dcfg["dflash_config"]["target_layer_ids"]])
     report = {"command": sys.argv, "env": args.env, "draft": args.draft, "answer": args.answer, "levels": []}
     for level in [int(x) for x in args.levels.split(",") if x]:
-        texts = prompts(args.pair, level * args.requests_per_client)
+        texts = prompts(args.pair, max(8, level * args.requests_per_client))
         r = run_level(args, level, texts, ref)
         report["levels"].append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "per_request_rate"}), flush=True)

@@ -143,7 +143,7 @@ def test_recipe_trains_a_pair_that_converts_and_checks(tmp_path):
     drafter, evaluation, export; the result converts with ggufdspark's converters and checks."""
     work = tmp_path / "work"
     run = [sys.executable, "-m", "ggufdspark.trained.recipe"]
-    p = subprocess.run(run + ["corpus", str(work), "--limit-mb", "1", "--vocab", "512"], capture_output=True,
+    p = subprocess.run(run + ["corpus", str(work), "--limit-mb", "3", "--vocab", "512"], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     facts = json.loads(p.stdout)
