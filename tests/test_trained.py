@@ -160,3 +160,19 @@ def test_recipe_trains_a_pair_that_converts_and_checks(tmp_path):
     t = convert_target(work / "pair" / "target", output=tmp_path / "t.gguf")
     d = convert_drafter(work / "pair" / "drafter", t.path, output=tmp_path / "d.gguf")
     assert check_pair(t.path, d.path).ok
+
+
+def test_bench_gates_and_measures_the_trained_pair(trained_pair, ggufdspark_cli, isolated, tmp_path):
+    """``bench``'s lossless gate and acceptance on a drafter that predicts: every answer exact, an
+    accept length well above what a random drafter's accidents give, on held-out code as prompts."""
+    items = tmp_path / "held-out.jsonl"
+    items.write_text("".join(json.dumps({"id": f"h{i}", "category": "complex_reasoning",
+                                         "messages": [{"role": "user", "content": text}]}) + "\n"
+                             for i, text in enumerate(shipped.prompts()[:3])))
+    p = ggufdspark_cli("bench", "-m", str(trained_pair.target), "-md", str(trained_pair.draft), "--prompts",
+                       str(items), "-n", "64", "--concurrency", "1", "--json", "--max-plain-drift", "inf", env=isolated)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["gate"]["status"] == "pass" and rep["gate"]["defects"] == 0
+    acc = rep["acceptance"]
+    assert acc["passes"] > 0 and acc["accept_length"] > 2.0, acc
