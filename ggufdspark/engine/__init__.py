@@ -10,8 +10,10 @@ Lookup order for an engine (``find_engine``): an explicit path, ``$GGUFDSPARK_SE
 cached build, then ``llama-server`` on ``PATH``.
 
 The package's modules, one concern each: ``source`` (pins, cache, fetching), ``build``
-(flags, cache key, patches, compiling), ``probe`` (what an executable is) and ``find`` (the
-lookup above). Every public name is importable from ``ggufdspark.engine`` itself.
+(flags, cache key, patches, compiling), ``probe`` (what an executable is), ``find`` (the
+lookup above) and ``switches`` (the environment variables the patch series reads, checked against
+docs/engine-patches.md). Every public name but ``switches``' is importable from ``ggufdspark.engine``
+itself.
 """
 
 from ggufdspark.engine.build import (BACKEND_FLAGS, BASE_FLAGS, RECIPE, SERVER_TARGETS, TOOL_TARGETS, BuildResult,
