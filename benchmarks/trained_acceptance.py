@@ -163,7 +163,7 @@ def main() -> int:
     if not args.no_reference:
         import torch
 
-        from ggufdspark.trained.recipe import load_drafter, load_hf_target
+        from ggufdspark.trained.checkpoints import load_drafter, load_hf_target
 
         model, _ = load_hf_target(args.pair / "target")
         drafter, dcfg = load_drafter(args.pair / "drafter", model.model.embed_tokens.weight)

@@ -16,7 +16,6 @@ import pytest
 
 from ggufdspark import timings as tm
 from ggufdspark.trained import shipped
-from tests.lossless import drafted_greedy_equal
 
 # what issue 62 asks of the pair on the CPU engine: draft length 8, greedy, held-out prompts
 DRAFT_LENGTH = 8
@@ -38,7 +37,7 @@ def torch_pair():
     """The shipped checkpoints in torch (float32): the reference the engine is held to."""
     import torch
 
-    from ggufdspark.trained.recipe import load_drafter, load_hf_target
+    from ggufdspark.trained.checkpoints import load_drafter, load_hf_target
 
     torch.set_num_threads(2)
     model, _ = load_hf_target(shipped.DATA / "target")

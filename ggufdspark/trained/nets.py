@@ -251,7 +251,6 @@ class DSparkDrafter(nn.Module):
              ) -> tuple[torch.Tensor, dict]:
         """Block cross-entropy (slot i weighted exp(-i/decay)) with teacher-forced Markov inputs, plus
         the confidence head's BCE against "the slot's argmax is right" (its inputs detached)."""
-        s = self.s
         logits, h, pos_blk = self.blocks(taps, tokens, anchors)
         N, K, B, V = logits.shape
         prev = tokens.gather(1, pos_blk.view(N, -1)).view(N, K, B)  # slot 0: the anchor; slot i: token a+i

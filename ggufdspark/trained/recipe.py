@@ -29,10 +29,12 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from ggufdspark.trained.checkpoints import hf_target, load_drafter, load_hf_target, save, save_sharded
 
 log = logging.getLogger("ggufdspark.trained")
 
@@ -125,40 +127,6 @@ def drafter_config(size: Size, tcfg: dict, mask_id: int) -> dict:
     return synth_config(tcfg, spec, mask_id)
 
 
-def hf_target(cfg: dict):
-    """A transformers ``Lfm2ForCausalLM`` for ``cfg`` (the RoPE base set where transformers 5 reads it)."""
-    from transformers import Lfm2Config, Lfm2ForCausalLM
-
-    c = Lfm2Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})
-    c.rope_parameters = {"rope_type": "default", "rope_theta": cfg["rope_theta"]}
-    c._attn_implementation = "sdpa"
-    return Lfm2ForCausalLM(c)
-
-
-def load_hf_target(directory: Path):
-    """The trained target from its Hub-layout directory, float32, eval mode."""
-    import torch
-
-    cfg = json.loads((Path(directory) / "config.json").read_text())
-    model = hf_target(cfg)
-    state = _load_weights(directory)
-    state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    model.load_state_dict({k: v.float() for k, v in state.items()})
-    return model.to(torch.float32).eval(), cfg
-
-
-def load_drafter(directory: Path, embed):
-    """The drafter from its Hub-layout directory (``embed``: the target's embedding matrix)."""
-    from safetensors.torch import load_file
-
-    from ggufdspark.trained.nets import DrafterShape, DSparkDrafter
-
-    cfg = json.loads((Path(directory) / "config.json").read_text())
-    d = DSparkDrafter(DrafterShape.from_config(cfg), embed)
-    d.load_state_dict({k: v.float() for k, v in load_file(str(Path(directory) / "model.safetensors")).items()})
-    return d.eval(), cfg
-
-
 def _windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
     starts = rng.integers(0, stream.size - length - 1, size=n)
     return np.stack([stream[s:s + length] for s in starts]).astype(np.int64)
@@ -219,7 +187,7 @@ def train_target(work: Path, size: Size, facts: dict) -> dict:
     log.info("target: held-out loss %.3f", held_loss)
     out = work / "pair" / "target"
     out.mkdir(parents=True, exist_ok=True)
-    _save_sharded(model.state_dict(), out, skip=("lm_head.weight",))
+    save_sharded(model.state_dict(), out, skip=("lm_head.weight",))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}, indent=2))
@@ -228,57 +196,6 @@ def train_target(work: Path, size: Size, facts: dict) -> dict:
     return {"steps": step + 1, "seconds": round(time.time() - t0, 1), "train_loss": round(float(np.mean(losses[-50:])), 4),
             "heldout_loss": round(held_loss, 4), "tokens_seen": (step + 1) * size.target_batch * size.seq,
             "parameters": sum(p.numel() for n, p in model.named_parameters() if n != "lm_head.weight")}
-
-
-def _save(state: dict, path: Path, skip: tuple[str, ...] = ()) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    save_file({k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in state.items() if k not in skip},
-              str(path), metadata={"format": "pt"})
-
-
-def _save_sharded(state: dict, out: Path, skip: tuple[str, ...] = (), max_bytes: int = 12 << 20) -> None:
-    """BF16 safetensors in shards of at most ``max_bytes`` (the Hub's ``model-0000K-of-0000N`` layout
-    with its index), so no file is over what a device call brings back (16 MB)."""
-    import torch
-    from safetensors.torch import save_file
-
-    items = [(k, v.detach().to(torch.bfloat16).contiguous().cpu()) for k, v in state.items() if k not in skip]
-    shards, cur, size = [], [], 0
-    for k, v in items:
-        nb = v.numel() * 2
-        if cur and size + nb > max_bytes:
-            shards.append(cur)
-            cur, size = [], 0
-        cur.append((k, v))
-        size += nb
-    shards.append(cur)
-    if len(shards) == 1:
-        save_file(dict(shards[0]), str(out / "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map, total = {}, 0
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(dict(shard), str(out / name), metadata={"format": "pt"})
-        for k, v in shard:
-            weight_map[k] = name
-            total += v.numel() * 2
-    (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-
-
-def _load_weights(directory: Path) -> dict:
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        state = {}
-        for name in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            state.update(load_file(str(directory / name)))
-        return state
-    return load_file(str(directory / "model.safetensors"))
 
 
 def greedy(model, prompts, n_new: int):
@@ -373,7 +290,7 @@ def train_drafter(work: Path, size: Size, model, tcfg: dict, data) -> tuple[obje
     taps.close()
     out = work / "pair" / "drafter"
     out.mkdir(parents=True, exist_ok=True)
-    _save(drafter.state_dict(), out / "model.safetensors")
+    save(drafter.state_dict(), out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(dcfg, indent=2))
     acc = np.mean([h[2] for h in hist[-50:]], axis=0)
     return drafter.eval(), {"steps": step + 1, "seconds": round(time.time() - t0, 1),
