@@ -12,8 +12,8 @@ which Hub, ``HF_TOKEN`` or ``hf auth login`` who asks (gated and private repos),
 where it stopped (huggingface_hub retries with a ``Range`` request) and a file appears in the cache's
 snapshot only once complete and of the listed size; one that fails for good leaves nothing behind
 (huggingface_hub 2.x deletes its process-unique ``.incomplete`` file), so nothing half-downloaded is
-ever handed on. When the Hub cannot be reached, a repo already
-in the cache is used from there (with a warning), as huggingface_hub does for single files.
+ever handed on. When the Hub cannot be reached, a repo already in the cache is used from there
+(with a warning), as huggingface_hub does for single files.
 
 A value is a reference when it names no existing file, does not end in ``.gguf``, reads
 ``ORG/NAME[:QUANT]`` (llama.cpp's repo-id rule: letters, digits and ``_`` joined by single ``.``/``-``)
@@ -25,15 +25,10 @@ repo (and names ``models/llm-q8.gguf`` when that exists). A path that starts wit
 repo whose org is also a folder here is reached from another working directory. A reference the
 Hub does not know is reported as both: no such repo, and no local file of that name.
 
-What the Hub (or a mirror named by ``HF_ENDPOINT``) answers is checked before any path is built
-from it, as huggingface_hub checks it: the commit must be 40 hex digits and every listed name a
-plain relative path (no leading ``/``, no ``..``, ``.`` or empty segment, no backslash, drive or
-control character). A listing that breaks either rule is refused whole, with one line naming the
-name: the Hub's commit API refuses such names, so a listing holding one did not come from a Hub
-that behaves, and nothing else in it (sizes, the other names) is trusted either. A ``refs/main``
-in the cache that is not a commit id is refused the same way (it would make the snapshot folder
-any folder). Text from the Hub that goes into a message is escaped to one line and bounded (the
-first 20 quants, then how many more).
+What the Hub (or a mirror named by ``HF_ENDPOINT``) answers goes through ``ggufdspark.hubtext``
+before any path is built from it: a commit that is not 40 hex digits, or a listed name that is not a
+plain relative path, refuses the whole listing (a ``refs/main`` in the cache likewise); text quoted
+in a message is kept to one bounded line.
 
 A read-only cache (a shared one on a cluster) serves what it holds: ``refs/main`` is written only
 when it changes, and a write that fails is a warning, not an error.
@@ -50,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufdspark import hubpick
+from ggufdspark.hubtext import COMMIT_RE, check_names, listed, say_error, shown, strip_userinfo
 from ggufdspark.errors import (HubAccessError, HubConnectionError, HubError, HubNotFoundError, InputNotFoundError,
                                InvalidArgumentError)
 
@@ -58,8 +54,6 @@ log = logging.getLogger(__name__)
 _NAME = r"[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*"
 REF_RE = re.compile(rf"(?P<repo>{_NAME}/{_NAME})(?::(?P<tag>[^:/\s]+))?")
 ROLES = ("target", "draft", "mmproj", "any")
-COMMIT_RE = re.compile(r"[0-9a-f]{40}")  # huggingface_hub's REGEX_COMMIT_HASH
-MAX_LISTED = 20  # quants (or file names: 8) a message lists before "and K more"
 
 
 @dataclass(frozen=True)
@@ -71,19 +65,6 @@ class HubRef:
 
     def __str__(self) -> str:
         return f"{self.repo}:{self.tag}" if self.tag else self.repo
-
-
-# the userinfo of a URL: after "scheme://", everything up to the last "@" before the host ends
-_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
-
-
-def strip_userinfo(text: object) -> str:
-    """``text`` with the ``user:password@`` part of every URL in it removed.
-
-    A mirror named by ``HF_ENDPOINT`` may carry its credentials in its URL; wherever an endpoint is
-    shown (``doctor``, Hub errors, ``publish``'s plan and JSON, the CLI's log and error lines) it
-    goes through this first. ``text`` may be a URL or a message quoting URLs."""
-    return _USERINFO.sub(r"\1", str(text))
 
 
 def _local_org(s: str) -> str | None:
@@ -118,51 +99,6 @@ def refuse_missing_paths(*values: object) -> None:
         hint = f"; did you mean {s}.gguf?" if os.path.isfile(s + ".gguf") else ""
         raise InputNotFoundError(f"{s}: no such file ({org}/ is a local folder, so it is not read as a Hub repo)"
                                  f"{hint}")
-
-
-def shown(text: object, limit: int = 120) -> str:
-    """Text from the Hub (a file name, a commit id, a server's message) as a message shows it: control
-    characters escaped (``\\n``), so it stays on one line, and at most ``limit`` characters."""
-    out = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(text))
-    return out if len(out) <= limit else out[:limit] + "..."
-
-
-def _listed(items: list[str], n: int = MAX_LISTED) -> str:
-    """The first ``n`` of ``items`` (each ``shown``), then how many more."""
-    more = f", and {len(items) - n} more" if len(items) > n else ""
-    return ", ".join(shown(i, 60) for i in items[:n]) + more
-
-
-def unsafe_name(name: str) -> str | None:
-    """Why a repo file name cannot be joined onto a snapshot folder, or None for a plain relative
-    path (what huggingface_hub's ``_validate_relative_filename`` refuses, and a little more)."""
-    if not name:
-        return "an empty name"
-    if name.startswith("/"):
-        return "an absolute path"
-    if "\\" in name:
-        return "a backslash"
-    if re.match(r"[A-Za-z]:", name):
-        return "a drive"
-    if any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in name):
-        return "a control character"
-    segments = name.split("/")
-    if ".." in segments:
-        return "a '..' segment"
-    if "." in segments:
-        return "a '.' segment"
-    if "" in segments:
-        return "an empty segment"
-    return None
-
-
-def _check_names(repo: str, files: list[str], source: str) -> None:
-    """Refuse a listing holding a name that is not a plain relative path (``source`` says who listed it)."""
-    for f in files:
-        reason = unsafe_name(f)
-        if reason:
-            raise HubError(f"{repo}: {source} listed '{shown(f)}' ({reason}), which is no file of a repo: "
-                           "refusing its listing")
 
 
 def parse_ref(text: str) -> HubRef:
@@ -283,7 +219,7 @@ def _cached_listing(repo: str) -> Listing | None:
     if not snap.is_dir():
         return None
     files = sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file())
-    _check_names(repo, files, f"the cache's snapshot {snap}")
+    check_names(repo, files, f"the cache's snapshot {snap}")
     return Listing(repo, commit, files, cached=True, snapshot=snap)
 
 
@@ -316,20 +252,6 @@ def _token() -> str | None:
     return get_token()
 
 
-def _say_error(e: BaseException, token: str | None) -> str:
-    """One line from a Hub client exception: the server's message or the first line, token masked."""
-    server = getattr(e, "server_message", None)
-    status = getattr(getattr(e, "response", None), "status_code", None)
-    text = f"HTTP {status}: {server.splitlines()[0]}" if status and server else \
-        next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-    text = strip_userinfo(text)  # huggingface_hub's messages quote the URL asked
-    if token:
-        from ggufdspark.publish.masking import MaskSecret
-
-        text = MaskSecret(token).mask(text)  # the token, and its body without "hf_"
-    return shown(text, 300)
-
-
 def _failure(e: Exception, repo: str, token: str | None, local: str | None = None) -> HubError | None:
     """The one-line error for a Hub client failure; None for one that is not the Hub's (a network error).
     ``local``: the value as given, when it could also have been a local file (a repo not found says
@@ -348,7 +270,7 @@ def _failure(e: Exception, repo: str, token: str | None, local: str | None = Non
         neither = f", and no local file {local}" if local else ""
         return HubNotFoundError(f"{repo}: no such model repo on {endpoint}{neither}{private}")
     if isinstance(e, HfHubHTTPError):
-        return HubError(f"{repo}: the Hub at {endpoint} refused: {_say_error(e, token)}")
+        return HubError(f"{repo}: the Hub at {endpoint} refused: {say_error(e, token)}")
     return None
 
 
@@ -380,7 +302,7 @@ def _listing(ref: HubRef, token: str | None) -> Listing:
         if err is not None:
             raise err from None
         cached = _cached_listing(ref.repo)
-        reason = _say_error(e, token)
+        reason = say_error(e, token)
         if cached is None:
             raise HubConnectionError(f"{ref.repo}: cannot download: the Hub at {hub.shown} cannot be reached "
                                      f"({reason}) and the repo is not in the Hugging Face cache ({hub.cache})"
@@ -389,7 +311,7 @@ def _listing(ref: HubRef, token: str | None) -> Listing:
                     ref.repo, cached.commit[:12])
         return cached
     files = [e.path for e in entries]
-    _check_names(ref.repo, files, f"the Hub at {hub.shown}")
+    check_names(ref.repo, files, f"the Hub at {hub.shown}")
     return Listing(ref.repo, sha, files, sizes={e.path: e.size for e in entries})
 
 
@@ -399,7 +321,7 @@ def _no_match(ref: HubRef, lst: Listing, what: str, keyword: str | None) -> HubN
     if not ggufs:
         return HubNotFoundError(f"{ref.repo}{where}: no GGUF files")
     quants = hubpick.quants_present(lst.files, keyword)
-    have = f"quants there: {_listed(quants)}" if quants else f"GGUF files there: {_listed(ggufs, 8)}"
+    have = f"quants there: {listed(quants)}" if quants else f"GGUF files there: {listed(ggufs, 8)}"
     tag = f" tagged {ref.tag}" if ref.tag else ""
     return HubNotFoundError(f"{ref}: no {what}{tag} in {ref.repo}{where}; {have}")
 
@@ -450,7 +372,7 @@ def _fetch(lst: Listing, path: str, token: str | None) -> Path:
         if isinstance(err, (HubAccessError, HubNotFoundError)):
             raise err from None
         kind = HubError if err is not None else HubConnectionError  # the Hub refused / the network failed
-        raise kind(f"{lst.repo}: downloading {path} failed ({_say_error(e, token)}); nothing of it was kept: "
+        raise kind(f"{lst.repo}: downloading {path} failed ({say_error(e, token)}); nothing of it was kept: "
                    "run again to download it") from None
 
 

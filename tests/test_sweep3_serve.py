@@ -346,7 +346,7 @@ def test_a_restart_that_finds_its_port_taken_is_retried(small_pair, dspark_engin
     restarts unused, and no final event. Now it counts as one more crash and is retried; with the
     budget spent, a ``gave_up`` event names the port."""
     from ggufdspark.errors import EngineError
-    from ggufdspark.serve import supervise
+    from ggufdspark.supervise import supervise
 
     p = _plan(small_pair, dspark_engine)
     records: list[dict] = []

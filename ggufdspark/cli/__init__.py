@@ -19,7 +19,7 @@ import click
 from ggufdspark import __version__
 from ggufdspark.cli._common import WARNING, close_progress, safe_text
 from ggufdspark.errors import GgufdsparkError
-from ggufdspark.hubref import strip_userinfo
+from ggufdspark.hubtext import strip_userinfo
 from ggufdspark.interrupts import Terminated
 
 # verb -> (module, one-line help)

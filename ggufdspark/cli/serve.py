@@ -14,6 +14,7 @@ import click
 
 from ggufdspark import launch, logfiles
 from ggufdspark import serve as serve_lib
+from ggufdspark import supervise as supervise_lib
 from ggufdspark.cli._common import NumberRange, draft_option, echo_json, echo_warning, finite_json, target_option
 from ggufdspark.errors import GgufdsparkError, InvalidArgumentError
 
@@ -55,13 +56,13 @@ from ggufdspark.errors import GgufdsparkError, InvalidArgumentError
 @click.option("--max-restarts", type=click.IntRange(0), default=5, show_default=True,
               help="Restarts after crashes (with a growing pause) before serve gives up; the count starts again "
                    "once llama-server has served --restart-window seconds.")
-@click.option("--restart-window", type=NumberRange(0), default=serve_lib.RESTART_WINDOW_S, show_default=True,
+@click.option("--restart-window", type=NumberRange(0), default=supervise_lib.RESTART_WINDOW_S, show_default=True,
               help="Seconds llama-server must serve after a crash before the restart count starts again (a crash "
                    "loop ends serve, a crash a week does not; 0: never, every crash counts).")
-@click.option("--health-timeout", type=NumberRange(0), default=serve_lib.HEALTH_TIMEOUT_S, show_default=True,
+@click.option("--health-timeout", type=NumberRange(0), default=supervise_lib.HEALTH_TIMEOUT_S, show_default=True,
               help="Restart llama-server when /health answers nothing for this many seconds and its log does not "
                    "grow either (hung; a busy engine's log moves; 0: never).")
-@click.option("--stats-interval", type=NumberRange(0), default=serve_lib.STATS_EVERY_S, show_default=True,
+@click.option("--stats-interval", type=NumberRange(0), default=supervise_lib.STATS_EVERY_S, show_default=True,
               help="Every this many seconds with traffic, a line of what finished: requests, tokens, decode "
                    "speed, drafted and accepted tokens, accept length (0: none).")
 @click.option("--warmup/--no-warmup", default=None,
@@ -136,7 +137,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
             if open_page:  # in a thread: a console browser (lynx, w3m) would hold up the supervision
                 threading.Thread(target=_open, args=(page,), daemon=True, name="open-browser").start()
 
-        serve_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
+        supervise_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
                             restart_window=restart_window, health_timeout=health_timeout, on_event=_say, on_ready=ready,
                             on_record=record, stats_every=stats_interval)
 

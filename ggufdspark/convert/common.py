@@ -13,7 +13,7 @@ from typing import Any
 from ggufdspark.errors import CorruptFileError, InputNotFoundError, UnsafeOutputError, UnsupportedModelError
 from ggufdspark.gguffile.constants import OUTTYPE_LABEL, OUTTYPE_TENSOR, OUTTYPES, Key, TensorType
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
-from ggufdspark.hubref import strip_userinfo
+from ggufdspark.hubtext import strip_userinfo
 
 log = logging.getLogger(__name__)
 

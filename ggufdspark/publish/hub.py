@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from ggufdspark.errors import GgufdsparkError, InvalidArgumentError, PublishError
-from ggufdspark.hubref import strip_userinfo
+from ggufdspark.hubtext import strip_userinfo
 from ggufdspark.publish.masking import masked_in_logs
 from ggufdspark.publish.plan import Paths, add_earlier_files, plan_publish, resolution_warnings
 from ggufdspark.publish.records import PublishPlan, PublishResult, RepoPlan

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, Sequence
 from ggufdspark.check import PairReport, check_pair
 from ggufdspark.errors import PublishError, PublishOptionError
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
-from ggufdspark.hubref import strip_userinfo
+from ggufdspark.hubtext import strip_userinfo
 from ggufdspark.profiles import file_sha256
 from ggufdspark.publish.cards import (Pair, human_size, license_from_gguf, llama_server_command, render_card,
                                       serve_command)

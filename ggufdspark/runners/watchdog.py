@@ -1,5 +1,5 @@
 """The health watchdog of ``serve``'s supervision: an engine whose ``/health`` answers nothing for
-a while, and whose log does not grow meanwhile, is hung (``ggufdspark.serve.supervise`` restarts it
+a while, and whose log does not grow meanwhile, is hung (``ggufdspark.supervise.supervise`` restarts it
 like a dead one)."""
 
 from __future__ import annotations
