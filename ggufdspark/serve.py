@@ -31,7 +31,7 @@ from ggufdspark.runners.deaths import engine_error_line, exit_cause
 from ggufdspark.runners.engine_env import dropped_warnings
 from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
 from ggufdspark.runners.watchdog import HealthWatch, note_in_log
-from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
+from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args  # noqa: F401
 from ggufdspark.timings.live import IntervalStats, LogWindow, stats_line
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,6 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     settings = launch.server_settings(decision, info, model=model, draft=draft, mmproj=mmproj, hf=hf, hfd=hfd,
                                       host=host, port=port, api_key=api_key, ctx=ctx, parallel=parallel,
                                       extra_args=extra_args)
-    settings.draft_p_min = profile_p_min(prof, decision, draft_n_max, warnings)
     ui_dir, ui_note = _chat_ui(info, ui, list(extra_args or []))
     settings.public_path = ui_dir
     if host not in LOOPBACK and not settings.api_keys():
