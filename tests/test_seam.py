@@ -61,3 +61,11 @@ def test_the_decision_carries_the_profiles_p_min_or_says_why_not(small_pair, iso
     assert other.draft_p_min is None
     assert any("p_min 0.25" in w and "--draft-n-max 3" in w for w in other.warnings), other.warnings
     assert launch.decide(devices, info, profile=prof, no_draft=True).draft_p_min is None
+
+
+def test_a_profile_with_a_p_min_outside_0_to_1_is_ignored_naming_it(small_pair, isolated, caplog):
+    path = _save_profile(small_pair, draft_n_max=2, p_min=2)
+    devices = hardware.detect(find_engine())
+    assert profiles.load_profile(devices, small_pair.target, small_pair.draft) is None
+    assert any(path in r.getMessage() and "recommendation.p_min is 2, expected a number 0..1" in r.getMessage()
+               for r in caplog.records), caplog.text
