@@ -90,7 +90,8 @@ def serve_drafted(base: ServerSettings, draft: str | Path, *, gpu: bool, rates: 
     decision = launch.decide(devices, engine.find_engine(base.server), parallel=base.parallel, measuring=True,
                              draft_max=launch.longest_draft(draft))
     n_max = decision.draft_n_max or 1
-    with_serves_draft = launch.with_draft(base, draft, n_max, cut=decision.draft_cut, ubatch=decision.draft_ubatch)
+    with_serves_draft = launch.with_draft(base, draft, n_max, cut=decision.draft_cut, ubatch=decision.draft_ubatch,
+                                          p_min=decision.draft_p_min)
     syn = ms.Synthetic(rates=list(rates[:n_max])) if rates else None
     return ms.arm_settings(with_serves_draft, draft, synthetic=syn)  # n_max None: that draft as serve runs it
 

@@ -208,8 +208,9 @@ def bench_arms(engine: eng.EngineInfo, decision: Decision, target: str | Path, d
                threads: int | None = None, server_args: list[str] | None = None, p_min: float | None = None,
                synthetic: Synthetic | None = None) -> tuple[ServerSettings, ServerSettings]:
     """The plain and the drafted server of a bench run. The drafted one is what ``serve`` starts for
-    ``decision`` at ``-np parallel`` (``measure.base_settings``: draft length, load cut, context,
-    workarounds), plus ``p_min`` and synthetic acceptance; the plain one is the same without the draft."""
+    ``decision`` at ``-np parallel`` (``measure.base_settings``: draft length, load cut, a tune
+    profile's p_min, context, workarounds), with ``p_min`` instead where given, plus synthetic
+    acceptance; the plain one is the same without the draft."""
     base = base_settings(engine, target, decision=decision, mmproj=mmproj, parallel=parallel,
                          ctx_per_slot=ctx_per_slot, threads=threads, extra_args=server_args, draft=draft)
     return arm_settings(base, None), arm_settings(base, draft, p_min=p_min, synthetic=synthetic)
@@ -296,7 +297,7 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
                     "ctx_per_slot": launch.slot_context(
                         spec_settings.ctx_size, max(levels), launch.trained_context(target),
                         unified=any(a in launch.UNIFIED_KV_FLAGS for a in server_args or ())),
-                    "p_min": p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
+                    "p_min": spec_settings.draft_p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
                     "requests": len(arms.turns), "prompts": pset.source, "images": pset.images,
                     "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,
                     "spec_command": redact_engine_args(spec_settings.redacted()),

@@ -142,6 +142,8 @@ class Decision:
     ``draft_ubatch``: the --spec-draft-ubatch the engine gets with a draft (None: not given).
     ``token_table_device``: the buffer the target's token table is loaded into (``CUDA0``: ``-ot
     token_embd\\.weight=CUDA0``, with or without the draft; None: where llama.cpp puts it, the CPU).
+    ``draft_p_min``: the --spec-draft-p-min the engine gets with a draft (a tune profile's; None:
+    not given, the engine's 0).
     ``warnings``: options asked for that this engine or load cannot honour (not in ``to_dict``:
     ``serve``'s plan lists them with its own).
     """
@@ -157,6 +159,7 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     draft_ubatch: int | None = None
     token_table_device: str | None = None
+    draft_p_min: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -4,14 +4,16 @@
 through here, so a user who runs ``bench`` to decide whether to ``serve`` measures the server
 ``serve`` would start:
 
-1. ``decide`` turns the devices, the engine build (its patches), a tune profile and the user's
-   options into the final ``hardware.Decision``, once; nothing changes it afterwards.
+1. ``decide`` turns the devices, the engine build (its patches), a tune profile (its draft length,
+   load cut and ``p_min``) and the user's options into the final ``hardware.Decision``, once;
+   nothing changes it afterwards.
 2. ``context`` sizes ``-c`` so that every slot gets a usable context (llama-server divides ``-c``
    among the ``-np`` slots).
-3. ``server_settings`` builds the ``ServerSettings`` of that decision; ``without_draft`` gives the
+3. ``server_settings`` builds the ``ServerSettings`` of that decision, every flag of it; ``serve``
+   adds only what is no engine setting (the chat UI's ``--path``). ``without_draft`` gives the
    same server without the draft (bench's and tune's plain arm) and ``with_draft`` one with
-   another draft length (what ``serve --draft-n-max N`` would run). Synthetic acceptance flags are
-   added by ``measure`` alone.
+   another draft length (what ``serve --draft-n-max N`` would run). Synthetic acceptance flags,
+   and a ``p_min`` asked for by ``bench --p-min`` or swept by ``tune``, are added by ``measure`` alone.
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
     Args:
         devices: what the engine sees (``hardware.detect``); its ``backend`` picks the table row.
         engine: the build; None (a model card's line, for any llama-server) means no patch known.
-        profile: a tune profile (``profiles.load_profile``): its draft length, or drafting off
-            (everywhere, or above ``max_concurrency_for_draft`` parallel requests).
+        profile: a tune profile (``profiles.load_profile``): its draft length with its load cut
+            and its ``p_min`` (``--spec-draft-p-min``, applied with that length only), or drafting
+            off (everywhere, or above ``max_concurrency_for_draft`` parallel requests).
         draft_cut: ``--draft-n-max-by-slots`` as given (``N:L,...`` or ``off``); None: the table's
             cut for this backend, which goes with the table's draft length only.
         precision_note: the check report's note on the draft's precision (said on CUDA).
@@ -142,6 +145,8 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         d.reasons.append(no_draft_why)
     if d.backend == "cuda" and d.draft_enabled and precision_note:
         d.reasons.append(f"draft precision: {precision_note}")
+    if d.draft_enabled and profile and best.get("draft_enabled") is not False:
+        d.draft_p_min = _profile_p_min(d, best, profile.get("path", ""), draft_n_max)
     if d.draft_enabled and not cut_off:
         d.draft_cut = _load_cut(d, engine, given_cut, draft_cut, list(base.draft_cut or ()) if table_length else None,
                                 parallel or 1, source=cut_source)
@@ -154,6 +159,23 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
     if d.backend == "cuda" and (parallel or 1) > hardware.CUDA_GRAPHS_MAX_SLOTS:
         _cuda_graphs_note(d, engine, parallel or 1)
     return d
+
+
+def _profile_p_min(d: hardware.Decision, best: dict, where: str, draft_n_max: int | None) -> float | None:
+    """The confidence threshold (``--spec-draft-p-min``) a tune profile recommends, where the draft
+    runs at the length it was measured with (tune measures length and p_min together); a reason
+    said for it, or a warning naming the threshold dropped and why. None where the profile has none
+    (0 is the engine's default; a value outside (0, 1] is not applied)."""
+    p_min = best.get("p_min")
+    if not isinstance(p_min, (int, float)) or isinstance(p_min, bool) or not 0 < p_min <= 1:
+        return None
+    if draft_n_max is not None and draft_n_max != best.get("draft_n_max"):
+        d.warnings.append(f"tune profile {where}: its p_min {p_min:g} was measured with draft length "
+                          f"{best.get('draft_n_max')}, not with --draft-n-max {draft_n_max}; running with the "
+                          "engine's p_min 0")
+        return None
+    d.reasons.append(f"tune profile {where}: p_min {p_min:g} measured with draft length {d.draft_n_max}")
+    return float(p_min)
 
 
 # llama.cpp names a CUDA device and its buffer type alike, GGML_CUDA_NAME + index (ggml-cuda.cu)
@@ -401,20 +423,22 @@ def server_settings(decision: hardware.Decision, engine: EngineInfo | None, *, s
         + list(extra_args or []))
     if not drafting:
         return s
-    return with_draft(s, draft, decision.draft_n_max, hf_draft=hfd, cut=decision.draft_cut)
+    return with_draft(s, draft, decision.draft_n_max, hf_draft=hfd, cut=decision.draft_cut,
+                      p_min=decision.draft_p_min)
 
 
 def with_draft(settings: ServerSettings, draft: str | Path | None, n_max: int | None, *,
                hf_draft: str | None = None, cut: list[tuple[int, int]] | None = None,
-               ubatch: int | None = None) -> ServerSettings:
+               ubatch: int | None = None, p_min: float | None = None) -> ServerSettings:
     """``settings`` with the DSpark draft at length ``n_max`` (and the load ``cut``, if any): the
     draft flags as ``serve`` writes them (``--spec-type draft-dspark``, ``--spec-draft-n-min 0``,
-    ``-ngld`` when the target is offloaded, ``--spec-draft-ubatch`` as ``ubatch`` or ``settings``
-    give it)."""
+    ``-ngld`` when the target is offloaded, ``--spec-draft-ubatch`` and ``--spec-draft-p-min`` as
+    ``ubatch`` and ``p_min`` or ``settings`` give them)."""
     return dataclasses.replace(
         settings, draft=draft, hf_draft=hf_draft, spec_type="draft-dspark", draft_n_max=n_max, draft_n_min=0,
         draft_n_max_by_slots=list(cut) if cut else None,
         draft_ubatch=ubatch if ubatch is not None else settings.draft_ubatch,
+        draft_p_min=p_min if p_min is not None else settings.draft_p_min,
         n_gpu_layers_draft=hardware.OFFLOAD_ALL_LAYERS if settings.n_gpu_layers is not None else None,
         extra_args=list(settings.extra_args))
 

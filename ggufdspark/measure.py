@@ -122,9 +122,11 @@ def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int |
                  p_min: float | None = None, synthetic: Synthetic | None = None,
                  cut: list[tuple[int, int]] | None = None) -> ServerSettings:
     """One arm of ``base`` (from ``base_settings``): ``draft=None`` is the same server without the
-    draft; ``n_max=None`` keeps the decision's draft as ``serve`` runs it (its length and load
-    cut); another ``n_max`` is what ``serve --draft-n-max N`` would run (no load cut, unless ``cut``
-    gives one: ``--draft-n-max N --draft-n-max-by-slots ...``). ``p_min`` and synthetic acceptance
+    draft; ``n_max=None`` keeps the decision's draft as ``serve`` runs it (its length, load cut,
+    and the tune profile's p_min where the decision took it); another ``n_max`` is what ``serve
+    --draft-n-max N`` would run (no load cut, unless ``cut`` gives one: ``--draft-n-max N
+    --draft-n-max-by-slots ...``; no p_min: a profile's goes with its own length only). A ``p_min``
+    given (``bench --p-min``, ``tune``'s sweep) replaces the decision's; it and synthetic acceptance
     (speed studies only) are added here, never by ``serve``.
 
     Raises:
@@ -135,11 +137,11 @@ def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int |
     if n_max is None:
         if base.spec_type is None or base.draft is None:
             raise ValueError("arm_settings: the base serves no draft; give n_max")
-        s = launch.with_draft(base, draft, base.draft_n_max, cut=base.draft_n_max_by_slots)
+        s = launch.with_draft(base, draft, base.draft_n_max, cut=base.draft_n_max_by_slots, p_min=p_min)
     else:
-        s = launch.with_draft(base, draft, n_max, cut=cut)
+        s = dataclasses.replace(launch.with_draft(base, draft, n_max, cut=cut), draft_p_min=p_min)
     syn = synthetic or Synthetic()
-    return dataclasses.replace(s, draft_p_min=p_min, synth_len=syn.length, synth_rates=syn.rates)
+    return dataclasses.replace(s, synth_len=syn.length, synth_rates=syn.rates)
 
 
 # Seen on this project's x86 build machine (AMX-capable Xeon, pinned engine, CPU backend): with two

@@ -108,6 +108,8 @@ _RECOMMENDATION: dict[str, tuple[tuple[type, ...], object, str]] = {
     "draft_enabled": ((bool,), lambda v: True, "true or false"),
     "draft_n_max": ((int,), lambda v: 1 <= v <= 64, "an integer 1..64"),
     "max_concurrency_for_draft": ((int,), lambda v: v >= 0, "an integer >= 0"),
+    # tune's confidence threshold, measured with draft_n_max (launch.decide applies it with that length)
+    "p_min": ((int, float), lambda v: 0 <= v <= 1, "a number 0..1"),
     "why": ((str,), lambda v: True, "a string"),
     # tune --load: drafts cut to L while more than N slots are busy (engine patches 0021, 0030)
     "load_cut": ((list,), lambda v: all(isinstance(x, list) and len(x) == 2 and all(

@@ -27,7 +27,7 @@ from ggufdspark.errors import InputNotFoundError, InvalidArgumentError
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.engine_env import dropped_warnings
 from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
-from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args, profile_p_min  # noqa: F401
+from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,6 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
     settings = launch.server_settings(decision, info, model=model, draft=draft, mmproj=mmproj, hf=hf, hfd=hfd,
                                       host=host, port=port, api_key=api_key, ctx=ctx, parallel=parallel,
                                       extra_args=extra_args)
-    settings.draft_p_min = profile_p_min(prof, decision, draft_n_max, warnings)
     ui_dir, ui_note = _chat_ui(info, ui, list(extra_args or []))
     settings.public_path = ui_dir
     if host not in LOOPBACK and not settings.api_keys():

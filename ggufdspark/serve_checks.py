@@ -1,10 +1,9 @@
 """Checks ``serve`` makes of what it is given before planning: engine arguments after ``--`` that
-serve sets itself, a load cut longer than the draft, and which part of a tune profile applies.
-Part of ``ggufdspark.serve`` (which re-exports them)."""
+serve sets itself, and a load cut longer than the draft (which part of a tune profile applies is
+``launch.decide``'s to say). Part of ``ggufdspark.serve`` (which re-exports them)."""
 
 from __future__ import annotations
 
-from ggufdspark import hardware
 from ggufdspark.errors import InvalidArgumentError
 
 
@@ -52,28 +51,6 @@ def check_extra_args(extra_args: list[str]) -> None:
         if flag in UNSUPPORTED_ENGINE_FLAGS:
             raise InvalidArgumentError(f"{a!r} after --: serve does not run llama-server with {flag}: "
                                        f"{UNSUPPORTED_ENGINE_FLAGS[flag]}")
-
-
-def profile_p_min(prof: dict | None, decision: hardware.Decision, draft_n_max: int | None,
-                  warnings: list[str]) -> float | None:
-    """The confidence threshold (``--spec-draft-p-min``) a tune profile recommends, when serve runs
-    the configuration it was measured in (the profile's draft length, the draft on); else None,
-    with a warning naming the threshold dropped and why (tune measured length and p_min together)."""
-    rec = (prof or {}).get("recommendation") or {}
-    p_min = rec.get("p_min")
-    if not isinstance(p_min, (int, float)) or isinstance(p_min, bool) or not 0 < p_min <= 1:
-        return None  # 0 is the engine's default; a damaged value is not applied
-    where = prof.get("path", "")
-    if not decision.draft_enabled:
-        return None
-    if draft_n_max is not None and draft_n_max != rec.get("draft_n_max"):
-        warnings.append(f"tune profile {where}: its p_min {p_min:g} was measured with draft length "
-                        f"{rec.get('draft_n_max')}, not with --draft-n-max {draft_n_max}; serving with the "
-                        f"engine's p_min 0")
-        return None
-    decision.reasons.append(f"tune profile {where}: p_min {p_min:g} measured with draft length "
-                            f"{decision.draft_n_max}")
-    return float(p_min)
 
 
 def check_draft_cut(cut: list[tuple[int, int]] | None, n_max: int | None, text: str | None) -> None:
