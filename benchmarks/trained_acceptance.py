@@ -170,7 +170,14 @@ def main() -> int:
         if torch.cuda.is_available():
             model, drafter = model.cuda(), drafter.cuda()
         ref = (model, drafter, [t + 1 for t in dcfg["dflash_config"]["target_layer_ids"]])
-    report = {"command": sys.argv, "env": args.env, "draft": args.draft, "answer": args.answer, "levels": []}
+    import platform
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+    report = {"command": sys.argv, "commit": commit, "engine": str(args.server),
+              "hardware": f"{platform.machine()}, {__import__('os').cpu_count()} cores" + (", GPU" if args.gpu else ""),
+              "env": args.env, "draft": args.draft, "answer": args.answer, "levels": []}
     for level in [int(x) for x in args.levels.split(",") if x]:
         texts = prompts(args.pair, max(8, level * args.requests_per_client))
         r = run_level(args, level, texts, ref)
