@@ -162,16 +162,19 @@ def test_recipe_trains_a_pair_that_converts_and_checks(tmp_path):
 
 
 def test_bench_gates_and_measures_the_trained_pair(trained_pair, ggufdspark_cli, isolated, tmp_path):
-    """``bench``'s lossless gate and acceptance on a drafter that predicts: every answer exact, an
-    accept length well above what a random drafter's accidents give, on held-out code as prompts."""
+    """``bench``'s lossless gate and acceptance on a drafter that predicts, with held-out code as the
+    prompts (sent through the chat template, which the target never saw, so acceptance is lower
+    than on raw text: 2.15 at draft length 8 here against 3.28): every answer exact, real acceptance."""
     items = tmp_path / "held-out.jsonl"
     items.write_text("".join(json.dumps({"id": f"h{i}", "category": "complex_reasoning",
                                          "messages": [{"role": "user", "content": text}]}) + "\n"
                              for i, text in enumerate(shipped.prompts()[:3])))
     p = ggufdspark_cli("bench", "-m", str(trained_pair.target), "-md", str(trained_pair.draft), "--prompts",
-                       str(items), "-n", "64", "--concurrency", "1", "--json", "--max-plain-drift", "inf", env=isolated)
+                       str(items), "-n", "64", "--concurrency", "1", "--draft-n-max", "8", "--json", "--max-plain-drift", "inf",
+                       env=isolated)
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
     assert rep["gate"]["status"] == "pass" and rep["gate"]["defects"] == 0
     acc = rep["acceptance"]
-    assert acc["passes"] > 0 and acc["accept_length"] > 2.0, acc
+    assert acc["passes"] > 0 and acc["accept_length"] > 1.8, acc
+    assert rep["gate"]["exact"] == rep["gate"]["requests"] == 3
