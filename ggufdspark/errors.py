@@ -92,7 +92,12 @@ class PortInUseError(EngineError, OSError):
     """The requested port is already bound."""
 
 
-class ContextSizeError(EngineError, ValueError):
+class RequestFailedError(EngineError):
+    """llama-server answered a request with an error (an HTTP error status, or an error event in a
+    stream) and, as far as the client can tell, goes on serving; a broken connection is not this."""
+
+
+class ContextSizeError(RequestFailedError, ValueError):
     """llama-server refused a request longer than its slot's context (HTTP 400,
     ``exceed_context_size_error``); the server goes on serving. ``n_prompt`` / ``n_ctx``: the
     request's tokens and the slot's context, when the engine's message gives them."""

@@ -76,14 +76,23 @@ MAX_ANSWER_TOKENS = 32768
 
 def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
                requests_per_client: int | None, requests: int | None, seed: int, backend: str,
-               temperature: float = 0.0, rounds: int = 1, conversation: bool = False) -> tr.Shape:
+               temperature: float = 0.0, rounds: int = 1, conversation: bool = False,
+               image_share: float = 0.0, mmproj: str | Path | None = None) -> tr.Shape:
     """The traffic asked for, validated.
 
     Raises:
         InvalidArgumentError: a level below 1 client or above ``MAX_CLIENTS``, a rate <= 0, both
-            ``clients`` and ``rate`` as levels, an option of the other mode, counts below 1, or
-            answers longer than ``MAX_ANSWER_TOKENS``.
+            ``clients`` and ``rate`` as levels, an option of the other mode, counts below 1,
+            answers longer than ``MAX_ANSWER_TOKENS``, or an image share outside [0, 1], above 0
+            without ``mmproj`` or with ``conversation``.
     """
+    if not 0 <= image_share <= 1:  # false for NaN too
+        raise InvalidArgumentError(f"--image-share {image_share:g}: expected a fraction of the requests in [0, 1]")
+    if image_share > 0 and not mmproj:
+        raise InvalidArgumentError(f"--image-share {image_share:g}: image requests need the vision projector "
+                                   "(--mmproj FILE)")
+    if image_share > 0 and conversation:
+        raise InvalidArgumentError("--image-share is for single requests, not --conversations")
     if not 1 <= answer_tokens <= MAX_ANSWER_TOKENS:
         raise InvalidArgumentError(f"--answer-tokens {answer_tokens}: expected 1..{MAX_ANSWER_TOKENS}")
     if clients and max(clients) > MAX_CLIENTS:
@@ -112,7 +121,8 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
         if cap is not None and cap < 1:
             raise InvalidArgumentError(f"--clients {cap}: expected at least 1 request in flight")
         return tr.Shape("poisson", tuple(sorted(set(rate))), answer_tokens, requests=n, temperature=temperature,
-                        max_in_flight=cap if cap is not None else min(n, 64), seed=seed, rounds=rounds)
+                        max_in_flight=cap if cap is not None else min(n, 64), seed=seed, rounds=rounds,
+                        image_share=image_share)
     if requests is not None:
         raise InvalidArgumentError("--requests is for --rate; closed-loop clients take --requests-per-client")
     levels = sorted(set(clients or tr.CLIENTS_DEFAULTS.get(backend, tr.OTHER_CLIENTS)))
@@ -122,7 +132,7 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
     if per < 1:
         raise InvalidArgumentError(f"--requests-per-client {per}: expected at least 1")
     return tr.Shape("closed", tuple(levels), answer_tokens, requests_per_client=per, seed=seed,
-                    temperature=temperature, rounds=rounds, conversation=conversation)
+                    temperature=temperature, rounds=rounds, conversation=conversation, image_share=image_share)
 
 
 def check_json_path(path: str | Path, *inputs: str | Path | None, force: bool = False) -> Path:
@@ -177,6 +187,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
              log_dir: str | Path | None = None, command: str | None = None, draft_cut: str | None = None,
              draft_arms: list[DraftArm] | None = None, interleave: bool = True, temperature: float = 0.0,
              rounds: int = 1, noise_floor: bool = False, conversation: bool = False,
+             mmproj: str | Path | None = None, image_share: float = 0.0,
              progress: Progress | None = None) -> LoadReport:
     """Plain and drafted arms under the same traffic; see the module docstring.
 
@@ -205,6 +216,10 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         conversation: closed loop: each client one conversation, its next prompt the conversation so
             far and a new message, sent with cache_prompt (chat traffic: the server reuses what it
             holds); the slots get serve's context (4096 tokens) unless ``ctx_per_slot`` says otherwise.
+        mmproj: the vision projector, given to every server.
+        image_share: this fraction of each level's requests carry a drawn picture (three kinds and
+            sizes, ``traffic.draw_pictures``) before their text; the same requests on every arm
+            (seeded); needs ``mmproj``.
 
     Raises:
         InvalidArgumentError: bad traffic options (before anything is loaded).
@@ -215,17 +230,17 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
     # the options are checked before anything loads; the default levels need the backend, known after
     shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
                        requests=requests, seed=seed, backend="cpu", temperature=temperature, rounds=rounds,
-                       conversation=conversation)
+                       conversation=conversation, image_share=image_share, mmproj=mmproj)
     devices = None
     if not clients and not rate:  # the default levels are the backend's
         devices = hardware.detect(eng.find_engine(server))
         shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
                            requests_per_client=requests_per_client, requests=None, seed=seed,
                            backend=devices.backend or "cpu", temperature=temperature, rounds=rounds,
-                           conversation=conversation)
+                           conversation=conversation, image_share=image_share, mmproj=mmproj)
     # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
     given_cut = launch.parse_draft_cut(draft_cut) if draft_cut and draft_cut.strip().lower() != "off" else None
-    info, devices, decision, limits = prepare(target, draft, server=server, concurrency=[shape.slots],
+    info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server, concurrency=[shape.slots],
                                               draft_n_max=draft_n_max, draft_cut=draft_cut, devices=devices)
     n_max = draft_n_max or decision.draft_n_max or limits.max_n
     for arm in draft_arms or [DraftArm("drafted", n_max)]:
@@ -242,12 +257,15 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
     synthetic = _synthetic(synthetic_len, synthetic_rates, n_max)
     items = tr.traffic_items()
     per_slot = ctx_per_slot or tr.max_prompt_bytes(items) + answer_tokens + 16
+    image_ctx = tr.IMAGE_TOKENS_MAX if image_share > 0 else 0  # context one picture takes
+    if not ctx_per_slot:
+        per_slot += image_ctx
     if conversation:  # turns pile up in a slot: serve's context, where a conversation starts over
         per_slot = ctx_per_slot or max(per_slot, launch.CTX_PER_SLOT)
         shape = dataclasses.replace(shape, context=per_slot)
     with log_directory(log_dir, "ggufdspark-load-") as logs:
-        base = base_settings(info, target, decision=decision, parallel=shape.slots, ctx_per_slot=per_slot,
-                             threads=threads, extra_args=server_args, draft=draft)
+        base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=shape.slots,
+                             ctx_per_slot=per_slot, threads=threads, extra_args=server_args, draft=draft)
         # the drafted arm is the server `serve` would start (its length and load cut, launch.decide
         # gave the base both), unless --draft-n-max asked for another length; several arms: each its own
         settings = {"plain": arm_settings(base, None)}
@@ -274,16 +292,21 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                 progress(min(done[0], total), total, what)
 
         prompts: list[tr.Prompt] = []
+        pictures: dict[str, tr.ImageTraffic] = {}  # per arm: its image requests (its media marker)
+        drawn = tr.draw_pictures(logs / "images", seed) if image_share > 0 else []
         # per arm, per level: each round's result (pooled below)
         runs: dict[str, list[list[tr.LevelResult]]] = {a: [[] for _ in shape.levels] for a in settings}
 
         def level(arm: str, client: Client, i: int, r: int) -> None:
             lv = shape.levels[i]
-            res = tr.run_level(client, prompts, lv, shape.round(r), tick=lambda w, a=arm: tick(f"{a}: {w}"))
-            log.info("%s, %g %s%s: %.1f tok/s aggregate, TTFT p50 %.3f s, %d requests", arm, lv,
+            res = tr.run_level(client, prompts, lv, shape.round(r), tick=lambda w, a=arm: tick(f"{a}: {w}"),
+                               pictures=pictures.get(arm))
+            log.info("%s, %g %s%s: %.1f tok/s aggregate, TTFT p50 %.3f s, %d requests%s%s", arm, lv,
                      "clients" if shape.mode == "closed" else "requests/s",
                      f", round {r + 1}/{shape.rounds}" if shape.rounds > 1 else "", res.aggregate_tps,
-                     res.ttft_p50_s or 0.0, res.requests)
+                     res.ttft_p50_s or 0.0, res.requests,
+                     f", {res.image_requests} with an image" if res.image_requests else "",
+                     f"; {res.failed} FAILED (the server answered with an error)" if res.failed else "")
             runs[arm][i].append(res)
 
         if not interleave:  # one server at a time: each arm's levels (every round), then the next arm
@@ -292,8 +315,12 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                 with running(settings[arm], logs / f"{arm}.log") as c:
                     if not prompts:
                         prompts = tr.render_all(c, items)
-                        _check_fits(prompts, per_slot, answer_tokens)
-                    _warm_up(c, prompts)
+                        _check_fits(prompts, per_slot, answer_tokens, image_ctx)
+                    if drawn:
+                        first = next(iter(pictures.values()), None)
+                        pictures[arm] = (first.for_server(c.props().get("media_marker")) if first
+                                         else tr.image_traffic(c, items, drawn, image_share))
+                    _warm_up(c, prompts, pictures.get(arm))
                     for r in range(shape.rounds):
                         for i in _round_levels(len(shape.levels), r):
                             level(arm, c, i, r)
@@ -312,9 +339,13 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                         raise server_failure(srvs[arm], settings[arm], logs / f"{arm}.log", e) from None
 
                 prompts = tr.render_all(srvs["plain"].client(), items)
-                _check_fits(prompts, per_slot, answer_tokens)
+                _check_fits(prompts, per_slot, answer_tokens, image_ctx)
+                if drawn:
+                    first = tr.image_traffic(srvs["plain"].client(), items, drawn, image_share)
+                    for arm in settings:
+                        pictures[arm] = first.for_server(srvs[arm].client().props().get("media_marker"))
                 for arm in settings:
-                    on(arm, lambda c: _warm_up(c, prompts))
+                    on(arm, lambda c, a=arm: _warm_up(c, prompts, pictures.get(a)))
                 for r in range(shape.rounds):
                     for k, i in enumerate(_round_levels(len(shape.levels), r)):
                         turn = r * len(shape.levels) + k
@@ -326,7 +357,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                    "documents (ggufdspark.traffic)", "prompt_tokens": tr.length_stats(sizes),
                    "prompt_ids": [p.id for p in prompts],
                    "warmup": f"one {WARMUP_TOKENS}-token request, then the longest prompt ({max(sizes)} tokens, "
-                             f"{WARMUP_TOKENS} tokens) per arm, before its levels",
+                             f"{WARMUP_TOKENS} tokens)" + (", then it with the largest picture" if drawn else "")
+                             + " per arm, before its levels",
                    "order": ("interleaved: all arms' servers up, each level on every arm in turn, the order "
                              "reversed at every other level") if interleave else "sequential: one arm's server "
                              "and levels after another's",
@@ -334,6 +366,13 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
                               "and so on), round r with seed + r; figures over all rounds' requests, aggregate = "
                               "their output tokens / the rounds' summed wall time; round_tps: each round's aggregate")
                              if shape.rounds > 1 else "1",
+                   **({"images": {"share": image_share, "mmproj": str(mmproj),
+                                  "pictures": [p.name for p in drawn],
+                                  "how": "round(share x requests) of each level's requests, chosen by a generator "
+                                         "seeded with the round's seed (the same on every arm), each a picture "
+                                         "before the text of its prompt, the sizes in turn; prompt_tokens of those "
+                                         "requests: the engine's count, image tokens included"}}
+                      if drawn else {}),
                    "requests": "streamed /completion, " + (f"sampled at temperature {temperature:g} (the engine's "
                                "default chain, a seed a request)" if temperature > 0 else "greedy")
                                + f", prompt cache off, ignore_eos (every answer exactly {answer_tokens} tokens)"}
@@ -342,7 +381,8 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
             engine={"commit": info.commit, "version": info.version, "path": info.path, "patches": list(info.patches)},
             hardware={"backend": decision.backend, "devices": decision.devices},
             traffic=traffic,
-            settings={"target": str(target), "draft": str(draft), "draft_n_max": n_max, "block_size": limits.block_size,
+            settings={"target": str(target), "draft": str(draft), "mmproj": str(mmproj) if mmproj else None,
+                      "draft_n_max": n_max, "block_size": limits.block_size,
                       "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
                       "p_min": drafted.draft_p_min, "draft_cut": drafted.draft_n_max_by_slots, "slots": shape.slots,
                       "ctx_per_slot": per_slot,
@@ -382,16 +422,21 @@ def _arm_text(arm: DraftArm, s) -> str:
     return f"draft length {s.draft_n_max}" + (f", cut {','.join(f'{n}:{k}' for n, k in cut)}" if cut else "") + env
 
 
-def _check_fits(prompts: list[tr.Prompt], per_slot: int, answer_tokens: int) -> None:
+def _check_fits(prompts: list[tr.Prompt], per_slot: int, answer_tokens: int, image_tokens: int = 0) -> None:
     longest = max(prompts, key=lambda p: p.n_tokens)
-    if longest.n_tokens + answer_tokens > per_slot:
-        raise BenchError(f"prompt {longest.id!r} has {longest.n_tokens} tokens: with {answer_tokens}-token answers "
-                         f"it needs a context of {longest.n_tokens + answer_tokens} a slot, --ctx-per-slot is {per_slot}")
+    need = longest.n_tokens + image_tokens + answer_tokens
+    if need > per_slot:
+        pic = f" and a picture ({image_tokens})" if image_tokens else ""
+        raise BenchError(f"prompt {longest.id!r} has {longest.n_tokens} tokens: with {answer_tokens}-token answers"
+                         f"{pic} it needs a context of {need} a slot, --ctx-per-slot is {per_slot}")
 
 
-def _warm_up(client: Client, prompts: list[tr.Prompt]) -> None:
+def _warm_up(client: Client, prompts: list[tr.Prompt], pictures: tr.ImageTraffic | None = None) -> None:
     warm(client)
     longest = max(prompts, key=lambda p: p.n_tokens)
     client.stream_complete(longest.tokens, n_predict=WARMUP_TOKENS, ignore_eos=True)
+    if pictures:  # the vision encoder's first use (and the largest picture) stays out of the levels too
+        client.stream_complete(pictures.prompt(prompts.index(longest), len(pictures.pictures) - 1),
+                               n_predict=WARMUP_TOKENS, ignore_eos=True)
 
 

@@ -74,6 +74,39 @@ class LoadReport:
                        + " ".join(_x(ratios[a][i].get(key), 9) for a in arms[1:]))
         return out
 
+    TAILS = (("TTFT p99", "ttft_p99_s"), ("lat p99", "latency_p99_s"), ("gap p99", "longest_gap_p99_s"),
+             ("ITL p50", "itl_p50_s"), ("ITL p95", "itl_p95_s"), ("ITL p99", "itl_p99_s"), ("TPOT p50", "tpot_p50_s"),
+             ("TPOT p99", "tpot_p99_s"))
+
+    def tails_block(self, ratios: dict[str, list[dict]]) -> list[str]:
+        """p99 of TTFT, latency and a request's longest wait; inter-token latency (every wait between
+        two streamed chunks, pooled over the requests) and time per output token, per arm and level."""
+        unit = "clients" if self.traffic["shape"]["mode"] == "closed" else "req/s"
+        head = f"{unit:>7} {'arm':>8} " + " ".join(f"{t:>9}" for t, _ in self.TAILS)
+        out = ["Tails and inter-token latency (ITL: every wait between two streamed chunks, a drafted step's "
+               "tokens one chunk, pooled over the requests; TPOT: (latency - TTFT) / (tokens - 1) per request):",
+               head]
+        several = len(self.drafted_arms) > 1
+        for i, p in enumerate(self.arms["plain"]):
+            for a in ["plain", *self.drafted_arms]:
+                lv = self.arms[a][i]
+                out.append(f"{lv.level:>7g} {a:>8} " + " ".join(_ms(getattr(lv, k), 1) for _, k in self.TAILS))
+                if a != "plain":
+                    out.append(f"{'':>7} {a + '/pl' if several else 'ratio':>8} "
+                               + " ".join(_x(ratios[a][i].get(k), 9) for _, k in self.TAILS))
+        return out
+
+    def requests_block(self) -> list[str]:
+        """Per level and arm: requests answered, those with an image (--image-share), those failed."""
+        unit = "clients" if self.traffic["shape"]["mode"] == "closed" else "req/s"
+        out = ["Requests: answered, with an image, failed (the server answered with an error):",
+               f"{unit:>7} {'arm':>8} {'answered':>9} {'image':>6} {'failed':>7}"]
+        for i, p in enumerate(self.arms["plain"]):
+            for a in self.arms:
+                lv = self.arms[a][i]
+                out.append(f"{lv.level:>7g} {a:>8} {lv.requests:>9} {lv.image_requests:>6} {lv.failed:>7}")
+        return out
+
     def text(self) -> str:
         """The report as a table: per level, each arm's figures and drafted / plain."""
         t, s = self.traffic, self.settings
@@ -117,6 +150,10 @@ class LoadReport:
         if any(lv.longest_gap_p95_s is not None for lv in self.arms["plain"]):
             lines += ["", *self.level_block("A request's longest wait between two tokens (a stall: a prompt joining "
                                             "the batch), p95 over the requests:", "longest_gap_p95_s", ratios)]
+        if any(lv.itl_p50_s is not None or lv.ttft_p99_s is not None for lv in self.arms["plain"]):
+            lines += ["", *self.tails_block(ratios)]
+        if any(lv.image_requests or lv.failed for a in self.arms.values() for lv in a):
+            lines += ["", *self.requests_block()]
         if s.get("noise_floor"):
             lines += ["", self.noise_floor_text()]
         lines += ["", "agg = output tokens / wall time of the level; dec = median over requests of (tokens - 1) / "
@@ -134,8 +171,8 @@ def _x(v: float | None, w: int) -> str:
     return f"{v:>{w - 1}.2f}x" if v is not None else f"{'-':>{w}}"
 
 
-def _ms(v: float | None) -> str:
-    return f"{v * 1000:>7.0f}ms" if v is not None else f"{'-':>9}"
+def _ms(v: float | None, d: int = 0) -> str:
+    return f"{v * 1000:>7.{d}f}ms" if v is not None else f"{'-':>9}"
 
 
 def _s(v: float | None) -> str:

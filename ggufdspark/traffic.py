@@ -19,6 +19,11 @@ same order. Open loop: arrivals at seeded exponential gaps (mean 1/rate), the i-
 client, as vLLM's ``--max-concurrency`` does). Conversations (closed loop, ``Shape.conversation``):
 each client's next prompt is its conversation so far and the next prompt of the order (its BOS
 dropped), sent with ``cache_prompt``; one that would outgrow the slot's context starts over.
+
+Images (``Shape.image_share``, ``ImageTraffic``): a seeded share of each level's requests carry one
+of a few drawn pictures of different sizes before their text, chosen by request index, so every arm
+sends the same requests; those go as multimodal prompts (the server's media marker and the picture).
+A request the server answers with an error is recorded as failed and the level goes on.
 """
 
 from __future__ import annotations
@@ -33,11 +38,15 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
+from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from ggufdspark import prompts as pr
 from ggufdspark import trafficdocs
-from ggufdspark.errors import BenchError, EngineError
+from ggufdspark import images
+from ggufdspark.errors import BenchError, EngineError, RequestFailedError
 from ggufdspark.loadfigures import (  # noqa: F401 - the figures, read through here by bench --load's callers too
     LevelResult,
     RequestRecord,
@@ -133,6 +142,7 @@ class Shape:
     # ``context`` tokens (a slot's) starts over with the new message alone
     conversation: bool = False
     context: int = 0
+    image_share: float = 0.0  # this share of a level's requests carry an image (ImageTraffic)
 
     def n_requests(self, level: float) -> int:
         return int(level) * self.requests_per_client if self.mode == "closed" else self.requests
@@ -147,6 +157,8 @@ class Shape:
     def describe(self) -> str:
         ans = f"{self.answer_tokens}-token answers" + (f" sampled at temperature {self.temperature:g}"
                                                        if self.temperature > 0 else "")
+        if self.image_share > 0:
+            ans += f", {self.image_share:g} of the requests with an image"
         if self.mode == "closed":
             lv = ",".join(str(int(v)) for v in self.levels)
             talk = (", each client one conversation (its next prompt: the conversation so far and a new message, "
@@ -197,39 +209,144 @@ def poisson_schedule(rate: float, n: int, seed: int) -> list[float]:
     return out
 
 
+# --------------------------------------------------------------------------- images
+
+# The pictures of --image-share: three kinds at three sizes. LFM2-VL's mtmd preprocessing gives
+# 256 x 256 its minimum of 64 image tokens, 384 x 384 144 and 512 x 512 its maximum of 256, no
+# tiling at or below 512 on a side (``ggufdspark.images``).
+IMAGE_SIZES = (256, 384, 512)
+# context a slot needs beyond the text for one picture: the 256 tokens of the largest and the
+# marker tokens around them, with room to spare
+IMAGE_TOKENS_MAX = 272
+
+
+@dataclass
+class Picture:
+    """One drawn picture of the image traffic: its name (kind and size), file and base64 bytes."""
+
+    name: str
+    path: str
+    b64: str = field(repr=False)
+
+
+def draw_pictures(out_dir: str | Path, seed: int = DEFAULT_SEED) -> list[Picture]:
+    """A scene, a chart and a sign (seeded draw specs), at the sizes of ``IMAGE_SIZES``, drawn as PNGs
+    in ``out_dir``.
+
+    Raises:
+        BenchError: Pillow or matplotlib missing.
+    """
+    rng = np.random.default_rng(seed)
+    specs = [("scene", images.random_scene(rng)[0]), ("chart", images.random_chart(rng, "bars")[0]),
+             ("sign", images.random_sign(rng)[0])]
+    out = []
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for (kind, draw), size in zip(specs, IMAGE_SIZES):
+        name = f"{kind}-{size}px"
+        try:
+            path = images.render(draw, Path(out_dir) / f"{name}.png", size=size)
+        except ImportError as e:
+            raise BenchError(f"drawing the --image-share pictures needs Pillow and matplotlib: {e}") from None
+        out.append(Picture(name, str(path), images.image_b64(path)))
+    return out
+
+
+@dataclass
+class ImageTraffic:
+    """The image requests of a run: the pictures, and per prompt of the set its text rendered with
+    one picture before its first user message (``texts``, holding ``marker``, the rendering server's
+    media marker). ``share`` of each level's requests carry a picture (``plan``)."""
+
+    share: float
+    pictures: list[Picture]
+    texts: list[str] = field(repr=False)
+    marker: str
+
+    def for_server(self, marker: str | None) -> "ImageTraffic":
+        """The same requests for another server: llama-server picks a random media marker per
+        process, so the first server's is swapped for this one's."""
+        if not marker or marker == self.marker:
+            return self
+        return replace(self, texts=[t.replace(self.marker, marker) for t in self.texts], marker=marker)
+
+    def plan(self, n_requests: int, seed: int) -> list[int | None]:
+        """For each request index of a level: the picture it carries (an index into ``pictures``), or
+        None. ``round(share * n)`` requests, chosen and given pictures by a generator seeded with
+        ``seed`` alone, so every arm sends the same."""
+        rng = random.Random(f"image-plan-{seed}")
+        chosen = sorted(rng.sample(range(n_requests), round(self.share * n_requests)))
+        out: list[int | None] = [None] * n_requests
+        for k, i in enumerate(chosen):
+            out[i] = k % len(self.pictures)  # the sizes in turn: each as often as the others, within one
+        return out
+
+    def prompt(self, prompt_index: int, picture: int) -> dict:
+        """The multimodal ``/completion`` prompt of one image request."""
+        return {"prompt_string": self.texts[prompt_index], "multimodal_data": [self.pictures[picture].b64]}
+
+
+def image_traffic(client: Client, items: list[pr.PromptItem], pictures: list[Picture], share: float) -> ImageTraffic:
+    """Every item rendered with a picture before its first user message, on ``client`` (a server
+    started with ``--mmproj``).
+
+    Raises:
+        BenchError: the server has no media marker (no ``--mmproj``), or could not render an item.
+    """
+    marker = client.props().get("media_marker")
+    if not marker:
+        raise BenchError("image requests need a server started with --mmproj: this one has no media marker")
+    texts = []
+    for it in items:
+        msgs = [dict(m) for m in it.messages]
+        first = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+        c = msgs[first]["content"]
+        rest = c if isinstance(c, list) else [{"type": "text", "text": c}]
+        msgs[first]["content"] = [{"type": "image", "path": pictures[0].path}, *rest]
+        try:
+            prompt, _ = render(client, msgs, marker)
+        except EngineError as e:
+            raise BenchError(f"prompt {it.id!r} with an image: the server could not render it: {e}") from None
+        texts.append(prompt["prompt_string"])
+    return ImageTraffic(share, pictures, texts, marker)
+
+
 # --------------------------------------------------------------------------- requests
 
 
 def send(client: Client, p: Prompt, answer_tokens: int, *, index: int, who: int, t0: float,
          temperature: float = 0.0, seed: int | None = None, turn: int | None = None,
-         tokens: list[int] | None = None) -> tuple[RequestRecord, list[int]]:
+         tokens: list[int] | None = None, media: tuple[str, dict] | None = None) -> tuple[RequestRecord, list[int]]:
     """One streamed request of exactly ``answer_tokens`` tokens (``ignore_eos``), timed: greedy, or
     sampled at ``temperature`` with ``seed`` (the engine's default chain: top-k 40, top-p 0.95,
     min-p 0.05); ``turn``: the closed-loop client's request number. ``tokens``: a conversation's
     prompt (ending with ``p``'s message), sent with cache_prompt; None: ``p`` alone, without it.
-    Returns the record and the answer's tokens."""
+    ``media``: the picture's name and the multimodal prompt sent instead (its prompt tokens are the
+    engine's count, image tokens included). Returns the record and the answer's tokens."""
     start = time.perf_counter() - t0
     extra = {"seed": seed} if temperature > 0 and seed is not None else {}
     if tokens is not None:
         extra["cache_prompt"] = True
-    sent = p.tokens if tokens is None else tokens
+    sent = media[1] if media else p.tokens if tokens is None else tokens
     out = client.stream_complete(sent, n_predict=answer_tokens, ignore_eos=True, temperature=temperature, **extra)
     t = out.timings
-    return RequestRecord(index, who, p.id, len(sent), start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
+    n_prompt = (t.prompt_n or 0) if media else len(sent)
+    return RequestRecord(index, who, p.id, n_prompt, start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
                          t.prompt_n, t.prompt_ms, t.predicted_per_second, t.draft_n, t.draft_n_accepted, t.passes,
-                         turn, out.longest_gap_s, t.cache_n), out.tokens
+                         turn, out.longest_gap_s, t.cache_n, out.chunks, media[0] if media else None,
+                         gaps_s=out.gaps_s), out.tokens
 
 
-def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape, *, tick: Tick | None = None
-               ) -> LevelResult:
+def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape, *, tick: Tick | None = None,
+               pictures: ImageTraffic | None = None) -> LevelResult:
     """``clients`` threads in a closed loop, ``shape.requests_per_client`` requests each.
 
     Raises:
-        EngineError: a request failed (the first failure; the other clients stop after their
-            current request).
+        EngineError: a request broke (the first; the other clients stop after their current
+            request). One the server answered with an error is recorded as failed instead.
     """
     n = clients * shape.requests_per_client
     order = prompt_order(len(prompts), n, shape.seed)
+    media = _media(pictures, shape, n, order)
     records: list[RequestRecord] = []
     lock = threading.Lock()
     failed = threading.Event()
@@ -246,7 +363,8 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
                 tokens = history + p.tokens[1:] if history else list(p.tokens)
                 if shape.context and len(tokens) + shape.answer_tokens > shape.context:
                     tokens = list(p.tokens)  # the slot is full: a new conversation
-            answer = _send_recorded(client, p, shape, i, c, t0, records, lock, failed, turn=j, tokens=tokens)
+            answer = _send_recorded(client, p, shape, i, c, t0, records, lock, failed, turn=j, tokens=tokens,
+                                    media=media[i])
             history = (tokens or []) + answer
             if tick:
                 tick(f"{clients} clients")
@@ -260,14 +378,31 @@ def run_closed(client: Client, prompts: list[Prompt], clients: int, shape: Shape
     return summarize_level(clients, records, wall)
 
 
+def _media(pictures: ImageTraffic | None, shape: Shape, n: int, order: list[int]) -> list[tuple[str, dict] | None]:
+    """Per request index: the picture's name and the multimodal prompt it sends, or None (text)."""
+    if pictures is None or shape.image_share <= 0:
+        return [None] * n
+    return [None if k is None else (pictures.pictures[k].name, pictures.prompt(order[i], k))
+            for i, k in enumerate(pictures.plan(n, shape.seed))]
+
+
 def _send_recorded(client: Client, prompt: Prompt, shape: Shape, index: int, who: int, t0: float,
                    records: list[RequestRecord], lock: threading.Lock, failed: threading.Event,
-                   turn: int | None = None, tokens: list[int] | None = None) -> list[int]:
-    """One request of a schedule: its record appended under ``lock``, its answer's tokens returned;
-    a failure sets ``failed`` (no later request is sent) and is raised."""
+                   turn: int | None = None, tokens: list[int] | None = None,
+                   media: tuple[str, dict] | None = None) -> list[int]:
+    """One request of a schedule: its record appended under ``lock``, its answer's tokens returned.
+    A request the server answered with an error is recorded as failed (``error``; no tokens); any
+    other failure sets ``failed`` (no later request is sent) and is raised."""
+    start = time.perf_counter() - t0
     try:
         r, answer = send(client, prompt, shape.answer_tokens, index=index, who=who, t0=t0,
-                         temperature=shape.temperature, seed=shape.seed * 1_000_003 + index, turn=turn, tokens=tokens)
+                         temperature=shape.temperature, seed=shape.seed * 1_000_003 + index, turn=turn, tokens=tokens,
+                         media=media)
+    except RequestFailedError as e:
+        log.warning("request %d (prompt %s%s) failed: %s", index, prompt.id, f", image {media[0]}" if media else "", e)
+        took = time.perf_counter() - t0 - start
+        r, answer = RequestRecord(index, who, prompt.id, 0 if media else len(tokens or prompt.tokens), start, took,
+                                  took, 0, turn=turn, image=media[0] if media else None, error=str(e)), []
     except BaseException:
         failed.set()
         raise
@@ -276,8 +411,8 @@ def _send_recorded(client: Client, prompt: Prompt, shape: Shape, index: int, who
     return answer
 
 
-def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape, *, tick: Tick | None = None
-                ) -> LevelResult:
+def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape, *, tick: Tick | None = None,
+                pictures: ImageTraffic | None = None) -> LevelResult:
     """``shape.requests`` requests arriving at ``rate`` per second (seeded), at most
     ``shape.max_in_flight`` at once; wall time from the first arrival to the last answer.
 
@@ -287,6 +422,7 @@ def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape
     n = shape.requests
     order = prompt_order(len(prompts), n, shape.seed)
     arrivals = poisson_schedule(rate, n, shape.seed)
+    media = _media(pictures, shape, n, order)
     records: list[RequestRecord] = []
     lock = threading.Lock()
     failed = threading.Event()
@@ -294,7 +430,7 @@ def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape
     def one(i: int) -> None:
         if failed.is_set():
             return
-        _send_recorded(client, prompts[order[i]], shape, i, i, t0, records, lock, failed)
+        _send_recorded(client, prompts[order[i]], shape, i, i, t0, records, lock, failed, media=media[i])
         if tick:
             tick(f"{rate:g} requests/s")
 
@@ -312,12 +448,12 @@ def run_poisson(client: Client, prompts: list[Prompt], rate: float, shape: Shape
     return summarize_level(rate, records, wall)
 
 
-def run_level(client: Client, prompts: list[Prompt], level: float, shape: Shape, *, tick: Tick | None = None
-              ) -> LevelResult:
-    """One level of ``shape`` on a started server."""
+def run_level(client: Client, prompts: list[Prompt], level: float, shape: Shape, *, tick: Tick | None = None,
+              pictures: ImageTraffic | None = None) -> LevelResult:
+    """One level of ``shape`` on a started server; ``pictures``: this server's image requests."""
     if shape.mode == "closed":
-        return run_closed(client, prompts, int(level), shape, tick=tick)
-    return run_poisson(client, prompts, level, shape, tick=tick)
+        return run_closed(client, prompts, int(level), shape, tick=tick, pictures=pictures)
+    return run_poisson(client, prompts, level, shape, tick=tick, pictures=pictures)
 
 
 def render_all(client: Client, items: list[pr.PromptItem]) -> list[Prompt]:

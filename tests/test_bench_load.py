@@ -35,7 +35,29 @@ def _check_level(lv: dict, n_requests: int, answer: int) -> None:
     # p50 / p95 over the requests
     gaps = sorted(r["longest_gap_s"] for r in recs)
     assert all(0 < r["longest_gap_s"] <= r["latency_s"] - r["ttft_s"] for r in recs), recs
-    assert gaps[0] <= lv["longest_gap_p50_s"] <= lv["longest_gap_p95_s"] <= gaps[-1]
+    assert gaps[0] <= lv["longest_gap_p50_s"] <= lv["longest_gap_p95_s"] <= lv["longest_gap_p99_s"] <= gaps[-1]
+    _check_tails(lv)
+
+
+def _check_tails(lv: dict) -> None:
+    """The p99s, inter-token latency and time per output token of a level: present, ordered, and
+    within what the requests allow."""
+    recs = [r for r in lv["records"] if r["error"] is None]
+    assert lv["ttft_p50_s"] <= lv["ttft_p95_s"] <= lv["ttft_p99_s"] <= max(r["ttft_s"] for r in recs)
+    assert lv["latency_p50_s"] <= lv["latency_p95_s"] <= lv["latency_p99_s"] <= max(r["latency_s"] for r in recs)
+    # ITL: every wait between two chunks pooled; a chunk holds >= 1 token, so at most tokens - 1 waits a request
+    # (the tiny model's tokens often reach the client all in one chunk: then there is no wait to pool)
+    assert lv["itl_gaps"] == sum(r["chunks"] - 1 for r in recs)
+    assert all(1 <= r["chunks"] <= r["output_tokens"] for r in recs)
+    if lv["itl_gaps"]:
+        assert 0 < lv["itl_p50_s"] <= lv["itl_p95_s"] <= lv["itl_p99_s"] <= max(r["longest_gap_s"] for r in recs)
+    else:
+        assert lv["itl_p50_s"] is lv["itl_p95_s"] is lv["itl_p99_s"] is None
+    tpot = [r["tpot_s"] for r in recs]
+    assert all(t == pytest.approx((r["latency_s"] - r["ttft_s"]) / (r["output_tokens"] - 1))
+               for t, r in zip(tpot, recs))
+    assert min(tpot) <= lv["tpot_p50_s"] <= lv["tpot_p95_s"] <= lv["tpot_p99_s"] <= max(tpot)
+    assert "gaps_s" not in recs[0]  # the raw waits stay out of the JSON
 
 
 def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated, tmp_path):
@@ -234,6 +256,91 @@ def test_load_sampled_requests(small_pair, ggufdspark_cli, isolated):
     assert bad.returncode == 2 and "--temperature -1" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
+def test_load_inter_token_latency_plain_and_drafted(small_pair, ggufdspark_cli, isolated, tmp_path):
+    """ITL (every wait between two streamed chunks, pooled over a level's requests), TPOT and the
+    p99s on a real plain / drafted run: in every level of both arms, ordered, their ratios drafted /
+    plain, the tails table printed. A drafted step's accepted tokens reach the client together: one
+    chunk, so the drafted arm streams fewer chunks than tokens."""
+    out = tmp_path / "load.json"
+    p = ggufdspark_cli(*_args(small_pair, "--clients", "1,2", "--answer-tokens", "96", "--requests-per-client", "1",
+                              "--draft-n-max", "3", "--json", str(out)), env=isolated)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    plain, drafted = rep["arms"]["plain"], rep["arms"]["drafted"]
+    for arm in (plain, drafted):
+        for lv in arm:
+            _check_level(lv, int(lv["level"]), 96)
+            assert lv["itl_gaps"] > 0, lv  # 96 tokens never all reached the client at once
+            assert lv["image_requests"] == 0 and lv["failed"] == 0
+    accepted = [r for lv in drafted for r in lv["records"] if r["draft_n_accepted"]]
+    assert accepted and sum(r["chunks"] for r in accepted) < sum(r["output_tokens"] for r in accepted), accepted
+    keys = ("ttft_p99_s", "latency_p99_s", "longest_gap_p99_s", "itl_p50_s", "itl_p95_s", "itl_p99_s", "tpot_p50_s",
+            "tpot_p95_s", "tpot_p99_s")
+    for r, a, b in zip(rep["ratios"], plain, drafted):
+        assert all(r[k] == pytest.approx(b[k] / a[k]) for k in keys), r
+    block = p.stdout.split("Tails and inter-token latency")[1].splitlines()
+    assert block[1].split() == ["clients", "arm", "TTFT", "p99", "lat", "p99", "gap", "p99", "ITL", "p50", "ITL",
+                                "p95", "ITL", "p99", "TPOT", "p50", "TPOT", "p99"], block[:3]
+    assert [ln.split()[:2] for ln in block[2:4]] == [["1", "plain"], ["1", "drafted"]] and block[4].split()[0] == "ratio"
+    assert "Requests: answered, with an image" not in p.stdout  # no image, no failure: no such table
+
+
+@pytest.fixture(scope="module")
+def vl_pair(tmp_path_factory):
+    """The small generated VL target (language tower + its real mmproj) and its DSpark draft, F16."""
+    from ggufdspark.convert.drafter import convert_drafter
+    from ggufdspark.convert.target import convert_target
+    from ggufdspark.synthetic import synth, synth_vl
+
+    root = tmp_path_factory.mktemp("load-vl")
+    target_dir = synth_vl.make_vl_target(root / "tiny-lfm2-vl", layout="published")
+    drafter_dir = synth.make_drafter(root / "tiny-lfm2-vl-DSpark", target_dir)
+    out = root / "gguf"
+    out.mkdir()
+    r = convert_target(target_dir, output=out)
+    draft = convert_drafter(drafter_dir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
+    return {"tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
+
+
+def test_load_image_share_sends_the_same_image_requests_to_both_arms(vl_pair, ggufdspark_cli, isolated, tmp_path):
+    """--image-share 0.5 on the VL pair with its mmproj: half of each level's requests carry a drawn
+    picture (seeded: the same requests and pictures on both arms), every one answered, the engine's
+    prompt count holding the image tokens; the p99s and ITL fields present and ordered."""
+    out = tmp_path / "load.json"
+    p = ggufdspark_cli("bench", "--load", "-m", str(vl_pair["tower"]), "-md", str(vl_pair["draft"]), "--mmproj",
+                       str(vl_pair["mmproj"]), "--clients", "2", "--image-share", "0.5", "--answer-tokens", "8",
+                       "--requests-per-client", "2", "--draft-n-max", "3", "--json", str(out), "--log-dir",
+                       str(tmp_path / "logs"), env=isolated)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["traffic"]["shape"]["image_share"] == 0.5 and "0.5 of the requests with an image" in p.stdout
+    assert rep["traffic"]["images"]["pictures"] == ["scene-256px", "chart-384px", "sign-512px"]
+    assert rep["settings"]["mmproj"] == str(vl_pair["mmproj"])
+    assert all("--mmproj" in rep["settings"][k] for k in ("plain_command", "drafted_command"))
+    assert sorted(f.name for f in (tmp_path / "logs" / "images").iterdir()) == [
+        "chart-384px.png", "scene-256px.png", "sign-512px.png"]
+    (plain,), (drafted,) = rep["arms"]["plain"], rep["arms"]["drafted"]
+    for lv in (plain, drafted):
+        assert lv["requests"] == 4 and lv["image_requests"] == 2 and lv["failed"] == 0, lv
+        recs = lv["records"]
+        assert all(r["error"] is None and r["output_tokens"] == 8 for r in recs)
+        assert all(r["prompt_n"] == r["prompt_tokens"] for r in recs)
+        _check_tails(lv)
+    # the same requests, with the same pictures, on both arms
+    key = lambda r: (r["index"], r["client"], r["prompt"], r["image"])  # noqa: E731
+    assert [key(r) for r in plain["records"]] == [key(r) for r in drafted["records"]]
+    # an image request's prompt holds the picture's tokens on top of its text (the same prompt's
+    # text-only size, where one was sent without an image)
+    by_prompt = {r["prompt"]: r["prompt_tokens"] for r in plain["records"] if r["image"] is None}
+    for r in plain["records"]:
+        if r["image"] and r["prompt"] in by_prompt:
+            assert r["prompt_tokens"] >= by_prompt[r["prompt"]] + 64, r  # 256 x 256: LFM2's minimum, 64
+    assert drafted["drafted"] > 0
+    assert "Requests: answered, with an image, failed" in p.stdout
+    block = p.stdout.split("Requests: answered, with an image, failed")[1].splitlines()
+    assert block[2].split() == ["2", "plain", "4", "2", "0"] and block[3].split() == ["2", "drafted", "4", "2", "0"]
+
+
 def test_load_poisson_with_synthetic_acceptance(small_pair, ggufdspark_cli, isolated, tmp_path):
     p = ggufdspark_cli(*_args(small_pair, "--rate", "20", "--requests", "5", "--clients", "3", "--answer-tokens", "8",
                               "--draft-n-max", "3", "--synthetic-rates", "0.9,0.8,0.7,0.6", "--seed", "5", "--json"),
@@ -269,6 +376,9 @@ BAD = [
     (["--draft-n-max-by-slots", "8:x"], "'8:x' is not N:L"),
     (["--temperature", "-1"], "--temperature -1"),
     (["--rounds", "0"], "--rounds 0"),
+    (["--image-share", "0.5"], "--image-share 0.5: image requests need the vision projector (--mmproj FILE)"),
+    (["--image-share", "1.5"], "--image-share 1.5: expected a fraction of the requests in [0, 1]"),
+    (["--image-share", "-0.1"], "--image-share -0.1"),
 ]
 
 
@@ -288,6 +398,9 @@ def test_load_options_need_load(small_pair, ggufdspark_cli, isolated):
     p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--noise-floor",
                        env=isolated)
     assert p.returncode == 2 and "--noise-floor needs --load" in p.stderr and "Traceback" not in p.stderr
+    p = ggufdspark_cli("bench", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--image-share", "0.5",
+                       env=isolated)
+    assert p.returncode == 2 and "--image-share needs --load" in p.stderr and "Traceback" not in p.stderr
     p = ggufdspark_cli(*_args(small_pair, "--clients", "x"), env=isolated)  # click's own usage error
     assert p.returncode == 2 and "'x': expected comma-separated int values" in p.stderr and "Traceback" not in p.stderr
 

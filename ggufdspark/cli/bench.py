@@ -20,7 +20,7 @@ from ggufdspark.redaction import redacted_command
 @click.command(name="bench")
 @target_option(required=True, hub_aliases=True)
 @draft_option(required=True, hub_aliases=True)
-@mmproj_option("Vision projector: image prompts are sent as images.")
+@mmproj_option("Vision projector: image prompts are sent as images (--load: given to every server).")
 @click.option("--prompts", type=click.Path(dir_okay=False),
               help="JSON Lines prompt file (default: the built-in set).")
 @click.option("--categories", callback=number_list(str), help="Only these categories (comma-separated).")
@@ -74,6 +74,9 @@ from ggufdspark.redaction import redacted_command
 @click.option("--conversations", is_flag=True,
               help="--load: each closed-loop client one conversation, its next prompt the conversation so far and "
                    "a new message, sent with the prompt cache (chat traffic).")
+@click.option("--image-share", type=float, default=0.0, show_default=True,
+              help="--load: this fraction (0-1) of the requests carry a drawn picture (three sizes), the same "
+                   "requests on every arm; needs --mmproj.")
 @click.option("--noise-floor", is_flag=True,
               help="--load: a second plain server (plain2) beside the first, the same command: plain2 / plain is "
                    "the run's own noise, printed as a band a drafted / plain ratio must leave to mean anything.")
@@ -101,7 +104,7 @@ from ggufdspark.redaction import redacted_command
 def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, draft_cut, p_min, concurrency,
             synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
             server_args, log_dir, load, clients, rate, answer_tokens, requests_per_client, requests, sequential, seed, rounds,
-            conversations, noise_floor, as_json,
+            conversations, image_share, noise_floor, as_json,
             force, plot, max_plain_drift, sampling_check, samples, temperature, top_k, alpha, sampling_prompt):
     """Measure decoding with and without the draft on this machine, and check the output is lossless.
 
@@ -121,25 +124,26 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --sampling-check")
     if load:
-        given = given_options(ctx, ("mmproj", "prompts", "categories", "limit", "concurrency", "reference_hf", "plot",
+        given = given_options(ctx, ("prompts", "categories", "limit", "concurrency", "reference_hf", "plot",
                                     "gate", "near_tie_gap", "max_plain_drift"))
         given += ["--n-predict (use --answer-tokens)"] if given_options(ctx, ("n_predict",)) else []
         if given:
             raise InvalidArgumentError(f"bench --load: {given[0]} belongs to the one-request benchmark, not to --load")
         if json_file:
-            loadbench.check_json_path(json_file, model, draft, force=force)
+            loadbench.check_json_path(json_file, model, draft, mmproj, force=force)
         report = loadbench.run_load(
             model, draft, clients=clients, rate=rate, answer_tokens=answer_tokens,
             requests_per_client=requests_per_client, requests=requests, seed=seed, draft_n_max=draft_n_max,
             draft_cut=draft_cut, interleave=not sequential, temperature=temperature if load_temperature else 0.0,
-            rounds=rounds, noise_floor=noise_floor, conversation=conversations, p_min=p_min, synthetic_len=synthetic_len,
+            rounds=rounds, noise_floor=noise_floor, conversation=conversations, mmproj=mmproj, image_share=image_share,
+            p_min=p_min, synthetic_len=synthetic_len,
             synthetic_rates=synthetic_rates, server=server, threads=threads,
             ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
             command=redacted_command("ggufdspark", sys.argv[1:]), progress=ProgressLine("bench --load"))
         _emit(report, json_file, as_json)
         return
     given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed",
-                                "rounds", "noise_floor", "draft_cut", "sequential", "conversations"))
+                                "rounds", "noise_floor", "draft_cut", "sequential", "conversations", "image_share"))
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --load")
     if json_file:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ggufdspark import timings as tm
-from ggufdspark.errors import ContextSizeError, EngineError
+from ggufdspark.errors import ContextSizeError, EngineError, RequestFailedError
 
 # Our own engine listens on loopback: requests to it never go through a proxy. urllib's default
 # opener reads http_proxy / HTTP_PROXY from the environment (and honours no_proxy only for some
@@ -41,15 +41,29 @@ class Completion:
     raw: dict = field(default_factory=dict, repr=False)
 
 
+# Token events that reach the client within this many seconds of the previous one belong to one
+# chunk (what a user sees appear at once). The pinned llama-server streams every token as its own
+# event (server-context.cpp: process_token -> send_partial_response, one a token, also for each
+# token a verify accepted), so a drafted step's tokens arrive back to back: 0.01-0.1 ms apart on a
+# CPU build, against a step of a few ms or more for any model served here (a plain decode of the
+# 3B target on an H200: ~2.5 ms). A client thread held up between two events of one step (the GIL,
+# under many clients) can split a chunk; that counts as one more, shorter gap.
+CHUNK_JOIN_S = 0.001
+
+
 @dataclass
 class StreamedCompletion(Completion):
     """A streamed request: a Completion plus the client's clock (seconds from send): ``ttft_s`` to
     the first token, ``e2e_s`` to the final chunk, ``longest_gap_s`` the longest wait between two
-    chunks carrying tokens after the first (a stall the user sees; None with fewer than two)."""
+    events carrying tokens after the first (a stall the user sees; None with fewer than two);
+    ``gaps_s`` the inter-token latencies: the wait before each chunk after the first (token events
+    arriving within ``CHUNK_JOIN_S`` of the previous one are one chunk); ``chunks`` their count."""
 
     ttft_s: float = 0.0
     e2e_s: float = 0.0
     longest_gap_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list, repr=False)
+    chunks: int = 0
 
 
 class Client:
@@ -128,10 +142,12 @@ class Client:
                         **extra: Any) -> StreamedCompletion:
         """A streamed ``/completion`` (greedy by default, prompt cache off), timed on the client:
         ``ttft_s`` from send to the first chunk carrying a token, ``e2e_s`` to the final chunk
-        (``"stop": true``, which carries the engine's ``timings``).
+        (``"stop": true``, which carries the engine's ``timings``), the gaps between chunks
+        (``StreamedCompletion``).
 
         Raises:
-            EngineError: HTTP or connection failure, or a stream that ends without its final chunk.
+            RequestFailedError: the server answered with an error (HTTP status or error event).
+            EngineError: connection failure, or a stream that breaks or ends without its final chunk.
         """
         body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
                                 "cache_prompt": False, "return_tokens": True, **extra}
@@ -142,6 +158,8 @@ class Client:
         first: float | None = None
         last: float | None = None
         gap: float | None = None
+        gaps: list[float] = []
+        chunks = 0
         tokens: list[int] = []
         text: list[str] = []
         final: dict | None = None
@@ -154,11 +172,15 @@ class Client:
                     break
                 chunk = json.loads(payload)
                 if "error" in chunk:
-                    raise EngineError(f"{where}: the server answered with an error: {chunk['error']}")
+                    raise RequestFailedError(f"{where}: the server answered with an error: {chunk['error']}")
                 got = chunk.get("tokens") or []
                 if got or chunk.get("content"):
                     now = time.perf_counter() - t0
                     first = now if first is None else first
+                    if last is None or now - last > CHUNK_JOIN_S:
+                        chunks += 1
+                        if last is not None:
+                            gaps.append(now - last)
                     gap = max(gap or 0.0, now - last) if last is not None else gap
                     last = now
                 if chunk.get("stop"):
@@ -175,7 +197,8 @@ class Client:
             raise EngineError(f"{where}: the stream ended without its final chunk (stop: true)")
         timings = tm.parse_response(final, where=where)
         return StreamedCompletion(text="".join(text), timings=timings, tokens=tokens,
-                                  ttft_s=first if first is not None else e2e, e2e_s=e2e, longest_gap_s=gap, raw=final)
+                                  ttft_s=first if first is not None else e2e, e2e_s=e2e, longest_gap_s=gap,
+                                  gaps_s=gaps, chunks=chunks, raw=final)
 
     def chat(self, messages: list[dict], *, max_tokens: int = 64, temperature: float = 0.0,
              **extra: Any) -> Completion:
@@ -194,7 +217,7 @@ _CONTEXT_NUMBERS = re.compile(r"\((\d+) tokens\).*?\((\d+)\s+tokens\)")
 
 def _http_error(where: str, code: int, body: str) -> EngineError:
     """The error for an HTTP error answer: ``ContextSizeError`` for a request longer than the
-    slot's context, said plainly with the numbers; else ``EngineError`` with the engine's answer."""
+    slot's context, said plainly with the numbers; else ``RequestFailedError`` with the engine's answer."""
     try:
         err = json.loads(body).get("error") or {}
     except (ValueError, AttributeError):
@@ -207,7 +230,7 @@ def _http_error(where: str, code: int, body: str) -> EngineError:
         return ContextSizeError(f"{where}: HTTP {code}: {size}: llama-server divides its context (-c) among its "
                                 f"slots (-np); shorten the prompt or give each slot more (serve --ctx-per-slot) "
                                 f"[engine: {err.get('message', '')}]", n_prompt, n_ctx)
-    return EngineError(f"{where}: HTTP {code}: {body[:300]}")
+    return RequestFailedError(f"{where}: HTTP {code}: {body[:300]}")
 
 
 def image_data_uri(path: str | Path) -> str:
