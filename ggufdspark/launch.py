@@ -21,11 +21,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ggufdspark import hardware
+from ggufdspark import decide_notes, hardware
 from ggufdspark.devices import DeviceReport
 from ggufdspark.engine import EngineInfo
 from ggufdspark.errors import InvalidArgumentError
@@ -33,7 +32,7 @@ from ggufdspark.gguffile.constants import Key
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.quants import is_quantized_file, is_quantized_tag
 from ggufdspark.runners.server import ServerSettings
-from ggufdspark.runners.tensor_overrides import TOKEN_TABLE_PATTERN, env_override_args, overrides_token_table
+from ggufdspark.runners.tensor_overrides import env_override_args, overrides_token_table
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +145,7 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
     if d.backend == "cuda" and d.draft_enabled and precision_note:
         d.reasons.append(f"draft precision: {precision_note}")
     if d.draft_enabled and profile and best.get("draft_enabled") is not False:
-        d.draft_p_min = _profile_p_min(d, best, profile.get("path", ""), draft_n_max)
+        d.draft_p_min = decide_notes.profile_p_min(d, best, profile.get("path", ""), draft_n_max)
     if d.draft_enabled and not cut_off:
         d.draft_cut = _load_cut(d, engine, given_cut, draft_cut, list(base.draft_cut or ()) if table_length else None,
                                 parallel or 1, source=cut_source)
@@ -155,48 +154,10 @@ def decide(devices: DeviceReport, engine: EngineInfo | None, *, profile: dict | 
         d.reasons.append(f"default for {d.backend}: the drafter takes up to {base.draft_ubatch} processed rows a step "
                          f"in one decode (--spec-draft-ubatch {base.draft_ubatch}, engine patch 0037)")
     if base.token_table_on_device and d.offload:
-        _token_table(d, devices)
+        decide_notes.token_table(d, devices)
     if d.backend == "cuda" and (parallel or 1) > hardware.CUDA_GRAPHS_MAX_SLOTS:
-        _cuda_graphs_note(d, engine, parallel or 1)
+        decide_notes.cuda_graphs_note(d, engine, parallel or 1)
     return d
-
-
-def _profile_p_min(d: hardware.Decision, best: dict, where: str, draft_n_max: int | None) -> float | None:
-    """The confidence threshold (``--spec-draft-p-min``) a tune profile recommends, where the draft
-    runs at the length it was measured with (tune measures length and p_min together); a reason
-    said for it, or a warning naming the threshold dropped and why. None where the profile has none
-    (0 is the engine's default; a value outside (0, 1] is not applied)."""
-    p_min = best.get("p_min")
-    if not isinstance(p_min, (int, float)) or isinstance(p_min, bool) or not 0 < p_min <= 1:
-        return None
-    if draft_n_max is not None and draft_n_max != best.get("draft_n_max"):
-        d.warnings.append(f"tune profile {where}: its p_min {p_min:g} was measured with draft length "
-                          f"{best.get('draft_n_max')}, not with --draft-n-max {draft_n_max}; running with the "
-                          "engine's p_min 0")
-        return None
-    d.reasons.append(f"tune profile {where}: p_min {p_min:g} measured with draft length {d.draft_n_max}")
-    return float(p_min)
-
-
-# llama.cpp names a CUDA device and its buffer type alike, GGML_CUDA_NAME + index (ggml-cuda.cu)
-CUDA_BUFFER = re.compile(r"CUDA\d+")
-
-
-def _token_table(d: hardware.Decision, devices: DeviceReport) -> None:
-    """The target's token table on the first CUDA device (``CUDA0`` where none is named), a reason
-    said either way: with more than one GPU it stays on the CPU, because llama.cpp turns pipeline
-    parallelism off whenever any tensor override is given (src/llama-context.cpp)."""
-    gpus = [x for x in devices.devices if x.type in ("gpu", "igpu", "unknown")]
-    if len(gpus) > 1:
-        d.reasons.append(f"{len(gpus)} GPUs: the token table stays on the CPU (llama.cpp turns pipeline "
-                         "parallelism off whenever a tensor override such as -ot is given)")
-        return
-    d.token_table_device = next((x.name for x in gpus if CUDA_BUFFER.fullmatch(x.name)), "CUDA0")
-    d.reasons.append(f"default for {d.backend}: the token table on the GPU (-ot {TOKEN_TABLE_PATTERN}="
-                     f"{d.token_table_device}; llama.cpp keeps it on the CPU): on an H200 at one request the "
-                     "drafted server 2.35x of plain instead of 2.29x (4.29 against 4.40 ms a step), plain "
-                     "unchanged, for 256 MiB of VRAM with a 3B (0c1e570-product-37/speed-ot.json); the drafted "
-                     "ids reach the verify there (engine patch 0061)")
 
 
 def draft_block(draft: str | Path | GGUFFile) -> tuple[int, int] | None:
@@ -216,19 +177,6 @@ def longest_draft(draft: str | Path | None) -> int | None:
     None without a file or a block."""
     block = draft_block(draft) if draft else None
     return block[1] if block else None
-
-
-def _cuda_graphs_note(d: hardware.Decision, engine: EngineInfo | None, parallel: int) -> None:
-    """Above ``hardware.CUDA_GRAPHS_MAX_SLOTS`` slots on CUDA: a build with patch 0025 turns the
-    graphs off itself (said in the reasons); any other may die replaying them (a warning)."""
-    limit = hardware.CUDA_GRAPHS_MAX_SLOTS
-    if hardware.has_patch(engine, hardware.CUDA_GRAPHS_OFF):
-        d.reasons.append(f"engine patch 0025: CUDA graphs off at {parallel} slots (above {limit}; replaying them "
-                         "killed the engine at 32 and 64 slots on an H200; at 8 slots they are worth about 1.1x)")
-    else:
-        where = engine.path if engine else "this llama-server"
-        d.warnings.append(f"-np {parallel} on CUDA: {where} lacks engine patch 0025, and such engines died at 32 "
-                          "and 64 slots replaying CUDA graphs; run it with GGML_CUDA_DISABLE_GRAPHS=1")
 
 
 def _load_cut(d: hardware.Decision, engine: EngineInfo | None, given: list[tuple[int, int]] | None,
