@@ -112,7 +112,19 @@ def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardw
     """The server ``serve`` would start for ``decision`` at ``-np parallel`` (``launch.server_settings``):
     with ``draft`` when the decision drafts, offload, flash attention, the load cut, the engine's
     workarounds, each slot's context as ``serve`` sizes it (``ctx_per_slot``: another share), then
-    ``extra_args``. Every arm derives from it (``arm_settings``), so all of them run alike."""
+    ``extra_args``. Every arm derives from it (``arm_settings``), so all of them run alike.
+
+    Raises:
+        BenchOptionError: ``extra_args`` hold a flag no measured server can run with (``--api-prefix``
+            moves ``/health`` and every route from where the arms are polled and asked).
+    """
+    from ggufdspark.serve_checks import UNSUPPORTED_ENGINE_FLAGS
+
+    for a in extra_args or []:
+        flag = a.split("=", 1)[0]
+        if flag in UNSUPPORTED_ENGINE_FLAGS:
+            raise BenchOptionError(f"--server-arg {a!r}: measured servers do not run with {flag}: "
+                                   f"{UNSUPPORTED_ENGINE_FLAGS[flag]}")
     ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
     return launch.server_settings(decision, engine, model=target, draft=draft, mmproj=mmproj, ctx=ctx,
                                   parallel=parallel, threads=threads, extra_args=extra_args)

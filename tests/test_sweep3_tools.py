@@ -495,3 +495,16 @@ def test_inspect_refuses_a_header_of_millions_of_empty_strings(small_pair, tmp_p
     from ggufdspark.gguffile.reader import read_gguf
 
     assert len(read_gguf(small_pair.target).metadata["tokenizer.ggml.tokens"]) == 1024
+
+
+def test_bench_and_tune_refuse_an_api_prefix_for_their_servers(small_pair, ggufdspark_cli, isolated):
+    """Row 10's flag on bench's and tune's side: ``--server-arg=--api-prefix=/x`` would move /health
+    from where the arms are polled; refused in one line before any server starts."""
+    t, d = str(small_pair.target), str(small_pair.draft)
+    for args in (["bench", "-m", t, "-md", d, "--limit", "1", "-n", "4", "--server-arg=--api-prefix=/x"],
+                 ["bench", "--load", "-m", t, "-md", d, "--clients", "1", "--server-arg=--api-prefix=/x"],
+                 ["tune", "-m", t, "-md", d, "--no-save", "--server-arg=--api-prefix=/x"]):
+        p = ggufdspark_cli(*args, env=isolated)
+        assert p.returncode == 2, (args, p.returncode, p.stderr[-500:])
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "--api-prefix" in lines[0] and "Traceback" not in p.stderr, p.stderr
