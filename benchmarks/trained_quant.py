@@ -53,10 +53,10 @@ def arm(server: str, target: Path, draft: Path | None, prompts: list[str], n_dra
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("/tmp/trained-quant"))
-    ap.add_argument("--draft", type=int, default=8)
-    ap.add_argument("--answer", type=int, default=96)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/trained-quant"), help="where the converted and quantized files go (reused)")
+    ap.add_argument("--draft", type=int, default=8, help="draft length (--spec-draft-n-max)")
+    ap.add_argument("--answer", type=int, default=96, help="tokens each answer has")
+    ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()
     server = find_engine().path
     pair = build_trained_pair(args.out)
