@@ -9,12 +9,12 @@ CACHE  ?= $(HOME)/.cache/ggufdspark
 SDIST  := $(CACHE)/src/llama_cpp_python-0.3.36.tar.gz
 TORCH  ?= torch==2.13.0
 
-.PHONY: all venv engine bindings browser demo test bench clean help
+.PHONY: all venv engine bindings browser demo test test-fast bench clean help
 
 all: test
 
 help:
-	@echo "make demo | make test | make engine | make browser | make bench | make clean"
+	@echo "make demo | make test | make test-fast | make engine | make browser | make bench | make clean"
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ browser: venv
 test: engine bindings browser
 	@$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# the tests that need no engine from the fixtures (converters, readers, parsers, the fake Hub, the recipe)
+test-fast: venv
+	@$(PY) -m pytest -q -m "not engine" tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 bench: engine bindings
 	$(PY) benchmarks/convert_speed.py

@@ -243,3 +243,16 @@ def quant_pair(small_pair, pairs_root, dspark_engine) -> dict[str, Path]:
     return out
 
 # ------------------------------------------------------------------ end quantized pairs block
+
+
+# ---------------------------------------------------------------------------------------------
+# markers: a test that reaches the built engine through the fixtures (dspark_engine, and every
+# fixture built on it: start_server, isolated, engine_src, quant_pair) is marked ``engine``;
+# ``make test-fast`` runs the others (converters, readers, parsers, the fake Hub, the recipe)
+# ---------------------------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "dspark_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.engine)
