@@ -18,7 +18,7 @@ from ggufdspark.errors import BenchError, InputNotFoundError, LosslessGateError
 # These runs prove the mechanics, not speed: one tiny request's decode time moves by 20% from run
 # to run on a shared 2-core machine, so the plain-drift refusal (exit 5, test_bench_inputs.py)
 # is given room here.
-ANY_DRIFT = ["--max-plain-drift", "1000"]
+ANY_DRIFT = ["--max-plain-drift", "inf"]  # these tests measure no speed: any drift passes
 
 
 def test_bench_small_pair_passes_lossless_gate(small_pair, ggufdspark_cli, isolated, tmp_path):
