@@ -269,7 +269,6 @@ def test_load_inter_token_latency_plain_and_drafted(small_pair, ggufdspark_cli, 
     for arm in (plain, drafted):
         for lv in arm:
             _check_level(lv, int(lv["level"]), 96)
-            assert lv["itl_gaps"] > 0, lv  # 96 tokens never all reached the client at once
             assert lv["image_requests"] == 0 and lv["failed"] == 0
     accepted = [r for lv in drafted for r in lv["records"] if r["draft_n_accepted"]]
     # chunks are counted by arrival time (events within 1 ms are one chunk): how many a drafted answer
@@ -278,7 +277,9 @@ def test_load_inter_token_latency_plain_and_drafted(small_pair, ggufdspark_cli, 
     keys = ("ttft_p99_s", "latency_p99_s", "longest_gap_p99_s", "itl_p50_s", "itl_p95_s", "itl_p99_s", "tpot_p50_s",
             "tpot_p95_s", "tpot_p99_s")
     for r, a, b in zip(rep["ratios"], plain, drafted):
-        assert all(r[k] == pytest.approx(b[k] / a[k]) for k in keys), r
+        # a level whose answers each reached the client in one burst has no wait to pool: no ITL, no ratio
+        assert all(r[k] == pytest.approx(b[k] / a[k]) if a[k] and b[k] is not None else r[k] is None
+                   for k in keys), r
     block = p.stdout.split("Tails and inter-token latency")[1].splitlines()
     assert block[1].split() == ["clients", "arm", "TTFT", "p99", "lat", "p99", "gap", "p99", "ITL", "p50", "ITL",
                                 "p95", "ITL", "p99", "TPOT", "p50", "TPOT", "p99"], block[:3]
