@@ -24,6 +24,7 @@ from ggufdspark import hardware, launch, profiles
 from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
 from ggufdspark.check import check_pair
+from ggufdspark.serve_checks import check_server_args
 from ggufdspark.errors import BenchError, BenchOptionError, EngineError, InputNotFoundError
 from ggufdspark.gguffile.constants import Key
 from ggufdspark.gguffile.reader import read_gguf
@@ -112,19 +113,9 @@ def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardw
     """The server ``serve`` would start for ``decision`` at ``-np parallel`` (``launch.server_settings``):
     with ``draft`` when the decision drafts, offload, flash attention, the load cut, the engine's
     workarounds, each slot's context as ``serve`` sizes it (``ctx_per_slot``: another share), then
-    ``extra_args``. Every arm derives from it (``arm_settings``), so all of them run alike.
-
-    Raises:
-        BenchOptionError: ``extra_args`` hold a flag no measured server can run with (``--api-prefix``
-            moves ``/health`` and every route from where the arms are polled and asked).
-    """
-    from ggufdspark.serve_checks import UNSUPPORTED_ENGINE_FLAGS
-
-    for a in extra_args or []:
-        flag = a.split("=", 1)[0]
-        if flag in UNSUPPORTED_ENGINE_FLAGS:
-            raise BenchOptionError(f"--server-arg {a!r}: measured servers do not run with {flag}: "
-                                   f"{UNSUPPORTED_ENGINE_FLAGS[flag]}")
+    ``extra_args``. Every arm derives from it (``arm_settings``), so all of them run alike. Raises
+    BenchOptionError for a flag in ``extra_args`` no measured server runs with (``--api-prefix``)."""
+    check_server_args(extra_args or [])
     ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
     return launch.server_settings(decision, engine, model=target, draft=draft, mmproj=mmproj, ctx=ctx,
                                   parallel=parallel, threads=threads, extra_args=extra_args)
@@ -389,11 +380,8 @@ def thread_limit() -> int:
 
 
 def check_threads(threads: int | None) -> None:
-    """Refuse a llama-server thread count outside ``1..thread_limit()`` (None: the engine's default).
-
-    Raises:
-        BenchOptionError: the value, and the range this machine allows.
-    """
+    """Refuse a llama-server thread count outside ``1..thread_limit()`` (None: the engine's default):
+    BenchOptionError with the value and the range this machine allows."""
     if threads is None:
         return
     hi = thread_limit()
@@ -403,11 +391,8 @@ def check_threads(threads: int | None) -> None:
 
 
 def check_p_min(values: list[float] | float | None, what: str = "--p-min") -> None:
-    """Refuse a confidence threshold outside [0, 1] (NaN included), as ``bench --p-min`` does.
-
-    Raises:
-        BenchOptionError: the first bad value.
-    """
+    """Refuse a confidence threshold outside [0, 1] (NaN included), as ``bench --p-min`` does:
+    BenchOptionError with the first bad value."""
     for v in values if isinstance(values, list) else ([] if values is None else [values]):
         if not 0.0 <= v <= 1.0:  # false for NaN too
             raise BenchOptionError(f"{what} {v}: expected a confidence threshold in [0, 1]")

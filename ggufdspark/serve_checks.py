@@ -53,6 +53,23 @@ def check_extra_args(extra_args: list[str]) -> None:
                                        f"{UNSUPPORTED_ENGINE_FLAGS[flag]}")
 
 
+def check_server_args(server_args: list[str]) -> None:
+    """Refuse ``bench`` / ``tune``'s ``--server-arg`` values that no measured server can run with
+    (``UNSUPPORTED_ENGINE_FLAGS``: ``--api-prefix`` moves ``/health`` and every route from where the
+    arms are polled and asked).
+
+    Raises:
+        BenchOptionError: the first such value, and why.
+    """
+    from ggufdspark.errors import BenchOptionError
+
+    for a in server_args:
+        flag = a.split("=", 1)[0]
+        if flag in UNSUPPORTED_ENGINE_FLAGS:
+            raise BenchOptionError(f"--server-arg {a!r}: measured servers do not run with {flag}: "
+                                   f"{UNSUPPORTED_ENGINE_FLAGS[flag]}")
+
+
 def check_draft_cut(cut: list[tuple[int, int]] | None, n_max: int | None, text: str | None) -> None:
     """Refuse a --draft-n-max-by-slots step longer than the draft length it would cut (``0:60`` with
     n_max 6 cuts nothing: a mistake, not a setting).
