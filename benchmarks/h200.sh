@@ -5,6 +5,11 @@
 # The machine has no network: `bash benchmarks/carry.sh` here first (.carry/llama.cpp.tar.xz, the
 # pinned tree), and carry .carry in each device call.
 #
+#   unpack    an engine packed by an earlier call (trained_gpu.sh PACK=1), from ENGINE_PACK, into the
+#             engine cache: setup then builds nothing.
+#   vl        generate and convert the full-size pair with its vision tower (tower, mmproj M, draft):
+#             the stages after it serve that pair. A few minutes.
+#   quant     the target quantized to QUANT (Q4_K_M): the stages after it serve that target.
 #   setup     extract the carried pinned tree (.carry/llama.cpp.tar.xz), build the patched CUDA
 #             engine with its tools (llama-bench, llama-quantize), generate and convert the pair
 #             meanwhile (skipped when present). About 5 minutes.
@@ -125,11 +130,41 @@ prefill_run() { $py benchmarks/prefill_speed.py $GPU -m "$T" -md "$D" --server "
     --prompt-tokens "${PREFILL_TOKENS:-4096}" --concurrency 8 "$@"; }
 
 for stage in ${*:-${STAGES:-setup speed}}; do
-if [ "$stage" != setup ] && [ "$stage" != kernels ] && [ "$stage" != topk ] && [ ! -f "$D" ]; then
+if [ "$stage" != setup ] && [ "$stage" != unpack ] && [ "$stage" != vl ] && [ "$stage" != kernels ] && [ "$stage" != topk ] && [ ! -f "$D" ]; then
     echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
     continue
 fi
 case $stage in
+unpack)
+    # an engine an earlier call packed (benchmarks/trained_gpu.sh with PACK=1), carried in ENGINE_PACK
+    # (a folder of KEY.tar.xz.* pieces): into this work folder's engine cache, so setup builds nothing
+    for first in "${ENGINE_PACK:-.carry/engine}"/*.tar.xz.aa; do
+        [ -f "$first" ] || { echo "stage unpack: no *.tar.xz.aa under ${ENGINE_PACK:-.carry/engine}"; break; }
+        mkdir -p "$W/cache/engine" && cat "${first%.aa}".* | xz -d | tar -xf - -C "$W/cache/engine" &&
+            echo "unpacked $(basename "${first%.tar.xz.aa}")"
+    done
+    ;;
+vl)
+    # the full-size LFM2.5-VL-3B-shaped pair with its vision tower: the tower, its mmproj and the
+    # draft, F16; later stages serve them (the load stage's images: LOAD_ARGS="--mmproj \$M
+    # --image-share 0.33", where M is set here)
+    if [ ! -f "$W/vl/dspark-F16.gguf" ]; then
+        ( set -e
+          $py -m ggufdspark generate "$W/vl" --size full --vl --force
+          $py -m ggufdspark convert-target "$W/vl/target" -o "$W/vl/target-F16.gguf" --force
+          $py -m ggufdspark convert "$W/vl/drafter" --target "$W/vl/target-F16.gguf" -o "$W/vl/dspark-F16.gguf" --force
+        ) > "$W/vl.log" 2>&1 || { echo "stage vl failed"; tail -n 5 "$W/vl.log"; continue; }
+    fi
+    T=$W/vl/target-F16.gguf D=$W/vl/dspark-F16.gguf M=$W/vl/mmproj-target-F16.gguf
+    echo "vl pair: $T, $D, $M"
+    ;;
+quant)
+    # the target quantized to QUANT (Q4_K_M) by the engine's llama-quantize; later stages serve it
+    q=${QUANT:-Q4_K_M}; QT=${T%.gguf}-$q.gguf
+    [ -f "$QT" ] || $py -m ggufdspark quantize "$T" -t "$q" -o "$QT" --server "$(BIN)" > "$W/quant-$q.log" 2>&1 ||
+        { echo "stage quant: quantize failed"; tail -n 3 "$W/quant-$q.log"; continue; }
+    T=$QT; echo "target now $T"
+    ;;
 setup)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
     if [ ! -f "$D" ]; then
@@ -372,6 +407,6 @@ markov)
     echo "DSPARK_MARKOV against the CPU backend: rc=$?"; grep -E "DSPARK_MARKOV|FAIL|tests passed" "$OUT/tbo-markov.txt" | tail -n 8
     timeout 120 "$B/bin/test-backend-ops" perf -o DSPARK_MARKOV -b CUDA0 2>&1 | grep DSPARK_MARKOV | tee "$OUT/tbo-markov-perf.txt"
     ;;
-*) echo "unknown stage $stage (setup speed slots sanitize load arms tune table prefill sampling layout timeline topk lossless bench kernels markov first verbose)" ;;
+*) echo "unknown stage $stage (unpack vl quant setup speed slots sanitize load arms tune table prefill sampling layout timeline topk lossless bench kernels markov first verbose)" ;;
 esac
 done

@@ -178,3 +178,56 @@ def test_bench_gates_and_measures_the_trained_pair(trained_pair, ggufdspark_cli,
     acc = rep["acceptance"]
     assert acc["passes"] > 0 and acc["accept_length"] > 1.8, acc
     assert rep["gate"]["exact"] == rep["gate"]["requests"] == 3
+
+
+# after a pause, the drafter's accepted tokens a step over the checkpoint's at the same anchors (whole
+# context), for the first steps after each resume: 0.39 with 0027 alone (its context started afresh),
+# 0.9-1.0 with the rows kept on the device (patch 0069)
+MIN_AFTER_PAUSE = 0.8
+
+
+def test_acceptance_holds_after_drafting_resumes_from_a_pause(trained_pair, torch_pair, start_server):
+    """Eight requests at once on eight slots, drafting paused while more than four are busy, answers
+    of staggered lengths so that slots free up one by one and drafting resumes for the rest: the
+    steps right after each resume accept about what the checkpoint (which always sees the whole
+    context) accepts at the same anchors, and every answer is the plain server's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ggufdspark.runners.client import Client
+    from ggufdspark.trained import fidelity
+
+    model, drafter, layers = torch_pair
+    n = 8
+    lengths = [40 + 16 * i for i in range(n)]
+    plain = start_server(model=trained_pair.target, spec_type=None, parallel=n, ctx_size=n * 512)
+    spec = start_server(model=trained_pair.target, draft=trained_pair.draft, draft_n_max=DRAFT_LENGTH, parallel=n,
+                        ctx_size=n * 512, draft_n_max_by_slots=[(4, 0)], extra_args=["-v"])
+    pc = Client(plain.url)
+    ids = [pc.tokenize(p) for p in shipped.prompts()]
+    with ThreadPoolExecutor(n) as ex:
+        want = list(ex.map(lambda k: pc.complete(ids[k], n_predict=lengths[k]).tokens, range(n)))
+        got = list(ex.map(lambda k: Client(spec.url).complete(ids[k], n_predict=lengths[k]), range(n)))
+    assert [g.tokens for g in got] == want, "the draft changed an answer around the pause"
+    spec.wait_for_log(r"drafts paused: ")
+    spec.wait_for_log(r"draft acceptance = ", count=sum(1 for g in got if g.timings.draft_n))
+    tasks = fidelity.engine_steps(spec.run_log_text())
+    engine = checkpoint = resumes = 0
+    for k in range(n):
+        if not got[k].timings.draft_n:
+            continue  # answered while drafting was paused
+        steps = fidelity.steps_of(tasks, ids[k], got[k].tokens)
+        blocks = fidelity.compare(model, drafter, ids[k], got[k].tokens, steps, layers).blocks
+        since = None
+        for j, b in enumerate(blocks):
+            if b.after_pause or (j == 0 and b.anchor > len(ids[k])):
+                since, resumes = 0, resumes + 1
+            elif since is not None:
+                since += 1
+            if since is not None and since < 6:
+                engine += b.engine
+                checkpoint += b.torch
+    assert resumes >= 3, f"drafting resumed after a pause {resumes} times (the cut did not pause)"
+    assert checkpoint > 0
+    assert engine / checkpoint >= MIN_AFTER_PAUSE, (
+        f"after {resumes} resumes the drafter accepted {engine} tokens in its first six steps where the "
+        f"checkpoint accepts {checkpoint}: its context was lost across the pause")
