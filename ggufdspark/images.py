@@ -122,9 +122,22 @@ def _draw(draw: dict, size: int | tuple[int, int]):
     raise ValueError(f"unknown draw kind {kind!r}; expected one of {CHART_KINDS + ('sign', 'scene')}")
 
 
+def _matplotlib():
+    """matplotlib's Agg canvas and Figure, or None where it is missing or does not import (a broken
+    build raises more than ImportError: SystemError from its font module was seen on a GPU host)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except Exception:  # noqa: BLE001 - any failure to import means: draw without it
+        return None
+    return FigureCanvasAgg, Figure
+
+
 def _chart(draw: dict, w: int, h: int):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    mpl = _matplotlib()
+    if mpl is None:
+        return _chart_plain(draw, w, h)
+    FigureCanvasAgg, Figure = mpl
     from PIL import Image
 
     dpi = 100
@@ -154,6 +167,41 @@ def _chart(draw: dict, w: int, h: int):
     return Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).convert("RGB")
 
 
+def _chart_plain(draw: dict, w: int, h: int):
+    """The chart drawn with Pillow alone (no matplotlib): the same title, labels and values."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (w, h), "white")
+    d = ImageDraw.Draw(img)
+    font = _font(max(8, h // 32))
+    labels, values = [str(x) for x in draw["labels"]], [float(v) for v in draw["values"]]
+    d.text((w / 2 - font.getlength(draw.get("title", "")) / 2, 4), draw.get("title", ""), fill="black", font=font)
+    left, right, top, bottom = 0.1 * w, 0.95 * w, 0.12 * h, 0.85 * h
+    kind, n, top_v = draw["kind"], max(len(values), 1), max(max(values, default=1.0), 1e-9)
+    if kind == "pie":
+        total, start = sum(values) or 1.0, -90.0
+        box = (w / 2 - 0.3 * h, top, w / 2 + 0.3 * h, top + 0.6 * h)
+        for i, (label, v) in enumerate(zip(labels, values)):
+            end = start + 360.0 * v / total
+            d.pieslice(box, start, end, fill=_COLORS[i % len(_COLORS)], outline="white")
+            start = end
+            d.text((left, bottom - 14 * (len(labels) - i)), f"{label} {100 * v / total:.0f}%", fill="black", font=font)
+        return img
+    d.line((left, bottom, right, bottom), fill="black")
+    slot = (right - left) / n
+    points = []
+    for i, (label, v) in enumerate(zip(labels, values)):
+        x, y = left + slot * (i + 0.5), bottom - (bottom - top) * v / top_v
+        if kind == "bars":
+            d.rectangle((x - 0.35 * slot, y, x + 0.35 * slot, bottom), fill="steelblue")
+        points.append((x, y))
+        d.text((x - font.getlength(f"{v:g}") / 2, y - 14), f"{v:g}", fill="black", font=font)
+        d.text((x - font.getlength(label) / 2, bottom + 4), label, fill="black", font=font)
+    if kind == "line" and len(points) > 1:
+        d.line(points, fill="darkred", width=2)
+    return img
+
+
 def _font(px: int):
     from PIL import ImageFont
 
@@ -161,7 +209,7 @@ def _font(px: int):
         from matplotlib import font_manager
 
         return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), px)
-    except (ImportError, OSError, ValueError):
+    except Exception:  # noqa: BLE001 - no (working) matplotlib: Pillow's own font
         return ImageFont.load_default(size=px)
 
 

@@ -397,3 +397,30 @@ def test_every_draw_kind_renders(kind, tmp_path):
         assert len(np.unique(np.asarray(im).reshape(-1, 3), axis=0)) > 1  # something was drawn
     with pytest.raises(ValueError, match="unknown draw kind"):
         images.render({"kind": "video"}, tmp_path / "x.png")
+
+
+def test_charts_are_drawn_without_a_working_matplotlib(tmp_path, monkeypatch):
+    """A matplotlib that does not import (missing, or a broken build: a GPU host's raised SystemError
+    from its font module) leaves charts to Pillow: every chart kind still renders a PNG of the size
+    asked for, with more than a blank page on it, and its bars / points at the values' heights."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def broken(name, *a, **kw):
+        if name.startswith("matplotlib"):
+            raise SystemError("returned NULL without setting an exception")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    for kind in images.CHART_KINDS:
+        draw = {"kind": kind, "title": "t", "labels": ["a", "b", "c"], "values": [1, 4, 2], "unit": "u"}
+        path = images.render(draw, tmp_path / f"{kind}.png", size=256)
+        from PIL import Image
+
+        img = Image.open(path).convert("RGB")
+        assert img.size == (256, 256)
+        assert len(set(img.resize((64, 64)).getdata())) > 3, f"{kind}: nothing drawn"
+    bars = Image.open(tmp_path / "bars.png").convert("RGB")
+    column = [bars.getpixel((int(256 * (0.1 + 0.85 * (i + 0.5) / 3)), 200)) for i in range(3)]
+    assert all(c != (255, 255, 255) for c in column), "a bar is missing at the bottom of the chart"
