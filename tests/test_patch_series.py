@@ -16,7 +16,7 @@ from ggufdspark import engine
 
 REPO = Path(__file__).resolve().parent.parent
 REMOVED = ("0010", "0011", "0012", "0016", "0044")  # measured no gain (docs/engine-patches-history.md)
-N_PRODUCT = 47  # patches in the product series
+N_PRODUCT = 48  # patches in the product series
 DEV = ("0014", "0015", "0029", "0031", "0035", "0039", "0042", "0043", "0047", "0049", "0054", "0055", "0056", "0057", "0059", "0060")
 # switches that turned a correctness fix off or picked a variant that measured slower
 FOOT_GUNS = ("LLAMA_RS_SNAPSHOTS_MOVE", "GGML_CUDA_MMF_FEW_MIN_ROWS", "GGML_CUDA_MMV_FEW",
@@ -96,3 +96,35 @@ def test_the_docs_count_and_table_the_series_as_shipped():
     rows = re.findall(r"^\| (dev )?(\d{4}) \|", table, re.M)
     assert [n for dev, n in rows if not dev] == product, rows
     assert sorted(n for dev, n in rows if dev) == sorted(DEV), rows
+
+
+def test_the_cache_key_follows_what_a_patch_changes_not_its_description(tmp_path, monkeypatch):
+    """A build is keyed on the patches' diffs in order: a patch's message (its header, an
+    `Upstream:` line) or file name edited keeps the cached build; a changed line of a diff, or the
+    series reordered, gives another key."""
+    from ggufdspark.engine import build, source
+
+    series = [p.read_text() for p in engine.patch_files()[:3]]
+    d = tmp_path / "patches"
+
+    def key_of(texts, names=None):
+        if d.exists():
+            for p in d.iterdir():
+                p.unlink()
+        d.mkdir(exist_ok=True)
+        for i, text in enumerate(texts):
+            (d / (names[i] if names else f"{i + 1:04d}-p.patch")).write_text(text)
+        return engine.BuildSpec().key()
+
+    monkeypatch.setattr(source, "patches_dir", lambda: d)
+    monkeypatch.setattr(build, "patch_files", source.patch_files)
+    base = key_of(series)
+    header = series[0].replace("Subject: [PATCH] ", "Subject: [PATCH] reworded: ", 1) + ""
+    header = header.replace("\n---\n", "\nUpstream: none.\n---\n", 1)
+    assert header != series[0]
+    assert key_of([header, *series[1:]]) == base
+    assert key_of(series, names=["0001-a.patch", "0002-b.patch", "0003-c.patch"]) == base
+    i = series[1].index("\n+", series[1].index("diff --git"))
+    body = series[1][:i] + "\n+// one more line" + series[1][i:]
+    assert key_of([series[0], body, series[2]]) != base
+    assert key_of([series[1], series[0], series[2]]) != base

@@ -18,7 +18,7 @@ from typing import Callable
 
 from ggufdspark.engine.probe import engine_problem
 from ggufdspark.engine.source import (ENV_SOURCE, PIN_COMMIT, PIN_VERSION, cache_dir, fetch_source, locked,
-                                      patch_files, sdist_path, sha256_file)
+                                      patch_digest, patch_files, sdist_path)
 from ggufdspark.errors import EngineBuildError, EngineError
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class BuildSpec:
     def key(self) -> str:
         """Cache key: commit, backend, and a digest of extra flags and patches when present."""
         extras = list(self.extra_flags)
-        extras += [f"patch:{p.name}:{sha256_file(p)}" for p in self.patch_files()]
+        extras += [f"patch:{patch_digest(p)}" for p in self.patch_files()]  # what they change, in order
         if self.dev:
             extras.append("series:dev")
         key = f"{PIN_COMMIT}-{self.backend}{RECIPE}"

@@ -70,6 +70,18 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def patch_digest(path: str | Path) -> str:
+    """sha256 of what a patch changes: its diffs (from the first ``diff --git`` line on), without the
+    message above them or the version trailer below, so that editing a patch's description (its
+    header, its ``Upstream:`` line) or renaming it does not invalidate a cached build."""
+    lines = Path(path).read_bytes().splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(b"diff --git ")), len(lines))
+    body = lines[start:]
+    if len(body) >= 2 and body[-2].rstrip(b"\n") == b"-- ":  # git format-patch's "-- \n<version>" trailer
+        body = body[:-2]
+    return hashlib.sha256(b"".join(body)).hexdigest()
+
+
 @contextlib.contextmanager
 def locked(path: Path, what: str) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block.
