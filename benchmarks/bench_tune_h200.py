@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from ggufdspark import measure as ms
-from ggufdspark import tune
+from ggufdspark.measuring import measure as ms
+from ggufdspark.measuring import tune
 from ggufdspark.synthetic import synth
 from ggufdspark.synthetic.pairs import build_pair
 

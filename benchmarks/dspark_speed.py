@@ -41,7 +41,7 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import parse_env  # noqa: E402
 from ggufdspark import engine  # noqa: E402
-from ggufdspark.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
+from ggufdspark.measuring.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
-from ggufdspark import traffic  # noqa: E402
+from ggufdspark.measuring import traffic  # noqa: E402
 from ggufdspark.errors import EngineError  # noqa: E402
 from ggufdspark.runners import lifeline  # noqa: E402
 from ggufdspark.runners.client import Client  # noqa: E402

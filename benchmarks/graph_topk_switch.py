@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness, sampling_speed  # noqa: E402
-from ggufdspark import measure as ms  # noqa: E402
+from ggufdspark.measuring import measure as ms  # noqa: E402
 
 SWITCH = re.compile(r"the graph's top-(\d+) (on|off)")
 TAKEN = re.compile(r"from the graph's top \d+ candidates")

@@ -224,7 +224,7 @@ sanitize)
     grep -h -m 40 "=========" "$W"/hunt-san/s*.log | head -n 60
     ;;
 load)
-    rates=$($py -c "from ggufdspark.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))")
+    rates=$($py -c "from ggufdspark.measuring.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))")
     for ans in ${ANSWERS:-256}; do
         args=(bench --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}"
               --answer-tokens "$ans" --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --synthetic-rates "$rates"
@@ -244,7 +244,7 @@ tune)
         --draft-lengths "${TUNE_LENGTHS:-0,3,5,7}" --no-save --json --log-dir "$W/tune-${TAG:-a}" \
         > "$OUT/tune-${TAG:-a}.json" 2> "$W/tune-${TAG:-a}.err"
     echo "tune rc=$?"; grep -v "^tune --load: [0-9]*%" "$W/tune-${TAG:-a}.err" | tail -n 5
-    $py -c "import json,sys; from ggufdspark.tuneload import TuneLoadResult as R; d=json.load(open(sys.argv[1]));
+    $py -c "import json,sys; from ggufdspark.measuring.tuneload import TuneLoadResult as R; d=json.load(open(sys.argv[1]));
 print(R(d['recommendation'], {int(n): {int(k): v for k, v in r.items()} for n, r in d['ratios'].items()}, d['traffic']).text())" \
         "$OUT/tune-${TAG:-a}.json"
     ;;
@@ -264,7 +264,7 @@ arms)
     ;;
 table)
     read -r n cut < <($py benchmarks/tune_merge.py "$OUT"/tune-*.json --json "$OUT/table.json")
-    rates=$($py -c "from ggufdspark.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))")
+    rates=$($py -c "from ggufdspark.measuring.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))")
     echo "== table: draft length $n, --draft-n-max-by-slots $cut"
     if [ "${n:-0}" = 0 ]; then echo "no draft length pays at the lowest level: no table to serve"; continue; fi
     $py -m ggufdspark bench --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" \

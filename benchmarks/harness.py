@@ -3,14 +3,14 @@ own measurement code.
 
 * An arm's server: ``base_settings`` builds the plain server through ``ggufdspark.launch`` (as
   ``serve`` builds its own; no flag is written here) and ``drafted`` adds the draft as ``bench``
-  and ``tune`` add it (``ggufdspark.measure.arm_settings``, synthetic acceptance included).
+  and ``tune`` add it (``ggufdspark.measuring.measure.arm_settings``, synthetic acceptance included).
 * Speed: ``measure_arm`` starts the server (``measure.running``), warms it up (``measure.warm``),
   then measures one request at a time (median decode tok/s of the trials, each trial seeded so
   every arm draws the same synthetic acceptance) and N requests at once (aggregate tok/s over the
   wall time, ``measure.measure_load``), a level's waves kept. Serving traffic is
-  ``ggufdspark bench --load`` (``ggufdspark.loadbench``), which ``benchmarks/h200.sh load`` runs.
+  ``ggufdspark bench --load`` (``ggufdspark.measuring.loadbench``), which ``benchmarks/h200.sh load`` runs.
 * The lossless check: ``lossless`` compares a drafted server's greedy tokens at real acceptance
-  with the plain server's (``ggufdspark.gate.first_difference``; top-2 log-probabilities at the
+  with the plain server's (``ggufdspark.measuring.gate.first_difference``; top-2 log-probabilities at the
   first difference tell a near-tie from a defect).
 * Survival under many slots: ``survive`` starts a fresh server and sends a workload through
   ``clients`` closed-loop clients or in waves (``send_all``), counting answers, and whether and
@@ -35,11 +35,11 @@ from pathlib import Path
 
 from benchmarks.engine_env import environ
 from ggufdspark import engine, launch
-from ggufdspark import measure as ms
-from ggufdspark.acceptance import geometric_rates
-from ggufdspark.errors import EngineError, GgufdsparkError
 from ggufdspark.devices import DeviceReport
-from ggufdspark.gate import first_difference, top_logprobs_by_position
+from ggufdspark.errors import EngineError, GgufdsparkError
+from ggufdspark.measuring import measure as ms
+from ggufdspark.measuring.acceptance import geometric_rates
+from ggufdspark.measuring.gate import first_difference, top_logprobs_by_position
 from ggufdspark.runners.server import ServerProcess, ServerSettings
 
 PROMPT = ("Describe in detail how speculative decoding works with a small draft model and a large "

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from ggufdspark import engine  # noqa: E402
-from ggufdspark import measure as ms  # noqa: E402
+from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
 
 

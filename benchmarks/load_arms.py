@@ -33,8 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks.engine_env import split_env  # noqa: E402
-from ggufdspark import launch, loadbench  # noqa: E402
-from ggufdspark.acceptance import PROFILES  # noqa: E402
+from ggufdspark import launch  # noqa: E402
+from ggufdspark.measuring import loadbench  # noqa: E402
+from ggufdspark.measuring.acceptance import PROFILES  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 
 

@@ -29,11 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
-from ggufdspark.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
+from ggufdspark.measuring.gate import NEAR_TIE_GAP, first_difference  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ, parse_env  # noqa: E402
-from ggufdspark.acceptance import geometric_rates  # noqa: E402
+from ggufdspark.measuring.acceptance import geometric_rates  # noqa: E402
 
 INVALID_MARKERS = ("invalid draft token", "invalid drafted token")
 ABORT_MARKERS = ("get_sub_batch", "GGML_ABORT", "GGML_ASSERT", "Aborted", "Segmentation fault")

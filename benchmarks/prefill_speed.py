@@ -9,7 +9,7 @@ eval time`` (timings ``prompt_per_second``). Prompts are ``--prompt-tokens`` ran
 same ids in both arms; the prompt cache off, so every trial processes the whole prompt):
 
 * one prompt at a time: median prompt tok/s of ``--trials`` requests;
-* ``--concurrency`` different prompts at once (``ggufdspark.measure.measure_load``): the median
+* ``--concurrency`` different prompts at once (``ggufdspark.measuring.measure.measure_load``): the median
   of the requests' own prompt tok/s, and the aggregate (prompt tokens of all of them over the
   wall time from the first send to the last answer).
 
@@ -38,7 +38,7 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import split_env  # noqa: E402
 from ggufdspark import hardware  # noqa: E402
-from ggufdspark import measure as ms  # noqa: E402
+from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
 
 

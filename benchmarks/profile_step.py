@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import harness  # noqa: E402
 from benchmarks.cli_args import add_pair_arguments  # noqa: E402
 from benchmarks.engine_env import environ  # noqa: E402
-from ggufdspark.acceptance import geometric_rates  # noqa: E402
-from ggufdspark import measure as ms  # noqa: E402
+from ggufdspark.measuring.acceptance import geometric_rates  # noqa: E402
+from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
 
 STATS = re.compile(r"statistics\s+(\S+): #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"

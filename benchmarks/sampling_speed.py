@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness  # noqa: E402
-from ggufdspark import measure as ms  # noqa: E402
+from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ggufdspark.tune import MIN_GAIN  # noqa: E402
-from ggufdspark.tuneload import recommend_load  # noqa: E402
+from ggufdspark.measuring.tune import MIN_GAIN  # noqa: E402
+from ggufdspark.measuring.tuneload import recommend_load  # noqa: E402
 
 
 def merge(paths: list[str]) -> dict[int, dict[int, float]]:

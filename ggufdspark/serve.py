@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, hubref, launch, profiles, warmup, webui
+from ggufdspark import hardware, hubref, launch, warmup, webui
+from ggufdspark.measuring import profiles
 from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import InputNotFoundError, InvalidArgumentError

@@ -10,8 +10,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-from ggufdspark import traffic
 from ggufdspark.errors import EngineError
+from ggufdspark.measuring import traffic
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.deaths import engine_error_line, exit_cause
 from ggufdspark.runners.server import ServerProcess, ServerSettings

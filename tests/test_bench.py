@@ -11,9 +11,9 @@ import math
 
 import pytest
 
-from ggufdspark import bench as bn
-from ggufdspark import prompts as pr
 from ggufdspark.errors import BenchError, InputNotFoundError, LosslessGateError
+from ggufdspark.measuring import bench as bn
+from ggufdspark.measuring import prompts as pr
 
 # These runs prove the mechanics, not speed: one tiny request's decode time moves by 20% from run
 # to run on a shared 2-core machine, so the plain-drift refusal (exit 5, test_bench_inputs.py)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ggufdspark import bench as bn
-from ggufdspark import prompts as pr
-from ggufdspark import report as rp
 from ggufdspark.errors import PlainDriftError
-from ggufdspark.measure import log_directory
+from ggufdspark.measuring import bench as bn
+from ggufdspark.measuring import prompts as pr
+from ggufdspark.measuring import report as rp
+from ggufdspark.measuring.measure import log_directory
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,7 +185,7 @@ def test_bracket_drift_is_symmetric_and_the_limit_inclusive():
 @pytest.fixture(scope="module")
 def measured_arms(small_pair, dspark_engine, tmp_path_factory):
     """One real plain / speculative / plain run of the small pair (one item, one request at a time)."""
-    from ggufdspark.measure import arm_settings, base_settings, prepare
+    from ggufdspark.measuring.measure import arm_settings, base_settings, prepare
 
     info, _, decision, _ = prepare(small_pair.target, small_pair.draft, server=dspark_engine.path)
     base = base_settings(info, small_pair.target, decision=decision, parallel=1, ctx_per_slot=1024)

@@ -17,7 +17,7 @@ if str(REPO) not in sys.path:  # benchmarks/ is a checkout's package, not an ins
 
 def test_an_arm_is_measured_plain_and_drafted_and_checked_lossless(small_pair, isolated, tmp_path):
     from benchmarks import harness
-    from ggufdspark.gate import NEAR_TIE_GAP
+    from ggufdspark.measuring.gate import NEAR_TIE_GAP
 
     base = harness.base_settings(None, small_pair.target, gpu=False, parallel=2, n_predict=16)
     assert base.parallel == 2 and base.draft is None and base.ctx_size == 2 * (16 + harness.CTX_MARGIN)

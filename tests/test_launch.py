@@ -13,11 +13,12 @@ import pytest
 
 from dataclasses import replace
 
-from ggufdspark import bench, hardware, launch
-from ggufdspark import measure as ms
+from ggufdspark import hardware, launch
 from ggufdspark.devices import Device, DeviceReport
 from ggufdspark.engine.probe import DRAFT_PAUSE_HELP
 from ggufdspark.errors import ContextSizeError, InvalidArgumentError
+from ggufdspark.measuring import bench
+from ggufdspark.measuring import measure as ms
 from ggufdspark.serve import plan, serving
 
 # what differs between a bench arm and serve's server by design: where it listens and logs, the

@@ -11,7 +11,7 @@ import re
 import threading
 from collections import Counter
 
-from ggufdspark.gate import top_logprobs_by_position
+from ggufdspark.measuring.gate import top_logprobs_by_position
 
 SLOTS = 8
 REQUESTS = 24  # three waves: slots finish at different times, new prompts join running drafts

@@ -16,10 +16,10 @@ import yaml
 
 from fakehub import FakeHub
 from ggufdspark.errors import PairMismatchError, PublishError, ServerStartError
-from ggufdspark.hardware import DEFAULTS
 from ggufdspark.gguffile.reader import GGUFFile
-from ggufdspark.publish import (human_size, license_from_gguf, llama_cpp_pick, plan_publish, publish,
-                                quant_label, repo_names)
+from ggufdspark.hardware import DEFAULTS
+from ggufdspark.publish import (human_size, license_from_gguf, llama_cpp_pick, plan_publish, publish, quant_label,
+                                repo_names)
 
 # Recognisable, and shaped like a real token (llama.cpp ignores tokens not shaped "hf_" + 34+ alnum).
 TOKEN = "hf_GgufdsparkFakeTokenNeverPrintMe0123456789"
@@ -144,7 +144,7 @@ def test_rerun_uploads_nothing(ggufdspark_cli, small_pair, hub, hub_env):
 
 def tune_report(pair) -> dict:
     """A real ``tune`` report (TuneResult.to_dict) as saved in a profile, with made-up speeds."""
-    from ggufdspark.tune import AcceptanceProfile, Point, TuneResult, recommend
+    from ggufdspark.measuring.tune import AcceptanceProfile, Point, TuneResult, recommend
 
     plain = {1: Point(None, None, 1, 370.0, 373.0, None, 8, 2048), 8: Point(None, None, 8, 906.0, None, None, 64, 16384)}
     points = [Point(6, 0.0, 1, 480.0, 486.0, 4.0, 8, 2048), Point(9, 0.0, 1, 400.0, 409.0, 4.22, 8, 2048),
@@ -180,7 +180,7 @@ def test_results_change_only_the_cards(ggufdspark_cli, small_pair, hub, hub_env,
 
 
 def test_bench_report_renders(small_pair, tmp_path):
-    from ggufdspark.report import GroupStats
+    from ggufdspark.measuring.report import GroupStats
 
     group = GroupStats("code", 4, 512, 512, 373.0, 486.0, 350.0, 450.0, 4.3, 4.1, 0.37)
     overall = GroupStats("all", 4, 512, 512, 373.0, 486.0, 350.0, 450.0, 4.3, 4.1, 0.37)

@@ -681,7 +681,8 @@ def test_hub_download_failure_is_not_called_a_load_failure(ggufdspark_cli, state
 @pytest.mark.parametrize("content", ["[]", '{"recommendation": []}', '{"recommendation": {"draft_n_max": "9"}}',
                                      '{"recommendation": {"draft_n_max": 0}}', '"text"', "\xff\xfe"])
 def test_a_damaged_tune_profile_is_ignored(ggufdspark_cli, small_pair, isolated, content, caplog):
-    from ggufdspark import hardware, profiles
+    from ggufdspark import hardware
+    from ggufdspark.measuring import profiles
     from ggufdspark.engine import find_engine
     from ggufdspark.serve import plan
 
@@ -701,7 +702,7 @@ def test_a_damaged_tune_profile_is_ignored(ggufdspark_cli, small_pair, isolated,
 
 
 def test_a_damaged_hash_cache_is_rebuilt(small_pair, isolated):
-    from ggufdspark import profiles
+    from ggufdspark.measuring import profiles
     from ggufdspark.engine import cache_dir
 
     (cache_dir()).mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Speculative sampling keeps the target's distribution (issue 27, item 4): at temperature > 0 the
 drafted server's per-position token frequencies agree with the plain server's within a chi-square
-bound (``ggufdspark.sampling_check``); a deliberate change of one position's frequencies, or a small
+bound (``ggufdspark.measuring.sampling_check``); a deliberate change of one position's frequencies, or a small
 logit bias on the server, is detected. Real engine, real generated pair, real acceptance."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections import Counter
 
 import pytest
 
-from ggufdspark.sampling_check import (END, OTHER, check_samples, chi2_sf, gamma_q, homogeneity, pool, spread,
-                                       compare_position)
-from ggufdspark.samplingbench import run_sampling_check, sample_arm
+from ggufdspark.measuring.sampling_check import (END, OTHER, check_samples, chi2_sf, gamma_q, homogeneity, pool, spread,
+                                                 compare_position)
+from ggufdspark.measuring.samplingbench import run_sampling_check, sample_arm
 
 # --------------------------------------------------------------------------- the statistics
 

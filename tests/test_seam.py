@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 
-from ggufdspark import hardware, launch, measure, profiles
+from ggufdspark import hardware, launch
 from ggufdspark.engine import find_engine
+from ggufdspark.measuring import measure, profiles
 
 
 def _save_profile(pair, **rec) -> str:

@@ -199,7 +199,8 @@ def test_health_timeout_zero_turns_the_watchdog_off(small_pair, dspark_engine, t
 
 
 def _profile(pair, **rec) -> Path:
-    from ggufdspark import hardware, profiles
+    from ggufdspark import hardware
+    from ggufdspark.measuring import profiles
     from ggufdspark.engine import find_engine
 
     return profiles.save_profile(hardware.detect(find_engine()), pair.target, pair.draft,

@@ -25,7 +25,7 @@ CPU = DeviceReport(devices=[Device("CPU", "Tiny test CPU", "cpu", 8 << 30, 16 <<
 def test_concurrent_profile_saves_all_succeed(small_pair, tmp_path, monkeypatch):
     """Row 15: 16 threads and 6 processes save one pair's profile at once, 120 saves each way;
     before the fix they shared one ``.tmp`` name and many saves failed with FileNotFoundError."""
-    from ggufdspark import profiles
+    from ggufdspark.measuring import profiles
 
     monkeypatch.setenv("GGUFDSPARK_CACHE", str(tmp_path / "cache"))
     errors: list[BaseException] = []
@@ -44,7 +44,7 @@ def test_concurrent_profile_saves_all_succeed(small_pair, tmp_path, monkeypatch)
     for t in threads:
         t.join()
     assert not errors, f"{len(errors)} of 128 threaded saves failed: {errors[0]!r}"
-    script = ("import sys\nfrom ggufdspark import profiles\nfrom ggufdspark.devices import Device, DeviceReport\n"
+    script = ("import sys\nfrom ggufdspark.measuring import profiles\nfrom ggufdspark.devices import Device, DeviceReport\n"
               "cpu = DeviceReport(devices=[Device('CPU', 'Tiny test CPU', 'cpu', 8 << 30, 16 << 30)], backend='cpu',"
               " source='none')\n"
               "for j in range(20):\n"
@@ -78,7 +78,7 @@ def test_a_hand_edited_load_cut_is_ignored_with_a_warning(cut, n_max, said, smal
     of range or longer than the draft length) is ignored with one warning naming the file and the
     value; before the fix it passed the profile check and went to the engine, which refused to start
     at -np 16 with a message that did not name the profile."""
-    from ggufdspark import profiles
+    from ggufdspark.measuring import profiles
     from ggufdspark.bindings import probe_devices
 
     devices = probe_devices(dspark_engine.lib_dir, server=dspark_engine.path)
@@ -96,7 +96,7 @@ def test_a_hand_edited_load_cut_is_ignored_with_a_warning(cut, n_max, said, smal
 
 
 def test_a_valid_load_cut_still_passes_the_profile_check():
-    from ggufdspark import profiles
+    from ggufdspark.measuring import profiles
 
     for cut in ([[0, 2]], [[2, 5], [16, 0]], [[1, 3], [4, 2], [8, 1]]):
         assert profiles.profile_problem({"recommendation": {"draft_n_max": 5, "load_cut": cut}}) is None, cut

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from ggufdspark import traffic as tr
 from ggufdspark.errors import BenchError
+from ggufdspark.measuring import traffic as tr
 
 
 def test_poisson_schedule_is_seeded_and_has_the_asked_rate():

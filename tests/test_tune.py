@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ggufdspark import bench as bn
-from ggufdspark import tune
 from ggufdspark.errors import BenchError, EngineError
+from ggufdspark.measuring import bench as bn
+from ggufdspark.measuring import tune
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import ServerSettings
 
@@ -205,7 +205,7 @@ def test_a_failed_request_of_a_live_server_is_a_bench_error(small_pair, dspark_e
 def test_load_recommendation_keeps_a_length_per_load():
     """tuneload.recommend_load: the best length at each client level (no draft under min_gain), the
     lowest level's as the length, shorter winners as a load cut, the last paying level as the limit."""
-    from ggufdspark.tuneload import recommend_load
+    from ggufdspark.measuring.tuneload import recommend_load
 
     ratios = {3: {1: 1.6, 4: 1.2, 8: 0.9}, 5: {1: 1.9, 4: 1.1, 8: 0.95}, 2: {1: 1.4, 4: 1.25, 8: 1.05}}
     rec = recommend_load(ratios, min_gain=1.02)
@@ -224,7 +224,7 @@ def test_load_recommendation_pauses_where_the_paused_arm_wins():
     where a length beats pausing by min_gain, else pauses; pauses become cut steps with L = 0 and no
     slot limit (the pause does its job); at the quietest level drafting must still beat plain.
     The numbers are the H200 tune --load run of benchmarks/results/0c1e570-product-19/tune.json."""
-    from ggufdspark.tuneload import recommend_load
+    from ggufdspark.measuring.tuneload import recommend_load
 
     h200 = {0: {1: 0.87, 2: 0.87, 4: 0.90, 8: 0.86, 16: 0.78, 32: 0.85, 64: 0.79},
             7: {1: 1.44, 2: 1.28, 4: 1.01, 8: 1.06, 16: 0.95, 32: 0.85, 64: 0.62}}
@@ -242,7 +242,7 @@ def test_tune_load_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, 
     """tune --load on the real engine: one bench --load run per draft length (plain beside drafted),
     the ratios per client level, the recommendation saved; serve takes its length, its load cut
     where the engine can cut (patch 0021) and -np leaves room for it, and its slot limit."""
-    from ggufdspark.tuneload import recommend_load
+    from ggufdspark.measuring.tuneload import recommend_load
 
     pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
     p = ggufdspark_cli("tune", *pair, "--load", "--draft-lengths", "1,3", "--clients", "1,2", "--answer-tokens", "16",
@@ -277,7 +277,7 @@ def test_serve_applies_a_tune_load_cut(small_pair, ggufdspark_cli, isolated, dsp
     """A tune --load profile with a load cut (written by profiles.save_profile, as tune does):
     serve passes it as --spec-draft-n-max-by-slots with its length and says where it comes from;
     --draft-n-max drops it with the profile's length; a cut that cannot engage at -np 1 is silent."""
-    from ggufdspark import profiles
+    from ggufdspark.measuring import profiles
     from ggufdspark.bindings import probe_devices
 
     devices = probe_devices(dspark_engine.lib_dir, server=dspark_engine.path)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ggufdspark import tune
 from ggufdspark.errors import BenchError
+from ggufdspark.measuring import tune
 
 
 def _tune_dirs() -> set[Path]:

@@ -6,14 +6,14 @@ import sys
 
 import click
 
-from ggufdspark import bench as bench_lib
 from ggufdspark import launch
-from ggufdspark import loadbench
-from ggufdspark import samplingbench as sb
-from ggufdspark import traffic as tr
 from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, given_options,
                                     mmproj_option, number_list, target_option)
 from ggufdspark.errors import InvalidArgumentError
+from ggufdspark.measuring import bench as bench_lib
+from ggufdspark.measuring import loadbench
+from ggufdspark.measuring import samplingbench as sb
+from ggufdspark.measuring import traffic as tr
 from ggufdspark.redaction import redacted_command
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ggufdspark import bench as bench_lib
-from ggufdspark import tune as tune_lib
-from ggufdspark.cli._common import NumberRange, ProgressLine, draft_option, echo_json, from_hub, number_list, target_option
+from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, number_list,
+                                    target_option)
 from ggufdspark.errors import InvalidArgumentError
+from ggufdspark.measuring import bench as bench_lib
+from ggufdspark.measuring import tune as tune_lib
 
 
 @click.command(name="tune")
@@ -65,7 +66,7 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
         if as_json:
             echo_json(prof)
         elif "load" in prof and "settings" not in prof:  # written by tune --load
-            from ggufdspark import tuneload
+            from ggufdspark.measuring import tuneload
 
             click.echo(tuneload.format_profile(prof))
         else:
@@ -97,8 +98,8 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
 
 
 def _tune_load(model, draft, *, acceptance, rates, others, as_json, **kw) -> None:
-    """``tune --load``: one bench --load run, a drafted arm per draft length (``ggufdspark.tuneload``)."""
-    from ggufdspark import tuneload
+    """``tune --load``: one bench --load run, a drafted arm per draft length (``ggufdspark.measuring.tuneload``)."""
+    from ggufdspark.measuring import tuneload
 
     if others:
         raise InvalidArgumentError(f"tune --load: {others[0]} belongs to the lock-step sweep, not to --load")

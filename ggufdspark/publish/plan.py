@@ -13,7 +13,7 @@ from ggufdspark.check import PairReport, check_pair
 from ggufdspark.errors import PublishError, PublishOptionError
 from ggufdspark.gguffile.reader import GGUFFile, read_gguf
 from ggufdspark.hubtext import strip_userinfo
-from ggufdspark.profiles import file_sha256
+from ggufdspark.measuring.profiles import file_sha256
 from ggufdspark.publish.cards import (Pair, human_size, license_from_gguf, llama_server_command, render_card,
                                       serve_command)
 from ggufdspark.publish.naming import (FILE_NAME, SIDECAR_KEYWORDS, file_tag, llama_cpp_pick, quant_label, repo_names,

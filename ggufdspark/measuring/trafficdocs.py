@@ -3,7 +3,7 @@ with a seeded generator: an incident timeline, meeting minutes, a server log exc
 reviews and a sales table, each with the question a user would ask about it (summarize, find the
 cause, list the actions). Deterministic (``random.Random(seed)`` per document, the same on every
 machine and Python 3 version), no network; the sizes are a fixed ladder of entry counts, so the set
-spans a few hundred to a few thousand tokens (``ggufdspark.traffic`` states the measured spread).
+spans a few hundred to a few thousand tokens (``ggufdspark.measuring.traffic`` states the measured spread).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ggufdspark import traffic as tr
+from ggufdspark.measuring import traffic as tr
 
 NOISE_ARM = "plain2"  # --noise-floor's second plain server
 

@@ -2,7 +2,7 @@
 engine's timings), a level's figures over its requests (aggregate throughput, per-request decode
 speed, time to first token, latency, the longest wait between two tokens, inter-token latency and
 time per output token; percentiles interpolate linearly between ranks, numpy's default), several
-rounds pooled, and drafted / plain of each figure. ``ggufdspark.traffic`` makes the requests;
+rounds pooled, and drafted / plain of each figure. ``ggufdspark.measuring.traffic`` makes the requests;
 ``docs/bench.md`` defines every figure."""
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ggufdspark import measure as ms
 from ggufdspark import timings as tm
 from ggufdspark.errors import BenchError, BenchOptionError, InputNotFoundError
+from ggufdspark.measuring import measure as ms
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufdspark import measure as ms
-from ggufdspark import hardware, profiles
-from ggufdspark import prompts as pr
-from ggufdspark.acceptance import (  # noqa: F401  (public here too: tune's own vocabulary)
+from ggufdspark.measuring import measure as ms
+from ggufdspark import hardware
+from ggufdspark.measuring import profiles
+from ggufdspark.measuring import prompts as pr
+from ggufdspark.measuring.acceptance import (  # noqa: F401  (public here too: tune's own vocabulary)
     PROFILES,
     AcceptanceProfile,
     expected_accept_length,

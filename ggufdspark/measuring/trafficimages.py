@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from ggufdspark import images
-from ggufdspark import prompts as pr
 from ggufdspark.errors import BenchError, EngineError
-from ggufdspark.prompts import render
+from ggufdspark.measuring import prompts as pr
+from ggufdspark.measuring.prompts import render
 from ggufdspark.runners.client import Client
 
 

@@ -29,14 +29,14 @@ from typing import Any, Callable
 
 from ggufdspark import engine as eng
 from ggufdspark import hardware, launch
-from ggufdspark import traffic as tr
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import BenchError, EngineError, InvalidArgumentError, OutputExistsError
-from ggufdspark.loadreport import NOISE_ARM, LoadReport
-from ggufdspark.profiles import pair_record
+from ggufdspark.measuring import traffic as tr
+from ggufdspark.measuring.loadreport import NOISE_ARM, LoadReport
+from ggufdspark.measuring.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
+                                          kept_logs, log_directory, prepare, running, server_failure, warm)
+from ggufdspark.measuring.profiles import pair_record
 from ggufdspark.redaction import redact_command_line, redact_engine_args
-from ggufdspark.measure import (WARMUP_TOKENS, Progress, Synthetic, arm_settings, base_settings, check_rates,
-                                kept_logs, log_directory, prepare, running, server_failure, warm)
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import ServerProcess, ServerSettings
 
@@ -354,7 +354,7 @@ def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None
         arms = {a: [tr.pool_rounds(rs) for rs in per_level] for a, per_level in runs.items()}
         sizes = [p.n_tokens for p in prompts]
         traffic = {"shape": shape.to_dict(), "prompts": "built-in set (text-only) + data/traffic.jsonl + composed "
-                   "documents (ggufdspark.traffic)", "prompt_tokens": tr.length_stats(sizes),
+                   "documents (ggufdspark.measuring.traffic)", "prompt_tokens": tr.length_stats(sizes),
                    "prompt_ids": [p.id for p in prompts],
                    "warmup": f"one {WARMUP_TOKENS}-token request, then the longest prompt ({max(sizes)} tokens, "
                              f"{WARMUP_TOKENS} tokens)" + (", then it with the largest picture" if drawn else "")

@@ -11,8 +11,8 @@ from ggufdspark import timings as tm
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import (InvalidArgumentError, LosslessGateError, MissingDependencyError, PlainDriftError,
                                UnsafeOutputError)
-from ggufdspark.gate import GateResult
-from ggufdspark.measure import LOCKSTEP_LABEL, Outcome
+from ggufdspark.measuring.gate import GateResult
+from ggufdspark.measuring.measure import LOCKSTEP_LABEL, Outcome
 
 
 # The two runs of the target alone, before and after the speculative arm, measure the same thing.

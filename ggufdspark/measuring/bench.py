@@ -28,22 +28,22 @@ from pathlib import Path
 
 from ggufdspark import engine as eng
 from ggufdspark import launch
-from ggufdspark import prompts as pr
 from ggufdspark import timings as tm
 from ggufdspark.errors import BenchOptionError, InvalidArgumentError
-from ggufdspark.gate import (NEAR_TIE_GAP, GateResult, check_reference, first_difference, reference_run,
-                             run_gate)
 from ggufdspark.hardware import Decision
-from ggufdspark.prompts import render
-from ggufdspark.profiles import pair_record
+from ggufdspark.measuring import prompts as pr
+from ggufdspark.measuring.gate import (NEAR_TIE_GAP, GateResult, check_reference, first_difference, reference_run,
+                                       run_gate)
+from ggufdspark.measuring.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoint, Outcome, Progress,
+                                          Synthetic, Turn, arm_settings, base_settings, check_p_min, check_rates,
+                                          check_threads, concurrency_levels, kept_logs, log_directory, measure_load,
+                                          prepare, request, run_first_arm, running, warm)
+from ggufdspark.measuring.profiles import pair_record
+from ggufdspark.measuring.prompts import render
+from ggufdspark.measuring.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStats, accept_histogram, bracket_drift,
+                                         check_plot_path, decode_tps, format_report, group_stats, plain_drift,
+                                         plot_report, ratio)
 from ggufdspark.redaction import redact_engine_args
-from ggufdspark.measure import (DEFAULT_N_PREDICT, EXIT_WAIT_S, ROUNDS, LoadPoint, Outcome, Progress, Synthetic,
-                                Turn, arm_settings, base_settings, check_p_min, check_rates, check_threads,
-                                concurrency_levels, kept_logs, log_directory,
-                                measure_load, prepare, request, run_first_arm, running, warm)
-from ggufdspark.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStats, accept_histogram, bracket_drift,
-                               check_plot_path, decode_tps, format_report, group_stats, plain_drift, plot_report,
-                               ratio)
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import ServerSettings
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ggufdspark.errors import InputNotFoundError, MissingDependencyError
-from ggufdspark.measure import Outcome, Turn
+from ggufdspark.measuring.measure import Outcome, Turn
 from ggufdspark.runners.client import Client
 
 

@@ -1,6 +1,6 @@
 """The sampling check: speculative sampling must leave the target's distribution as it is.
 
-The lossless gate (``ggufdspark.gate``) compares greedy outputs token by token; at temperature > 0
+The lossless gate (``ggufdspark.measuring.gate``) compares greedy outputs token by token; at temperature > 0
 there is no single right output, only a distribution. Here two arms (the target alone, the target
 with the draft) each sample many completions of one prompt, every request with its own seed, and
 at every position the two arms' token frequencies are compared by a chi-square test of homogeneity:

@@ -1,11 +1,11 @@
 """Traffic for ``bench --load``: a prompt set with a realistic length spread, request schedules
 (clients in a closed loop, or Poisson arrivals), and streamed requests timed on the client; the
-per-level figures they give are ``ggufdspark.loadfigures``' (read through here as well).
+per-level figures they give are ``ggufdspark.measuring.loadfigures``' (read through here as well).
 
 The prompt set (``traffic_items``) is the built-in set (text-only: pictures described in text; a
 multi-turn item is one request holding its whole conversation) plus longer items: multi-paragraph
 questions and code to review (``data/traffic.jsonl``, written for this project) and documents to
-summarize (``ggufdspark.trafficdocs``, composed with a fixed seed). Measured on the generated pairs'
+summarize (``ggufdspark.measuring.trafficdocs``, composed with a fixed seed). Measured on the generated pairs'
 LFM2-style tokenizer (LFM2's pre-tokenizer, a byte-level BPE trained here; the small and the
 full-size pair share it), rendered with the chat template, BOS included: 66 prompts of 35-2705
 tokens, median 441 (``docs/bench.md`` has the distribution; ``tests/test_traffic.py`` checks its
@@ -40,10 +40,10 @@ from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Callable
 
-from ggufdspark import prompts as pr
-from ggufdspark import trafficdocs
+from ggufdspark.measuring import prompts as pr
+from ggufdspark.measuring import trafficdocs
 from ggufdspark.errors import BenchError, EngineError, RequestFailedError
-from ggufdspark.loadfigures import (  # noqa: F401 - the figures, read through here by bench --load's callers too
+from ggufdspark.measuring.loadfigures import (  # noqa: F401 - the figures, read through here by bench --load's callers too
     LevelResult,
     RequestRecord,
     percentile,
@@ -51,9 +51,9 @@ from ggufdspark.loadfigures import (  # noqa: F401 - the figures, read through h
     ratios,
     summarize_level,
 )
-from ggufdspark.prompts import render
+from ggufdspark.measuring.prompts import render
 from ggufdspark.runners.client import Client
-from ggufdspark.trafficimages import IMAGE_TOKENS_MAX, ImageTraffic, draw_pictures, image_traffic  # noqa: F401
+from ggufdspark.measuring.trafficimages import IMAGE_TOKENS_MAX, ImageTraffic, draw_pictures, image_traffic  # noqa: F401
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """``bench --sampling-check``: the target alone and the target with the DSpark draft each sample
-many seeded completions of one prompt at temperature > 0; ``ggufdspark.sampling_check`` compares
+many seeded completions of one prompt at temperature > 0; ``ggufdspark.measuring.sampling_check`` compares
 the two arms' token frequencies position by position (chi-square, Bonferroni).
 
 Both servers are the ones ``bench`` measures (``measure.base_settings`` / ``arm_settings``: the
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ggufdspark.errors import BenchError, BenchOptionError, LosslessGateError
-from ggufdspark.measure import arm_settings, base_settings, kept_logs, log_directory, prepare, running
-from ggufdspark.profiles import pair_record
+from ggufdspark.measuring.measure import arm_settings, base_settings, kept_logs, log_directory, prepare, running
+from ggufdspark.measuring.profiles import pair_record
+from ggufdspark.measuring.sampling_check import ALPHA, SamplingCheck, check_samples
 from ggufdspark.runners.client import Client
-from ggufdspark.sampling_check import ALPHA, SamplingCheck, check_samples
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufdspark import engine as eng
-from ggufdspark import hardware, loadbench, profiles
-from ggufdspark import traffic as tr
+from ggufdspark import hardware
 from ggufdspark.errors import BenchOptionError
-from ggufdspark.measure import Progress, draft_limits
-from ggufdspark.tune import MIN_GAIN
+from ggufdspark.measuring import loadbench, profiles
+from ggufdspark.measuring import traffic as tr
+from ggufdspark.measuring.measure import Progress, draft_limits
+from ggufdspark.measuring.tune import MIN_GAIN
 
 log = logging.getLogger(__name__)
 
