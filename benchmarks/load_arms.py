@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks.engine_env import split_env  # noqa: E402
 from ggufdspark import launch  # noqa: E402
-from ggufdspark.measuring import loadbench  # noqa: E402
+from ggufdspark.measuring import loadbench, loadplan  # noqa: E402
 from ggufdspark.measuring.acceptance import PROFILES  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 
 
-def parse_arm(spec: str) -> loadbench.DraftArm:
+def parse_arm(spec: str) -> loadplan.DraftArm:
     """``NAME=N_MAX [CUT] [KEY=VALUE ...]`` -> a drafted arm; ``NAME=plain KEY=VALUE ...`` -> a plain one."""
     name, sep, rest = spec.partition("=")
     words = shlex.split(rest)
@@ -51,7 +51,7 @@ def parse_arm(spec: str) -> loadbench.DraftArm:
         env, rest_words = split_env(words[1:])
         if rest_words or not (env or layout):
             raise ValueError(bad)
-        return loadbench.DraftArm(name, None, None, env, drafted=False, layout=layout)
+        return loadplan.DraftArm(name, None, None, env, drafted=False, layout=layout)
     if not sep or not name or name == "plain" or not words or not words[0].isdigit() or int(words[0]) < 1:
         raise ValueError(bad)
     env, rest_words = split_env(words[1:])
@@ -61,7 +61,7 @@ def parse_arm(spec: str) -> loadbench.DraftArm:
         cut = launch.parse_draft_cut(rest_words[0]) if rest_words else None
     except Exception as e:  # noqa: BLE001 - one line, whatever the parser said
         raise ValueError(f"{bad}: {e}") from None
-    return loadbench.DraftArm(name, int(words[0]), cut, env, layout=layout)
+    return loadplan.DraftArm(name, int(words[0]), cut, env, layout=layout)
 
 
 def main(argv: list[str] | None = None) -> int:

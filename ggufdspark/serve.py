@@ -21,10 +21,10 @@ from typing import Iterator
 
 from ggufdspark import engine as eng
 from ggufdspark import hardware, hubref, launch, warmup, webui
-from ggufdspark.measuring import profiles
 from ggufdspark.check import check_pair
 from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import InputNotFoundError, InvalidArgumentError
+from ggufdspark.measuring import profiles
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.engine_env import dropped_warnings
 from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings

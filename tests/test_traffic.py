@@ -11,6 +11,7 @@ import pytest
 
 from ggufdspark.errors import BenchError
 from ggufdspark.measuring import traffic as tr
+from ggufdspark.measuring.loadreport import percentile
 
 
 def test_poisson_schedule_is_seeded_and_has_the_asked_rate():
@@ -37,10 +38,10 @@ def test_prompt_order_is_seeded_and_uses_every_prompt_before_repeating():
 
 def test_percentile_matches_linear_interpolation():
     v = [5.0, 1.0, 3.0, 2.0, 4.0]
-    assert tr.percentile(v, 50) == 3.0
-    assert tr.percentile(v, 95) == pytest.approx(4.8)
-    assert tr.percentile(v, 0) == 1.0 and tr.percentile(v, 100) == 5.0
-    assert tr.percentile([None, 2.0], 50) == 2.0 and tr.percentile([], 50) is None
+    assert percentile(v, 50) == 3.0
+    assert percentile(v, 95) == pytest.approx(4.8)
+    assert percentile(v, 0) == 1.0 and percentile(v, 100) == 5.0
+    assert percentile([None, 2.0], 50) == 2.0 and percentile([], 50) is None
 
 
 def test_closed_loop_shape_counts_requests():

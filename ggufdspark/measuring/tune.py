@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufdspark.measuring import measure as ms
 from ggufdspark import hardware
+from ggufdspark.errors import BenchError, BenchOptionError, InputNotFoundError
+from ggufdspark.measuring import measure as ms
 from ggufdspark.measuring import profiles
 from ggufdspark.measuring import prompts as pr
 from ggufdspark.measuring.acceptance import (  # noqa: F401  (public here too: tune's own vocabulary)
@@ -32,7 +33,6 @@ from ggufdspark.measuring.acceptance import (  # noqa: F401  (public here too: t
     profile_from_bench,
     profile_from_rates,
 )
-from ggufdspark.errors import BenchError, BenchOptionError, InputNotFoundError
 from ggufdspark.redaction import redact_engine_args
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from pathlib import Path
 from ggufdspark import engine as eng
 from ggufdspark import hardware
 from ggufdspark.errors import BenchOptionError
-from ggufdspark.measuring import loadbench, profiles
+from ggufdspark.measuring import loadbench, loadplan, profiles
 from ggufdspark.measuring import traffic as tr
 from ggufdspark.measuring.measure import Progress, draft_limits
 from ggufdspark.measuring.tune import MIN_GAIN
@@ -156,9 +156,9 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
     drafting = [n for n in lengths if n > 0]
     if not drafting:
         raise BenchOptionError("--draft-lengths: give at least one length above 0 (0 is the paused arm)")
-    arms = {n: loadbench.DraftArm(f"n{n}", n) for n in drafting}
+    arms = {n: loadplan.DraftArm(f"n{n}", n) for n in drafting}
     if 0 in lengths:
-        arms[0] = loadbench.paused_arm(max(drafting))
+        arms[0] = loadplan.paused_arm(max(drafting))
     log.info("tune --load: draft lengths %s beside one plain arm", ",".join(map(str, lengths)))
     if interleave and len(arms) + 1 > MAX_INTERLEAVED_ARMS:
         log.warning("tune --load: %d arms are more servers than it keeps up at once (%d): one server at a time",

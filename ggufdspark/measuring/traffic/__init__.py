@@ -1,11 +1,11 @@
 """Traffic for ``bench --load``: a prompt set with a realistic length spread, request schedules
 (clients in a closed loop, or Poisson arrivals), and streamed requests timed on the client; the
-per-level figures they give are ``ggufdspark.measuring.loadfigures``' (read through here as well).
+per-level figures they give are ``ggufdspark.measuring.loadreport``'s.
 
 The prompt set (``traffic_items``) is the built-in set (text-only: pictures described in text; a
 multi-turn item is one request holding its whole conversation) plus longer items: multi-paragraph
 questions and code to review (``data/traffic.jsonl``, written for this project) and documents to
-summarize (``ggufdspark.measuring.trafficdocs``, composed with a fixed seed). Measured on the generated pairs'
+summarize (``traffic.documents``, composed with a fixed seed). Measured on the generated pairs'
 LFM2-style tokenizer (LFM2's pre-tokenizer, a byte-level BPE trained here; the small and the
 full-size pair share it), rendered with the chat template, BOS included: 66 prompts of 35-2705
 tokens, median 441 (``docs/bench.md`` has the distribution; ``tests/test_traffic.py`` checks its
@@ -40,20 +40,18 @@ from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Callable
 
-from ggufdspark.measuring import prompts as pr
-from ggufdspark.measuring import trafficdocs
 from ggufdspark.errors import BenchError, EngineError, RequestFailedError
-from ggufdspark.measuring.loadfigures import (  # noqa: F401 - the figures, read through here by bench --load's callers too
-    LevelResult,
-    RequestRecord,
-    percentile,
-    pool_rounds,
-    ratios,
-    summarize_level,
-)
+from ggufdspark.measuring import prompts as pr
+from ggufdspark.measuring.loadreport import LevelResult, RequestRecord, percentile, summarize_level
 from ggufdspark.measuring.prompts import render
+from ggufdspark.measuring.traffic import documents
+from ggufdspark.measuring.traffic.pictures import (  # noqa: F401 - the pictures, read through here by bench --load
+    IMAGE_TOKENS_MAX,
+    ImageTraffic,
+    draw_pictures,
+    image_traffic,
+)
 from ggufdspark.runners.client import Client
-from ggufdspark.measuring.trafficimages import IMAGE_TOKENS_MAX, ImageTraffic, draw_pictures, image_traffic  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +81,7 @@ def traffic_items() -> list[pr.PromptItem]:
         if line.strip():
             rec = json.loads(line)
             items.append(pr.PromptItem(rec["id"], rec["category"], rec["messages"], "traffic"))
-    for d in trafficdocs.documents():
+    for d in documents.documents():
         items.append(pr.PromptItem(d.id, f"document:{d.kind}", [{"role": "user", "content": d.text}], "traffic"))
     return items
 
