@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ggufdspark.measuring import measure as ms
 from ggufdspark.measuring import tune
+from ggufdspark.serve_checks import ServingOptions
 from ggufdspark.synthetic import synth
 from ggufdspark.synthetic.pairs import build_pair
 
@@ -88,14 +89,19 @@ def goal_table(res: dict) -> tuple[list[str], bool]:
     return rows, ok
 
 
+def _serving(a: argparse.Namespace) -> ServingOptions:
+    """The pair, the engine and the threads this script was given, as tune and measure take them."""
+    return ServingOptions(model=a.target, draft=a.draft, server=a.server, threads=a.threads)
+
+
 def confirm(result: tune.TuneResult, a: argparse.Namespace, progress) -> dict:
     """Re-measure the tuned configuration in a fresh plain / tuned / plain bracket, so the reported
     speedup is not the maximum of a noisy sweep (the winner's curse)."""
     rec, st = result.recommendation, result.settings
-    info, _devices, decision, _limits = ms.prepare(a.target, a.draft, server=a.server, concurrency=st["concurrency"])
+    opts = _serving(a)
+    info, _devices, decision, _limits = ms.prepare(opts, concurrency=st["concurrency"])
     levels = [lv for lv in st["concurrency"] if lv <= rec["max_concurrency_for_draft"]]
-    base = ms.base_settings(info, a.target, decision=decision, parallel=max(st["concurrency"]), threads=a.threads,
-                            draft=a.draft)
+    base = ms.base_settings(info, opts, decision=decision, parallel=max(st["concurrency"]))
     syn = ms.Synthetic(rates=result.acceptance.truncated(rec["draft_n_max"]))
     logs = Path(result.logs or ".")
     out: dict = {"levels": levels, "draft_n_max": rec["draft_n_max"]}
@@ -155,11 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     def progress(done: int, total: int, what: str) -> None:
         print(f"[{time.monotonic() - t0:6.0f}s] {done}/{total} {what}", file=sys.stderr, flush=True)
 
-    result = tune.run_tune(a.target, a.draft, rates=rates, acceptance=a.profile,
+    result = tune.run_tune(_serving(a), rates=rates, acceptance=a.profile,
                            draft_lengths=_ints(a.draft_lengths) if a.draft_lengths else None,
                            concurrency=_ints(a.concurrency), n_predict=a.n_predict, requests=a.requests,
-                           rounds=a.rounds, trials=a.trials, server=a.server, threads=a.threads, save=a.save_profile,
-                           progress=progress)
+                           rounds=a.rounds, trials=a.trials, save=a.save_profile, progress=progress)
     res = result.to_dict()
     print(result.text())
     if result.recommendation["draft_enabled"] and not a.no_confirm:

@@ -37,6 +37,7 @@ from ggufdspark import launch  # noqa: E402
 from ggufdspark.measuring import loadbench, loadplan  # noqa: E402
 from ggufdspark.measuring.acceptance import PROFILES  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
+from ggufdspark.serve_checks import ServingOptions  # noqa: E402
 
 
 def parse_arm(spec: str) -> loadplan.DraftArm:
@@ -101,11 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--arm: every arm needs its own name")
     rates = None if a.real else list(PROFILES["published"].rates)
     try:
-        report = loadbench.run_load(a.target, a.draft, clients=clients, requests_per_client=a.requests_per_client,
-                                    answer_tokens=a.answer_tokens, server=a.server, synthetic_rates=rates,
-                                    draft_arms=arms, log_dir=a.log_dir, rounds=a.rounds, temperature=a.temperature,
-                                    noise_floor=a.noise_floor, conversation=a.conversations,
-                                    command=" ".join(["load_arms.py", *(argv if argv is not None else sys.argv[1:])]))
+        opts = ServingOptions(model=a.target, draft=a.draft, server=a.server)
+        plan = loadplan.plan_load(opts, clients=clients, requests_per_client=a.requests_per_client,
+                                  answer_tokens=a.answer_tokens, synthetic_rates=rates, draft_arms=arms,
+                                  rounds=a.rounds, temperature=a.temperature, noise_floor=a.noise_floor,
+                                  conversation=a.conversations)
+        report = loadbench.run_load(plan, log_dir=a.log_dir, command=" ".join(
+            ["load_arms.py", *(argv if argv is not None else sys.argv[1:])]))
     except GgufdsparkError as e:
         print(f"load_arms.py: {e}", file=sys.stderr)
         return 1

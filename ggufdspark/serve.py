@@ -28,7 +28,8 @@ from ggufdspark.measuring import profiles
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.engine_env import dropped_warnings
 from ggufdspark.runners.server import LOOPBACK, ServerProcess, ServerSettings
-from ggufdspark.serve_checks import OWNED_ENGINE_FLAGS, check_draft_cut, check_extra_args  # noqa: F401
+from ggufdspark.serve_checks import (OWNED_ENGINE_FLAGS, ServingOptions, check_draft_cut,  # noqa: F401
+                                     check_extra_args)
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +98,8 @@ def check_host(host: str) -> str:
     return host
 
 
-def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mmproj: str | Path | None = None,
-         hf: str | None = None, hfd: str | None = None, host: str = "127.0.0.1", port: int = 8080,
-         api_key: str | None = None, draft_n_max: int | None = None, no_draft: bool = False,
-         force: bool = False, server: str | Path | None = None, ctx_size: int | None = None,
-         ctx_per_slot: int | None = None, parallel: int | None = 1, extra_args: list[str] | None = None,
-         use_profile: bool = True, ui: bool = True, draft_n_max_by_slots: str | None = None,
-         devices: DeviceReport | None = None, warm: bool | None = None,
-         warmup_tokens: int | None = None) -> ServePlan:
-    """Check the pair and decide the llama-server command line (nothing is started).
+def plan(opts: ServingOptions, *, devices: DeviceReport | None = None) -> ServePlan:
+    """Check the pair and decide the llama-server command line of ``opts`` (nothing is started).
 
     The decision and the settings come from ``ggufdspark.launch`` (as ``bench`` and ``tune``
     get theirs). Each of the ``parallel`` slots gets ``launch.CTX_PER_SLOT`` tokens of context
@@ -130,64 +124,66 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
         EngineError: no engine, or one without draft-dspark (when a draft is used).
         InvalidArgumentError: a value out of range, or both ``ctx_size`` and ``ctx_per_slot``.
     """
-    if not (model or hf):
+    if not (opts.model or opts.hf):
         raise InputNotFoundError("no target: give -m TARGET.gguf or -hf ORG/NAME[:QUANT]")
-    check_host(host)
-    check_extra_args(list(extra_args or []))
-    _check_range("port", port, *PORT_RANGE)
-    _check_range("draft_n_max", draft_n_max, *DRAFT_N_MAX_RANGE)
-    _check_range("ctx_size", ctx_size, 0, None)
-    _check_range("ctx_per_slot", ctx_per_slot, 1, None)
-    _check_range("parallel", parallel, 1, None)
-    _check_range("warmup_tokens", warmup_tokens, 0, None)
-    if ctx_size is not None and ctx_per_slot is not None:
-        raise InvalidArgumentError(f"ctx_size {ctx_size} and ctx_per_slot {ctx_per_slot}: give one of them")
-    if draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
-        parse_draft_cut(draft_n_max_by_slots)  # refused before any file is read
+    check_host(opts.host)
+    check_extra_args(list(opts.extra_args))
+    _check_range("port", opts.port, *PORT_RANGE)
+    _check_range("draft_n_max", opts.draft_n_max, *DRAFT_N_MAX_RANGE)
+    _check_range("ctx_size", opts.ctx_size, 0, None)
+    _check_range("ctx_per_slot", opts.ctx_per_slot, 1, None)
+    _check_range("parallel", opts.parallel, 1, None)
+    _check_range("warmup_tokens", opts.warmup_tokens, 0, None)
+    if opts.ctx_size is not None and opts.ctx_per_slot is not None:
+        raise InvalidArgumentError(f"ctx_size {opts.ctx_size} and ctx_per_slot {opts.ctx_per_slot}: give one of them")
+    cut_text = opts.draft_n_max_by_slots
+    cut_given = bool(cut_text) and cut_text.strip().lower() != "off"
+    if cut_given:
+        parse_draft_cut(cut_text)  # refused before any file is read
     # Hub references become local files first (downloaded now, so the start timeout never includes it)
-    model, draft, mmproj, no_draft_why, no_draft_warning = _local_files(model, draft, mmproj, hf, hfd, no_draft,
-                                                                        extra_args)
-    hf = hfd = None  # the engine gets local paths (-m/-md/--mmproj), never -hf: its build has no TLS
+    model, draft, mmproj, no_draft_why, no_draft_warning = _local_files(opts)
     for label, p in (("target", model), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
-    info = eng.find_engine(server)
+    info = eng.find_engine(opts.server)
     warnings: list[str] = [no_draft_warning] if no_draft_warning else []
     report = None
     precision_note = None
-    checked_draft = None if no_draft else draft
+    checked_draft = None if opts.no_draft else draft
     if model and (checked_draft or mmproj):
         rep = check_pair(model, checked_draft, mmproj)
         report = rep.to_dict()
         precision_note = rep.draft_precision_note()
         if not rep.ok:
-            if not force:
+            if not opts.force:
                 rep.raise_for_failures()
             warnings.append("--force: serving a pair that FAILED check: "
                             + "; ".join(f"{c.name}: {c.detail}" for c in rep.failures()))
-    use_draft = bool(draft or hfd) and not no_draft
+    use_draft = bool(draft) and not opts.no_draft
     if use_draft:
         eng.require_dspark(info)
     devices = devices or hardware.detect(info)
-    prof = profiles.load_profile(devices, model, draft) if (use_profile and model and draft) else None
-    decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max,
-                             no_draft=no_draft or not use_draft, no_draft_why=no_draft_why, parallel=parallel,
-                             draft_cut=draft_n_max_by_slots, precision_note=precision_note,
+    prof = profiles.load_profile(devices, model, draft) if (opts.use_profile and model and draft) else None
+    decision = launch.decide(devices, info, profile=prof, draft_n_max=opts.draft_n_max,
+                             no_draft=opts.no_draft or not use_draft, no_draft_why=no_draft_why, parallel=opts.parallel,
+                             draft_cut=cut_text, precision_note=precision_note,
                              draft_max=launch.longest_draft(draft if use_draft else None))
     warnings += decision.warnings
-    if decision.draft_enabled and draft_n_max_by_slots and draft_n_max_by_slots.strip().lower() != "off":
-        check_draft_cut(parse_draft_cut(draft_n_max_by_slots), decision.draft_n_max, draft_n_max_by_slots)
-    ctx = launch.context(parallel, model=model, ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
+    if decision.draft_enabled and cut_given:
+        check_draft_cut(parse_draft_cut(cut_text), decision.draft_n_max, cut_text)
+    ctx = launch.context(opts.parallel, model=model, ctx_size=opts.ctx_size, ctx_per_slot=opts.ctx_per_slot,
+                         extra_args=list(opts.extra_args))
     warnings += ctx.warnings
-    settings = launch.server_settings(decision, info, model=model, draft=draft, mmproj=mmproj, hf=hf, hfd=hfd,
-                                      host=host, port=port, api_key=api_key, ctx=ctx, parallel=parallel,
-                                      extra_args=extra_args)
-    ui_dir, ui_note = _chat_ui(info, ui, list(extra_args or []))
+    # the engine gets local paths (-m/-md/--mmproj), never -hf: its build has no TLS
+    settings = launch.server_settings(decision, info, model=model, draft=draft, mmproj=mmproj, host=opts.host,
+                                      port=opts.port, api_key=opts.api_key, ctx=ctx, parallel=opts.parallel,
+                                      threads=opts.threads, extra_args=list(opts.extra_args))
+    ui_dir, ui_note = _chat_ui(info, opts.ui, list(opts.extra_args))
     settings.public_path = ui_dir
-    if host not in LOOPBACK and not settings.api_keys():
-        warnings.append(f"binding {host} without --api-key: anyone who can reach this machine can use the server")
+    if opts.host not in LOOPBACK and not settings.api_keys():
+        warnings.append(f"binding {opts.host} without --api-key: anyone who can reach this machine can use the server")
     warnings += dropped_warnings(settings.engine_env()[1], again=True)
-    warm_up = warmup.decide(decision.backend, settings, warm, warmup_tokens)
+    warm_up = warmup.decide(decision.backend, settings, opts.warm, opts.warmup_tokens)
     return ServePlan(settings, decision, info, ctx, warnings, report, ui_dir, ui_note, warm_up)
 
 
@@ -195,17 +191,18 @@ def plan(model: str | Path | None = None, draft: str | Path | None = None, *, mm
 _NO_MMPROJ_FLAGS = ("--no-mmproj", "--no-mmproj-auto")
 
 
-def _local_files(model, draft, mmproj, hf, hfd, no_draft: bool, extra_args: list[str] | None):
-    """(target, draft, mmproj) as local paths: Hub references (``-hf``/``-hfd``, or ``-m``/``-md``
-    given as ``ORG/NAME[:QUANT]``) resolved and downloaded through ``hubref``, before anything else,
-    so that ``check`` reads the files and the engine's start timeout never includes a download."""
-    for label, a, b in (("target", model, hf), ("draft", draft, hfd)):
+def _local_files(opts: ServingOptions):
+    """(target, draft, mmproj) of ``opts`` as local paths: Hub references (``-hf``/``-hfd``, or
+    ``-m``/``-md`` given as ``ORG/NAME[:QUANT]``) resolved and downloaded through ``hubref``, before
+    anything else, so that ``check`` reads the files and the engine's start timeout never includes a
+    download; then why there is no draft, and a warning where the user may have expected one."""
+    for label, a, b in (("target", opts.model, opts.hf), ("draft", opts.draft, opts.hfd)):
         if a and b:
             raise InvalidArgumentError(f"the {label} given twice: {a} and {b} (give one of the two)")
-    model, draft = model or hf, draft or hfd
-    no_mm = any(a.split("=", 1)[0] in _NO_MMPROJ_FLAGS for a in (extra_args or []))
-    pair = hubref.resolve_pair(model, draft, mmproj, find_mmproj=not no_mm, find_draft=not no_draft)
-    return (pair.target, pair.draft, pair.mmproj, *_why_no_draft(pair, no_draft))
+    no_mm = any(a.split("=", 1)[0] in _NO_MMPROJ_FLAGS for a in opts.extra_args)
+    pair = hubref.resolve_pair(opts.model or opts.hf, opts.draft or opts.hfd, opts.mmproj, find_mmproj=not no_mm,
+                               find_draft=not opts.no_draft)
+    return (pair.target, pair.draft, pair.mmproj, *_why_no_draft(pair, opts.no_draft))
 
 
 def _why_no_draft(pair: hubref.LocalPair, no_draft: bool) -> tuple[str, str | None]:
@@ -249,9 +246,10 @@ def _chat_ui(info: eng.EngineInfo, wanted: bool, extra_args: list[str]) -> tuple
 def serving(model: str | Path, draft: str | Path | None = None, **kw) -> Iterator[tuple[ServerProcess, Client]]:
     """Start a checked, hardware-tuned server on a free loopback port; stop it on exit.
 
-    Takes ``plan``'s keywords (validated as the CLI validates them) plus ``log_path`` and
-    ``keep_log`` (see ``ServerProcess``). What the CLI would print as a WARNING (``force=True``
-    serving a pair that FAILED check, an open host without a key) is logged as a warning.
+    Takes the ``ServingOptions`` fields as keywords (validated as the CLI validates them; ``port``
+    0 unless given), ``plan``'s ``devices``, and ``log_path`` and ``keep_log`` (see
+    ``ServerProcess``). What the CLI would print as a WARNING (``force=True`` serving a pair that
+    FAILED check, an open host without a key) is logged as a warning.
 
     Yields:
         (ServerProcess, Client); the server dies with this process however it ends.
@@ -259,7 +257,8 @@ def serving(model: str | Path, draft: str | Path | None = None, **kw) -> Iterato
     kw.setdefault("port", 0)
     log_path = kw.pop("log_path", None)
     keep_log = kw.pop("keep_log", None)
-    p = plan(model, draft, **kw)
+    devices = kw.pop("devices", None)
+    p = plan(ServingOptions(model=model, draft=draft, **kw), devices=devices)
     for w in p.warnings:
         log.warning("%s", w)
     srv = ServerProcess(p.settings, log_path=log_path, keep_log=keep_log)

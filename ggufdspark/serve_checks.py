@@ -1,10 +1,85 @@
-"""Checks ``serve`` makes of what it is given before planning: engine arguments after ``--`` that
+"""What a verb that starts llama-server is given: the options record (``ServingOptions``), built
+once by the command line (``cli/serve``, ``cli/bench``, ``cli/tune``) or a script and passed down to
+every layer, and the checks ``serve`` makes of it before planning: engine arguments after ``--`` that
 serve sets itself, and a load cut longer than the draft (which part of a tune profile applies is
-``launch.decide``'s to say). Part of ``ggufdspark.serve`` (which re-exports them)."""
+``launch.decide``'s to say). Part of ``ggufdspark.serve`` (which re-exports the checks)."""
 
 from __future__ import annotations
 
-from ggufdspark.errors import InvalidArgumentError
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggufdspark.errors import BenchOptionError, InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """The options of the llama-server a verb starts, as given. ``launch.decide`` turns them (with
+    the devices, the engine build and a tune profile) into the decision, and ``launch`` into the
+    command line; ``serve.plan`` takes them whole, and so do ``bench``, ``bench --load``,
+    ``bench --sampling-check``, ``tune`` and ``tune --load`` (through ``measure.prepare`` and
+    ``measure.base_settings``), so every verb reads the same names the same way.
+
+    The pair: ``model`` (the target), ``draft``, ``mmproj``: GGUF files (``serve`` also takes Hub
+    references ``ORG/NAME[:QUANT]`` there, or as ``hf`` / ``hfd``, llama-server's spellings).
+    The engine: ``server`` (None: the one ``build-engine`` made). The draft: ``draft_n_max`` (None:
+    the tune profile's, else the hardware table's), ``draft_n_max_by_slots`` (the load cut as given:
+    ``N:L,...`` or ``off``; None: the backend's), ``no_draft``, ``use_profile`` (False: a tune
+    profile is ignored), ``force`` (serve a pair that fails ``check``). The server: ``ctx_size`` (the
+    whole ``-c``) or ``ctx_per_slot``, ``parallel`` slots, ``threads``, ``extra_args`` (more
+    llama-server arguments: ``serve``'s after ``--``, ``bench``'s and ``tune``'s ``--server-arg``),
+    ``host``, ``port``, ``api_key``; ``serve``'s own: ``ui`` (the chat page), ``warm`` and
+    ``warmup_tokens`` (the warm-up before each ready: ``warmup.decide``).
+    """
+
+    model: str | Path | None = None
+    draft: str | Path | None = None
+    mmproj: str | Path | None = None
+    hf: str | None = None
+    hfd: str | None = None
+    server: str | Path | None = None
+    draft_n_max: int | None = None
+    draft_n_max_by_slots: str | None = None
+    no_draft: bool = False
+    use_profile: bool = True
+    force: bool = False
+    ctx_size: int | None = None
+    ctx_per_slot: int | None = None
+    parallel: int | None = 1
+    threads: int | None = None
+    extra_args: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    ui: bool = True
+    warm: bool | None = None
+    warmup_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_args, str):
+            raise InvalidArgumentError(f"extra_args {self.extra_args!r}: expected a list of arguments, not one string")
+        object.__setattr__(self, "extra_args", tuple(self.extra_args or ()))  # a list given: a tuple, as frozen
+
+    def check_measured(self, verb: str, *also: str) -> None:
+        """Refuse what no measured server takes: ``serve``'s own options (``SERVE_ONLY``: every arm
+        listens on loopback, its slots come from the levels, drafted or not by the arm), and the
+        fields ``also`` names (``tune`` measures draft lengths itself), when set to anything but
+        their default.
+
+        Raises:
+            BenchOptionError: the first such field, its value (not an API key's) and the verb.
+        """
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if (f.name in SERVE_ONLY or f.name in also) and value != f.default:
+                shown = "<api-key>" if f.name == "api_key" else repr(value)  # a key is never printed
+                raise BenchOptionError(f"{verb}: {f.name}={shown} is not an option of a measured server")
+
+
+# ServingOptions fields that only ``serve`` takes (ServingOptions.check_measured)
+SERVE_ONLY = ("hf", "hfd", "no_draft", "force", "ctx_size", "parallel", "host", "port", "api_key", "ui", "warm",
+              "warmup_tokens")
 
 
 # llama-server flags that serve sets itself, by the serve option that owns them (spellings from the
@@ -61,8 +136,6 @@ def check_server_args(server_args: list[str]) -> None:
     Raises:
         BenchOptionError: the first such value, and why.
     """
-    from ggufdspark.errors import BenchOptionError
-
     for a in server_args:
         flag = a.split("=", 1)[0]
         if flag in UNSUPPORTED_ENGINE_FLAGS:

@@ -14,6 +14,7 @@ import pytest
 from ggufdspark.errors import BenchError, InputNotFoundError, LosslessGateError
 from ggufdspark.measuring import bench as bn
 from ggufdspark.measuring import prompts as pr
+from ggufdspark.serve_checks import ServingOptions
 
 # These runs prove the mechanics, not speed: one tiny request's decode time moves by 20% from run
 # to run on a shared 2-core machine, so the plain-drift refusal (exit 5, test_bench_inputs.py)
@@ -218,8 +219,9 @@ def test_image_prompts_with_the_mmproj(isolated, tmp_path):
     r = convert_target(vl, output=tmp_path)
     draft = convert_drafter(synth.make_drafter(tmp_path / "tiny-lfm2-vl-DSpark", vl), r.path,
                             output=tmp_path / "dspark-tiny-lfm2-vl-F16.gguf").path
-    rep = bn.run_bench(r.path, draft, mmproj=r.mmproj.path, categories=["chart_vqa", "multi_turn"], limit=1,
-                       n_predict=12, concurrency=[1, 2], log_dir=tmp_path / "logs")
+    rep = bn.run_bench(ServingOptions(model=r.path, draft=draft, mmproj=r.mmproj.path),
+                       categories=["chart_vqa", "multi_turn"], limit=1, n_predict=12, concurrency=[1, 2],
+                       log_dir=tmp_path / "logs")
     assert rep.settings["images"] and "pictures drawn" in rep.settings["prompts"]
     assert (tmp_path / "logs" / "images" / "chart-01.png").is_file()
     assert [r["prompt_tokens"] for r in rep.requests] == [None] * 4  # image prompts are sent whole
@@ -233,8 +235,9 @@ def test_image_prompts_with_the_mmproj(isolated, tmp_path):
 
 
 def test_informational_reference_never_fails(small_pair, isolated, tmp_path):
-    rep = bn.run_bench(small_pair.target, small_pair.draft, categories=["complex_reasoning"], limit=1, n_predict=8,
-                       concurrency=[1], reference_hf=small_pair.target_dir, log_dir=tmp_path / "logs")
+    rep = bn.run_bench(ServingOptions(model=small_pair.target, draft=small_pair.draft),
+                       categories=["complex_reasoning"], limit=1, n_predict=8, concurrency=[1],
+                       reference_hf=small_pair.target_dir, log_dir=tmp_path / "logs")
     ref = rep.reference
     assert ref is not None and ref["runtime"].startswith("transformers")
     assert ref["exact"] + ref["differs"] == len(rep.requests) == 1

@@ -6,17 +6,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from ggufdspark.errors import PlainDriftError
+from ggufdspark.errors import BenchOptionError, PlainDriftError
 from ggufdspark.measuring import bench as bn
 from ggufdspark.measuring import prompts as pr
 from ggufdspark.measuring import report as rp
 from ggufdspark.measuring.measure import log_directory
+from ggufdspark.serve_checks import ServingOptions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -187,8 +189,10 @@ def measured_arms(small_pair, dspark_engine, tmp_path_factory):
     """One real plain / speculative / plain run of the small pair (one item, one request at a time)."""
     from ggufdspark.measuring.measure import arm_settings, base_settings, prepare
 
-    info, _, decision, _ = prepare(small_pair.target, small_pair.draft, server=dspark_engine.path)
-    base = base_settings(info, small_pair.target, decision=decision, parallel=1, ctx_per_slot=1024)
+    opts = ServingOptions(model=small_pair.target, draft=small_pair.draft, server=dspark_engine.path)
+    info, _, decision, _ = prepare(opts)
+    base = base_settings(info, ServingOptions(model=small_pair.target, ctx_per_slot=1024), decision=decision,
+                         parallel=1)
     items = pr.select(pr.builtin_prompts(), categories=["general_vqa"], limit=1)
     return bn.measure_arms(arm_settings(base, None), arm_settings(base, small_pair.draft, n_max=3), items,
                            n_predict=16, levels=[1], logs=tmp_path_factory.mktemp("arms"), gate="run")
@@ -269,3 +273,31 @@ def test_too_noisy_a_run_exits_5_with_the_report(bench_cli, tmp_path):
     assert rep["headline_refused"] is True and rep["plain_drift"] > 0
     assert rep["overall"]["decode_speedup"] is None and rep["gate"]["status"] == "pass"
     assert (tmp_path / "bench.svg").read_text().lstrip().startswith("<?xml")
+
+
+# ----------------------------------------------------------------------------- one options record
+
+
+def test_every_measuring_verb_refuses_serves_own_options_by_name_first(tmp_path):
+    """bench, bench --load, bench --sampling-check, tune and tune --load take the ServingOptions that
+    serve takes; what only serve does (a port, an API key, no draft, a whole -c, slots of its own, a
+    Hub repo) is refused by name before anything is read (the files here do not exist), and so are
+    the draft length and load cut that tune measures itself."""
+    from ggufdspark.measuring import loadplan, samplingbench, tune, tuneload
+
+    missing = ServingOptions(model=tmp_path / "no-target.gguf", draft=tmp_path / "no-draft.gguf")
+    runs = {"bench": bn.run_bench, "bench --load": loadplan.plan_load,
+            "bench --sampling-check": samplingbench.run_sampling_check, "tune": tune.run_tune,
+            "tune --load": tuneload.run_tune_load}
+    for field, value in (("port", 9000), ("api_key", "secret"), ("no_draft", True), ("ctx_size", 8192),
+                         ("parallel", 4), ("hf", "org/name:Q8_0")):
+        for verb, run in runs.items():
+            with pytest.raises(BenchOptionError, match=rf"^{re.escape(verb)}: {field}="):
+                run(dataclasses.replace(missing, **{field: value}))
+    with pytest.raises(BenchOptionError) as e:
+        bn.run_bench(dataclasses.replace(missing, api_key="secret"))
+    assert "secret" not in str(e.value)  # a key is named, never printed
+    for verb in ("tune", "tune --load"):
+        for field, value in (("draft_n_max", 3), ("draft_n_max_by_slots", "2:3")):
+            with pytest.raises(BenchOptionError, match=rf"^{re.escape(verb)}: {field}="):
+                runs[verb](dataclasses.replace(missing, **{field: value}))

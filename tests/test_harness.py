@@ -81,14 +81,15 @@ def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, 
     from benchmarks import harness
     from ggufdspark import launch
     from ggufdspark.devices import Device, DeviceReport
-    from ggufdspark.serve import plan
+    from ggufdspark.serve import ServingOptions, plan
 
     rates = [0.8, 0.6, 0.4, 0.3, 0.2, 0.1, 0.1, 0.1, 0.1]
     h200 = DeviceReport(devices=[Device("CUDA0", "NVIDIA H200", "gpu", 140 << 30, 141 << 30)], backend="cuda",
                         source="bindings")
     base = harness.base_settings(None, small_pair.target, gpu=True, parallel=32)
     s = harness.serve_drafted(base, small_pair.draft, gpu=True, rates=rates)
-    served = plan(small_pair.target, small_pair.draft, parallel=32, devices=h200, ui=False).settings
+    served = plan(ServingOptions(model=small_pair.target, draft=small_pair.draft, parallel=32, ui=False),
+                  devices=h200).settings
     # the table's 7, cut to what the small pair's drafter makes a step (its block), as serve cuts it
     n = launch.draft_block(small_pair.draft)[1]
     assert n < 7 and (s.draft_n_max, s.draft_n_max_by_slots) == (served.draft_n_max, served.draft_n_max_by_slots) \

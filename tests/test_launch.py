@@ -19,7 +19,7 @@ from ggufdspark.engine.probe import DRAFT_PAUSE_HELP
 from ggufdspark.errors import ContextSizeError, InvalidArgumentError
 from ggufdspark.measuring import bench
 from ggufdspark.measuring import measure as ms
-from ggufdspark.serve import plan, serving
+from ggufdspark.serve import ServingOptions, plan, serving
 
 # what differs between a bench arm and serve's server by design: where it listens and logs, the
 # chat page, and the synthetic-acceptance flags only measurements add
@@ -77,10 +77,10 @@ def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isol
     engine's 0021) and the drafter's n_ubatch (--spec-draft-ubatch 2048, its 0037); --draft-n-max drops
     the cut in both and keeps the n_ubatch."""
     for extra, cut in (({}, "16:3"), ({"draft_n_max": 4}, None)):
-        p = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, **extra)
-        info, _devices, decision, _limits = ms.prepare(small_pair.target, small_pair.draft, concurrency=[1, 8, 32],
-                                                       devices=H200, **extra)
-        plain, spec = bench.bench_arms(info, decision, small_pair.target, small_pair.draft, parallel=32)
+        opts = ServingOptions(model=small_pair.target, draft=small_pair.draft, **extra)
+        p = plan(replace(opts, parallel=32, ui=False), devices=H200)
+        info, _devices, decision, _limits = ms.prepare(opts, concurrency=[1, 8, 32], devices=H200)
+        plain, spec = bench.bench_arms(info, decision, opts, parallel=32)
         argv = p.to_dict()["argv"]  # what serve --dry-run --json prints
         assert engine_args(spec.args()) == engine_args(argv), (spec.args(), argv)
         assert _value(argv, "--spec-draft-n-max-by-slots") == cut
@@ -88,7 +88,7 @@ def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isol
         # the table's 7, cut to what the small pair's drafter makes a step (its block: 6)
         assert _value(argv, "--spec-draft-n-max") == str(extra.get("draft_n_max", launch.draft_block(small_pair.draft)[1]))
         assert {"-ngl", "-ngld", "-fa"} <= set(argv) and _value(argv, "-c") == str(32 * launch.CTX_PER_SLOT)
-        alone = plan(small_pair.target, small_pair.draft, parallel=32, devices=H200, ui=False, no_draft=True)
+        alone = plan(replace(opts, parallel=32, ui=False, no_draft=True), devices=H200)
         assert engine_args(plain.args()) == engine_args(alone.settings.args())
         assert "-md" not in plain.args() and "-ngld" not in plain.args() and "-ngl" in plain.args()
         assert "--spec-draft-ubatch" not in plain.args()
@@ -97,7 +97,7 @@ def test_bench_drafted_arm_is_serves_server_for_a_cuda_decision(small_pair, isol
         assert p.to_dict()["decision"]["token_table_device"] == "CUDA0"
         assert shlex.join(p.settings.redacted()).endswith(r"-ot 'token_embd\.weight=CUDA0'")
     # tune's drafted arms: each length as 'serve --draft-n-max N' runs it (no cut), the plain one serve's without draft
-    base = ms.base_settings(info, small_pair.target, decision=decision, parallel=32, draft=small_pair.draft)
+    base = ms.base_settings(info, opts, decision=decision, parallel=32)
     assert ms.arm_settings(base, small_pair.draft, n_max=7).draft_n_max_by_slots is None
 
 
@@ -363,8 +363,9 @@ def test_a_table_length_beyond_the_drafters_block_is_cut_to_it(small_pair, dspar
     assert d.draft_n_max == n and any(f"draft length {n} instead of 7" in r for r in d.reasons), d.reasons
     assert launch.decide(H200, dspark_engine, draft_max=n, draft_n_max=7).draft_n_max == 7
     assert launch.decide(H200, dspark_engine, draft_max=9).draft_n_max == 7
-    p = plan(small_pair.target, small_pair.draft, server=dspark_engine.path, devices=H200, use_profile=False)
+    p = plan(ServingOptions(model=small_pair.target, draft=small_pair.draft, server=dspark_engine.path,
+                            use_profile=False), devices=H200)
     assert p.decision.draft_n_max == n and f"--spec-draft-n-max {n}" in " ".join(p.settings.args()), p.settings.args()
-    _, _, decision, limits = ms.prepare(small_pair.target, small_pair.draft, server=dspark_engine.path,
-                                        concurrency=[1], devices=H200)
+    _, _, decision, limits = ms.prepare(ServingOptions(model=small_pair.target, draft=small_pair.draft,
+                                                       server=dspark_engine.path), concurrency=[1], devices=H200)
     assert decision.draft_n_max == limits.max_n == n, (decision.draft_n_max, limits)

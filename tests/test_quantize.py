@@ -227,13 +227,13 @@ def test_quantized_target_is_lossless_with_the_draft(isolated, quant_pair, small
 
 
 def test_serve_adds_no_repack_only_for_quantized_files_on_amx(isolated, quant_pair, small_pair):
-    from ggufdspark.serve import plan
+    from ggufdspark.serve import ServingOptions, plan
 
     amx = hardware.cpu_has_amx()
     for target, draft, quantized in ((small_pair.target, small_pair.draft, False),
                                      (quant_pair["target-Q4_K_M"], small_pair.draft, True),
                                      (small_pair.target, quant_pair["draft-Q8_0"], True)):
-        args = plan(target, draft).settings.args()
+        args = plan(ServingOptions(model=target, draft=draft)).settings.args()
         assert ("--no-repack" in args) == (quantized and amx), (target.name, draft.name)
 
 

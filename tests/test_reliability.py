@@ -684,13 +684,13 @@ def test_a_damaged_tune_profile_is_ignored(ggufdspark_cli, small_pair, isolated,
     from ggufdspark import hardware
     from ggufdspark.measuring import profiles
     from ggufdspark.engine import find_engine
-    from ggufdspark.serve import plan
+    from ggufdspark.serve import ServingOptions, plan
 
     path = profiles.profile_path(hardware.detect(find_engine()), small_pair.target, small_pair.draft)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content.encode("latin-1"))
     caplog.set_level(logging.WARNING)
-    p = plan(small_pair.target, small_pair.draft)
+    p = plan(ServingOptions(model=small_pair.target, draft=small_pair.draft))
     assert p.decision.draft_n_max == 3 and p.decision.draft_enabled  # the table default
     assert any(str(path) in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
     cli = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",

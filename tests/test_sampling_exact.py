@@ -16,6 +16,7 @@ import pytest
 from ggufdspark.measuring.sampling_check import (END, OTHER, check_samples, chi2_sf, gamma_q, homogeneity, pool, spread,
                                                  compare_position)
 from ggufdspark.measuring.samplingbench import run_sampling_check, sample_arm
+from ggufdspark.serve_checks import ServingOptions
 
 # --------------------------------------------------------------------------- the statistics
 
@@ -127,8 +128,9 @@ def _shift(seqs: list[list[int]], position: int, fraction: float, rng: random.Ra
 
 def test_speculative_sampling_keeps_the_distribution(small_pair, isolated, start_server, tmp_path):
     t0 = time.monotonic()
-    rep = run_sampling_check(small_pair.target, small_pair.draft, prompt=PROMPT, samples=SAMPLES, n_predict=N_PREDICT,
-                             temperature=TEMPERATURE, top_k=TOP_K, alpha=0.01, clients=4, log_dir=tmp_path / "logs")
+    rep = run_sampling_check(ServingOptions(model=small_pair.target, draft=small_pair.draft), prompt=PROMPT,
+                             samples=SAMPLES, n_predict=N_PREDICT, temperature=TEMPERATURE, top_k=TOP_K, alpha=0.01,
+                             clients=4, log_dir=tmp_path / "logs")
     plain, drafted = rep.arms["plain"].tokens, rep.arms["drafted"].tokens
     d = rep.arms["drafted"]
     print(f"\n{rep.text()}\n  drafted {d.draft_n}, accepted {d.draft_n_accepted}")

@@ -13,6 +13,7 @@ import json
 from ggufdspark import hardware, launch
 from ggufdspark.engine import find_engine
 from ggufdspark.measuring import measure, profiles
+from ggufdspark.serve_checks import ServingOptions
 
 
 def _save_profile(pair, **rec) -> str:
@@ -51,9 +52,11 @@ def test_the_decision_carries_the_profiles_p_min_or_says_why_not(small_pair, iso
     """``launch.decide`` alone: the profile's p_min with its length, dropped (a warning) with
     another ``--draft-n-max``, absent without the draft; bench's and tune's bases carry it."""
     path = _save_profile(small_pair, draft_n_max=2, p_min=0.25)
-    info, devices, decision, _ = measure.prepare(small_pair.target, small_pair.draft, concurrency=[1])
+    info, devices, decision, _ = measure.prepare(ServingOptions(model=small_pair.target, draft=small_pair.draft),
+                                                 concurrency=[1])
     assert decision.draft_p_min == 0.25 and any(path in r and "p_min 0.25" in r for r in decision.reasons)
-    base = measure.base_settings(info, small_pair.target, decision=decision, draft=small_pair.draft)
+    base = measure.base_settings(info, ServingOptions(model=small_pair.target, draft=small_pair.draft),
+                                 decision=decision)
     assert base.draft_p_min == 0.25 and measure.arm_settings(base, small_pair.draft).draft_p_min == 0.25
     assert measure.arm_settings(base, small_pair.draft, p_min=0.0).draft_p_min == 0.0  # bench --p-min 0
     assert measure.arm_settings(base, None).draft_p_min is None

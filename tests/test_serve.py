@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ggufdspark.check import check_pair
-from ggufdspark.serve import plan, serving
+from ggufdspark.serve import ServingOptions, plan, serving
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -213,7 +213,8 @@ def test_the_users_llama_arg_environment_adds_no_draft_nor_model(small_pair, dsp
     kept = dataclasses.replace(srv.settings, env={"LLAMA_ARG_SPEC_TYPE": "none"}).engine_env()
     assert kept[0]["LLAMA_ARG_SPEC_TYPE"] == "none" and "LLAMA_ARG_SPEC_TYPE" not in kept[1], kept[1]
     # the plan says so before anything starts (serve --dry-run --json: its warnings)
-    dry = plan(small_pair.target, small_pair.draft, no_draft=True, server=dspark_engine.path)
+    dry = plan(ServingOptions(model=small_pair.target, draft=small_pair.draft, no_draft=True,
+                              server=dspark_engine.path))
     assert [w.split()[0] for w in dry.warnings if "in the environment is ignored" in w] == dropped, dry.warnings
     port = _free_port()
     p, lines = _start_serve("-m", str(small_pair.target), "-md", str(small_pair.draft), "--no-draft",
@@ -544,7 +545,7 @@ def test_serve_port_in_use(ggufdspark_cli, small_pair):
 
 
 def test_serve_port_zero_picks_a_free_port(small_pair, dspark_engine):
-    p = plan(small_pair.target, small_pair.draft, port=0)
+    p = plan(ServingOptions(model=small_pair.target, draft=small_pair.draft, port=0))
     assert p.settings.port == 0
     with serving(small_pair.target, small_pair.draft) as (srv, client):
         assert srv.settings.port > 0
@@ -724,16 +725,16 @@ def test_serve_warms_up_by_default_on_cuda_only(small_pair, dspark_engine, ggufd
 
     t, d = str(small_pair.target), str(small_pair.draft)
     cuda, cpu = DeviceReport(backend="cuda", source="none"), DeviceReport(backend="cpu", source="none")
-    w = plan(t, d, devices=cuda).warmup
+    w = plan(ServingOptions(model=t, draft=d), devices=cuda).warmup
     assert (w.on, w.prompt_tokens) == (True, 2048) and w.why.startswith("default for cuda"), w
-    assert plan(t, d, devices=cuda, warmup_tokens=300).warmup.prompt_tokens == 300
-    assert plan(t, d, devices=cuda, warm=False).warmup.on is False
-    assert plan(t, d, devices=cuda, extra_args=["--no-warmup"]).warmup.on is False
-    assert plan(t, d, devices=cuda, no_draft=True).warmup.on is False
-    w = plan(t, d, devices=cpu).warmup
+    assert plan(ServingOptions(model=t, draft=d, warmup_tokens=300), devices=cuda).warmup.prompt_tokens == 300
+    assert plan(ServingOptions(model=t, draft=d, warm=False), devices=cuda).warmup.on is False
+    assert plan(ServingOptions(model=t, draft=d, extra_args=["--no-warmup"]), devices=cuda).warmup.on is False
+    assert plan(ServingOptions(model=t, draft=d, no_draft=True), devices=cuda).warmup.on is False
+    w = plan(ServingOptions(model=t, draft=d), devices=cpu).warmup
     assert (w.on, w.prompt_tokens) == (False, 0) and w.why.startswith("default for cpu"), w
     # a backend nothing measured says so, and is off like the CPU
-    w = plan(t, d, devices=DeviceReport(backend="metal", source="none")).warmup
+    w = plan(ServingOptions(model=t, draft=d), devices=DeviceReport(backend="metal", source="none")).warmup
     assert (w.on, w.prompt_tokens) == (False, 0) and w.why == "default for metal: not measured there; --warmup " \
         "turns it on", w
     p = ggufdspark_cli("serve", "-m", t, "-md", d, "--dry-run", "--json", "--warmup", "--warmup-tokens", "64")

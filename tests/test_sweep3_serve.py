@@ -332,10 +332,10 @@ def test_crashes_count_toward_the_limit_only_within_the_restart_window(small_pai
 
 
 def _plan(pair, dspark_engine, **kw):
-    from ggufdspark.serve import plan
+    from ggufdspark.serve import ServingOptions, plan
 
-    return plan(pair.target, pair.draft, port=0, server=dspark_engine.path, draft_n_max=3, ui=False,
-                use_profile=False, **kw)
+    return plan(ServingOptions(model=pair.target, draft=pair.draft, port=0, server=dspark_engine.path, draft_n_max=3,
+                               ui=False, use_profile=False, **kw))
 
 
 @pytest.mark.parametrize("max_restarts", [5, 1])

@@ -17,6 +17,7 @@ from ggufdspark.measuring import bench as bn
 from ggufdspark.measuring import tune
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import ServerSettings
+from ggufdspark.serve_checks import ServingOptions
 
 
 def test_published_profile_is_the_documented_derivation():
@@ -100,9 +101,10 @@ def test_tune_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, isola
 
 def test_tune_refuses_bad_inputs(small_pair, isolated, tmp_path):
     with pytest.raises(BenchError, match="draft length 7 is outside 1..6"):
-        tune.run_tune(small_pair.target, small_pair.draft, acceptance="published", draft_lengths=[7], save=False)
+        tune.run_tune(ServingOptions(model=small_pair.target, draft=small_pair.draft), acceptance="published",
+                      draft_lengths=[7], save=False)
     with pytest.raises(BenchError, match="unknown acceptance profile 'fast'"):
-        tune.run_tune(small_pair.target, small_pair.draft, acceptance="fast", save=False)
+        tune.run_tune(ServingOptions(model=small_pair.target, draft=small_pair.draft), acceptance="fast", save=False)
     syn = tmp_path / "syn.json"
     syn.write_text(json.dumps({"synthetic": "synthetic acceptance, mean length 3", "acceptance": {"rates": [0.5]}}))
     with pytest.raises(BenchError, match="synthetic acceptance"):
@@ -153,8 +155,8 @@ def test_engine_dying_under_load_counts_as_not_paying(small_pair, isolated, dspa
             os.kill(pid, signal.SIGKILL)
             kills.append(pid)
 
-    res = tune.run_tune(small_pair.target, small_pair.draft, acceptance="published", draft_lengths=[2],
-                        concurrency=[1, 2], n_predict=16, requests=1, save=False, progress=progress,
+    res = tune.run_tune(ServingOptions(model=small_pair.target, draft=small_pair.draft), acceptance="published",
+                        draft_lengths=[2], concurrency=[1, 2], n_predict=16, requests=1, save=False, progress=progress,
                         min_gain=0.0)
     assert len(kills) == 1 and kills[0] != decoy.proc.pid
     failures = res.settings["engine_failures"]

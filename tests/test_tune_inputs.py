@@ -10,6 +10,7 @@ import pytest
 
 from ggufdspark.errors import BenchError
 from ggufdspark.measuring import tune
+from ggufdspark.serve_checks import ServingOptions
 
 
 def _tune_dirs() -> set[Path]:
@@ -43,16 +44,18 @@ def test_range_message_names_the_limit_that_applies(small_pair, isolated, tmp_pa
     f.write_text(json.dumps({"acceptance": {"rates": [0.8, 0.6, 0.4, 0.2], "passes": 10}}))
     with pytest.raises(BenchError, match=r"draft length 5 is outside 1\.\.4 \(the acceptance profile "
                                          r"'bench:bench\.json' has rates for 4 positions\)"):
-        tune.run_tune(small_pair.target, small_pair.draft, from_bench=f, draft_lengths=[5], save=False)
+        tune.run_tune(ServingOptions(model=small_pair.target, draft=small_pair.draft), from_bench=f, draft_lengths=[5],
+                      save=False)
     with pytest.raises(BenchError, match=r"draft length 7 is outside 1\.\.6 \(what this draft can draft\)"):
-        tune.run_tune(small_pair.target, small_pair.draft, acceptance="published", draft_lengths=[7], save=False)
+        tune.run_tune(ServingOptions(model=small_pair.target, draft=small_pair.draft), acceptance="published",
+                      draft_lengths=[7], save=False)
 
 
 def test_a_run_refused_before_measuring_leaves_no_temporary_directory(small_pair, isolated):
     before = _tune_dirs()
     for kw in ({"acceptance": "published", "draft_lengths": [7]}, {"acceptance": "fast"}):
         with pytest.raises(BenchError):
-            tune.run_tune(small_pair.target, small_pair.draft, save=False, **kw)
+            tune.run_tune(ServingOptions(model=small_pair.target, draft=small_pair.draft), save=False, **kw)
     assert _tune_dirs() == before
 
 
@@ -61,7 +64,7 @@ def test_a_run_that_fails_in_the_engine_drops_its_empty_log_directory(small_pair
     # run made holds that engine's log, so it stays (and the error names it); none is left empty
     before = _tune_dirs()
     with pytest.raises(Exception):
-        tune.run_tune(small_pair.target, small_pair.draft, acceptance="published", draft_lengths=[1],
-                      concurrency=[1], server_args=["--no-such-flag"], save=False)
+        tune.run_tune(ServingOptions(model=small_pair.target, draft=small_pair.draft, extra_args=["--no-such-flag"]),
+                      acceptance="published", draft_lengths=[1], concurrency=[1], save=False)
     for d in _tune_dirs() - before:
         assert any(d.iterdir()), f"{d}: an empty log directory was left behind"

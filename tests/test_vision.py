@@ -20,7 +20,7 @@ from ggufdspark.convert.target import convert_target
 from ggufdspark.errors import OutputExistsError, PairMismatchError, UnsupportedModelError
 from ggufdspark.gguffile.reader import read_gguf
 from ggufdspark.runners.server import ServerSettings
-from ggufdspark.serve import plan
+from ggufdspark.serve import ServingOptions, plan
 from ggufdspark import images
 from ggufdspark.runners.client import image_data_uri
 from ggufdspark.synthetic import synth, synth_vl
@@ -252,7 +252,7 @@ def test_check_refuses_mmproj_of_another_model(ggufdspark_cli, vl, other_mmproj)
 
 def _start_planned(start_server, model, draft=None, mmproj=None, **kw):
     """Start a server with the settings ``serve`` would choose (check included), via the fixture."""
-    p = plan(model, draft, mmproj=mmproj, port=0, use_profile=False, **kw)
+    p = plan(ServingOptions(model=model, draft=draft, mmproj=mmproj, port=0, use_profile=False, **kw))
     s = p.settings
     return start_server(**{f.name: getattr(s, f.name) for f in fields(ServerSettings) if f.name != "server"})
 

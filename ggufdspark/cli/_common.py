@@ -9,10 +9,11 @@ import os
 import sys
 import time
 import weakref
-from typing import Any
+from typing import Any, Iterable
 
 import click
 
+from ggufdspark.serve_checks import ServingOptions
 
 _OPEN: "weakref.WeakSet[ProgressLine]" = weakref.WeakSet()
 
@@ -208,6 +209,23 @@ def from_hub(target, draft=None, mmproj=None, *, find_mmproj: bool = False, find
         return target, draft, mmproj
     p = hubref.resolve_pair(target, draft, mmproj, find_mmproj=find_mmproj, find_draft=find_draft)
     return p.target, p.draft, p.mmproj
+
+
+# click parameters whose ServingOptions field is spelled otherwise (the rest share their names)
+SERVING_FIELDS = {"draft_cut": "draft_n_max_by_slots", "extra": "extra_args", "server_args": "extra_args",
+                  "warmup": "warm"}
+
+
+def serving_options(params: dict, names: Iterable[str], *, hub: bool = False, **fixed: Any) -> ServingOptions:
+    """A verb's serving options as one record, built once: each click parameter in ``names`` taken
+    out of ``params`` (``SERVING_FIELDS`` names the fields spelled otherwise), then ``fixed``. With
+    ``hub``, TARGET, DRAFT and --mmproj given as Hub references are downloaded first (``from_hub``;
+    ``serve`` resolves its own in ``serve.plan``)."""
+    values = {SERVING_FIELDS.get(n, n): params.pop(n) for n in names}
+    if hub:
+        values["model"], values["draft"], values["mmproj"] = from_hub(values.get("model"), values.get("draft"),
+                                                                       values.get("mmproj"))
+    return ServingOptions(**values, **fixed)
 
 
 def hub_file(value: str) -> str:

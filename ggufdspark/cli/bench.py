@@ -7,14 +7,15 @@ import sys
 import click
 
 from ggufdspark import launch
-from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, given_options,
-                                    mmproj_option, number_list, target_option)
+from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, given_options, mmproj_option,
+                                    number_list, serving_options, target_option)
 from ggufdspark.errors import InvalidArgumentError
 from ggufdspark.measuring import bench as bench_lib
-from ggufdspark.measuring import loadbench
+from ggufdspark.measuring import loadbench, loadplan
 from ggufdspark.measuring import samplingbench as sb
 from ggufdspark.measuring import traffic as tr
 from ggufdspark.redaction import redacted_command
+from ggufdspark.serve_checks import ServingOptions
 
 
 @click.command(name="bench")
@@ -101,11 +102,7 @@ from ggufdspark.redaction import redacted_command
 @click.option("--max-plain-drift", type=float, default=bench_lib.MAX_PLAIN_DRIFT, show_default=True,
               help="How far apart the two plain runs may be (0.25: one 25% faster) before no speedup is given "
                    "(exit code 5).")
-def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n_max, draft_cut, p_min, concurrency,
-            synthetic_len, synthetic_rates, gate, near_tie_gap, reference_hf, server, threads, ctx_per_slot,
-            server_args, log_dir, load, clients, rate, answer_tokens, requests_per_client, requests, sequential, seed, rounds,
-            conversations, image_share, noise_floor, as_json,
-            force, plot, max_plain_drift, sampling_check, samples, temperature, top_k, alpha, sampling_prompt):
+def command(**params):
     """Measure decoding with and without the draft on this machine, and check the output is lossless.
 
     With --load: serving under realistic traffic instead (closed-loop clients or Poisson arrivals,
@@ -113,60 +110,75 @@ def command(model, draft, mmproj, prompts, categories, limit, n_predict, draft_n
 
     TARGET, DRAFT and --mmproj may be Hub references ORG/NAME[:QUANT] (downloaded first)."""
     ctx = click.get_current_context()
-    model, draft, mmproj = from_hub(model, draft, mmproj)
+    opts = serving_options(params, BENCH_OPTIONS, hub=True)
+    as_json = params["as_json"]
     json_file = as_json if as_json not in (None, "-") else None
-    sampling_opts = ("samples", "temperature", "top_k", "alpha", "sampling_prompt")
-    if sampling_check:
-        _sampling_check(ctx, model, draft, json_file, as_json, force)
+    if params["sampling_check"]:
+        _sampling_check(ctx, opts, params, json_file)
         return
-    load_temperature = given_options(ctx, ("temperature",)) if load else []
-    given = [o for o in given_options(ctx, sampling_opts) if o not in load_temperature]
+    load_temperature = given_options(ctx, ("temperature",)) if params["load"] else []
+    given = [o for o in given_options(ctx, SAMPLING_OPTIONS) if o not in load_temperature]
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --sampling-check")
-    if load:
-        given = given_options(ctx, ("prompts", "categories", "limit", "concurrency", "reference_hf", "plot",
-                                    "gate", "near_tie_gap", "max_plain_drift"))
-        given += ["--n-predict (use --answer-tokens)"] if given_options(ctx, ("n_predict",)) else []
-        if given:
-            raise InvalidArgumentError(f"bench --load: {given[0]} belongs to the one-request benchmark, not to --load")
-        if json_file:
-            loadbench.check_json_path(json_file, model, draft, mmproj, force=force)
-        report = loadbench.run_load(
-            model, draft, clients=clients, rate=rate, answer_tokens=answer_tokens,
-            requests_per_client=requests_per_client, requests=requests, seed=seed, draft_n_max=draft_n_max,
-            draft_cut=draft_cut, interleave=not sequential, temperature=temperature if load_temperature else 0.0,
-            rounds=rounds, noise_floor=noise_floor, conversation=conversations, mmproj=mmproj, image_share=image_share,
-            p_min=p_min, synthetic_len=synthetic_len,
-            synthetic_rates=synthetic_rates, server=server, threads=threads,
-            ctx_per_slot=ctx_per_slot, server_args=list(server_args), log_dir=log_dir,
-            command=redacted_command("ggufdspark", sys.argv[1:]), progress=ProgressLine("bench --load"))
-        _emit(report, json_file, as_json)
-        return
+    if params["load"]:
+        _load(ctx, opts, params, json_file, temperature=params["temperature"] if load_temperature else 0.0)
+    else:
+        _bench(ctx, opts, params, json_file)
+
+
+# bench's options that are the server's (their click names): one ServingOptions, built once
+BENCH_OPTIONS = ("model", "draft", "mmproj", "server", "draft_n_max", "draft_cut", "threads", "ctx_per_slot",
+                 "server_args")
+# the options of --sampling-check alone (--temperature is --load's too)
+SAMPLING_OPTIONS = ("samples", "temperature", "top_k", "alpha", "sampling_prompt")
+
+
+def _bench(ctx: click.Context, opts: ServingOptions, p: dict, json_file: str | None) -> None:
+    """``bench``: refuses --load's options, runs, reports; exit 3 on a gate defect, 5 on a noisy machine."""
     given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed",
                                 "rounds", "noise_floor", "draft_cut", "sequential", "conversations", "image_share"))
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --load")
     if json_file:
-        loadbench.check_json_path(json_file, model, draft, force=force)
+        loadbench.check_json_path(json_file, opts.model, opts.draft, force=p["force"])
     report = bench_lib.run_bench(
-        model, draft, mmproj=mmproj, prompts=prompts, categories=categories, limit=limit, n_predict=n_predict,
-        draft_n_max=draft_n_max, p_min=p_min, concurrency=concurrency, synthetic_len=synthetic_len,
-        synthetic_rates=synthetic_rates, gate=gate, near_tie_gap=near_tie_gap, reference_hf=reference_hf,
-        server=server, threads=threads, ctx_per_slot=ctx_per_slot, server_args=list(server_args),
-        log_dir=log_dir, plot=plot, max_plain_drift=max_plain_drift, progress=ProgressLine("bench"))
-    _emit(report, json_file, as_json)
-    if plot:
-        click.echo(f"plot: {bench_lib.plot_report(report, plot)}", err=True)
+        opts, prompts=p["prompts"], categories=p["categories"], limit=p["limit"], n_predict=p["n_predict"],
+        p_min=p["p_min"], concurrency=p["concurrency"], synthetic_len=p["synthetic_len"],
+        synthetic_rates=p["synthetic_rates"], gate=p["gate"], near_tie_gap=p["near_tie_gap"],
+        reference_hf=p["reference_hf"], log_dir=p["log_dir"], plot=p["plot"], max_plain_drift=p["max_plain_drift"],
+        progress=ProgressLine("bench"))
+    _emit(report, json_file, p["as_json"])
+    if p["plot"]:
+        click.echo(f"plot: {bench_lib.plot_report(report, p['plot'])}", err=True)
     report.raise_for_gate()  # a defect (exit 3) outranks a noisy machine (exit 5)
     report.raise_for_drift()
 
 
-def _sampling_check(ctx: click.Context, model, draft, json_file: str | None, as_json: str | None, force: bool) -> None:
+def _load(ctx: click.Context, opts: ServingOptions, p: dict, json_file: str | None, *, temperature: float) -> None:
+    """``bench --load``: refuses the one-request benchmark's options, runs, reports."""
+    given = given_options(ctx, ("prompts", "categories", "limit", "concurrency", "reference_hf", "plot",
+                                "gate", "near_tie_gap", "max_plain_drift"))
+    given += ["--n-predict (use --answer-tokens)"] if given_options(ctx, ("n_predict",)) else []
+    if given:
+        raise InvalidArgumentError(f"bench --load: {given[0]} belongs to the one-request benchmark, not to --load")
+    if json_file:
+        loadbench.check_json_path(json_file, opts.model, opts.draft, opts.mmproj, force=p["force"])
+    plan = loadplan.plan_load(
+        opts, clients=p["clients"], rate=p["rate"], answer_tokens=p["answer_tokens"],
+        requests_per_client=p["requests_per_client"], requests=p["requests"], seed=p["seed"],
+        interleave=not p["sequential"], temperature=temperature, rounds=p["rounds"], noise_floor=p["noise_floor"],
+        conversation=p["conversations"], image_share=p["image_share"], p_min=p["p_min"],
+        synthetic_len=p["synthetic_len"], synthetic_rates=p["synthetic_rates"])
+    report = loadbench.run_load(plan, log_dir=p["log_dir"], command=redacted_command("ggufdspark", sys.argv[1:]),
+                                progress=ProgressLine("bench --load"))
+    _emit(report, json_file, p["as_json"])
+
+
+def _sampling_check(ctx: click.Context, opts: ServingOptions, p: dict, json_file: str | None) -> None:
     """``bench --sampling-check``: refuses the options of the other modes, runs, reports; exit 3 on a fail."""
-    p = ctx.params
-    own = ("sampling_check", "samples", "temperature", "top_k", "alpha", "sampling_prompt", "model", "draft",
-           "n_predict", "draft_n_max", "clients", "seed", "server", "threads", "server_args", "log_dir", "as_json", "force")
-    given = given_options(ctx, [n for n in p if n not in own])
+    own = ("sampling_check", *SAMPLING_OPTIONS, "model", "draft", "n_predict", "draft_n_max", "clients", "seed",
+           "server", "threads", "server_args", "log_dir", "as_json", "force")
+    given = given_options(ctx, [n for n in ctx.params if n not in own])
     if given:
         raise InvalidArgumentError(f"bench --sampling-check: {given[0]} belongs to another bench mode")
     if p["clients"] and len(p["clients"]) != 1:
@@ -175,13 +187,12 @@ def _sampling_check(ctx: click.Context, model, draft, json_file: str | None, as_
     sb.check_options(samples=p["samples"], n_predict=n_predict, temperature=p["temperature"], top_k=p["top_k"],
                      alpha=p["alpha"])
     if json_file:
-        loadbench.check_json_path(json_file, model, draft, force=force)
+        loadbench.check_json_path(json_file, opts.model, opts.draft, force=p["force"])
     report = sb.run_sampling_check(
-        model, draft, prompt=p["sampling_prompt"], samples=p["samples"], n_predict=n_predict,
-        temperature=p["temperature"], top_k=p["top_k"], alpha=p["alpha"], seed=p["seed"],
-        draft_n_max=p["draft_n_max"], clients=(p["clients"] or [sb.DEFAULT_CLIENTS])[0], server=p["server"],
-        threads=p["threads"], server_args=list(p["server_args"]), log_dir=p["log_dir"])
-    _emit(report, json_file, as_json)
+        opts, prompt=p["sampling_prompt"], samples=p["samples"], n_predict=n_predict, temperature=p["temperature"],
+        top_k=p["top_k"], alpha=p["alpha"], seed=p["seed"], clients=(p["clients"] or [sb.DEFAULT_CLIENTS])[0],
+        log_dir=p["log_dir"])
+    _emit(report, json_file, p["as_json"])
     report.raise_for_status()
 
 

@@ -15,7 +15,8 @@ import click
 from ggufdspark import launch, logfiles
 from ggufdspark import serve as serve_lib
 from ggufdspark import supervise as supervise_lib
-from ggufdspark.cli._common import NumberRange, draft_option, echo_json, echo_warning, finite_json, target_option
+from ggufdspark.cli._common import (NumberRange, draft_option, echo_json, echo_warning, finite_json,
+                                    serving_options, target_option)
 from ggufdspark.errors import GgufdsparkError, InvalidArgumentError
 
 
@@ -83,29 +84,22 @@ from ggufdspark.errors import GgufdsparkError, InvalidArgumentError
 @click.option("--no-ui", is_flag=True, help="Do not serve the chat page (the API only).")
 @click.option("--open", "open_page", is_flag=True, help="Open the chat page in the default browser once the server is up.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, draft_n_max_by_slots,
-            no_draft, force, server,
-            ctx_size, ctx_per_slot, parallel, log_file, start_timeout, max_restarts, restart_window, health_timeout,
-            stats_interval,
-            warmup, warmup_tokens, no_profile, dry_run,
-            as_json, no_ui, open_page,
-            extra):
+def command(**params):
     """Serve TARGET with its DSpark draft. Arguments after -- go to llama-server unchanged.
 
     The chat page (built by 'ggufdspark build-engine' when node and npm are there) is at
     http://HOST:PORT/; its URL is printed once the server is up.
     """
+    opts = serving_options(params, SERVE_OPTIONS, use_profile=not params.pop("no_profile"),
+                           ui=not params.pop("no_ui"))
+    dry_run, as_json, open_page = params["dry_run"], params["as_json"], params["open_page"]
     with _final_event(as_json and not dry_run) as record:
-        if ctx_size is not None and ctx_per_slot is not None:
+        if opts.ctx_size is not None and opts.ctx_per_slot is not None:
             raise click.UsageError("-c/--ctx-size and --ctx-per-slot: give one "
                                    "(-c is the whole context, divided among the slots)")
-        if no_ui and open_page:
+        if not opts.ui and open_page:
             raise click.UsageError("--open and --no-ui: there is no chat page to open without the UI")
-        p = serve_lib.plan(model, draft, mmproj=mmproj, hf=hf, hfd=hfd, host=host, port=port, api_key=api_key,
-                           draft_n_max=draft_n_max, no_draft=no_draft, force=force, server=server,
-                           ctx_size=ctx_size, ctx_per_slot=ctx_per_slot, parallel=parallel, extra_args=list(extra),
-                           use_profile=not no_profile, ui=not no_ui, draft_n_max_by_slots=draft_n_max_by_slots,
-                           warm=warmup, warmup_tokens=warmup_tokens)
+        p = serve_lib.plan(opts)
         keyed = bool(p.settings.api_keys())
         if keyed and p.ui and open_page:
             raise click.UsageError(f"--open with an API key: {KEY_BLOCKS_PAGE}")
@@ -124,6 +118,7 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
         if dry_run:
             echo_json(p.to_dict()) if as_json else click.echo(shlex.join(p.settings.redacted()))
             return
+        log_file = params["log_file"]
         log_path = logfiles.check_log_path(log_file) if log_file else logfiles.new_log("serve")
         p.settings.pick_port()  # so the command printed below names the port actually used
         click.echo(shlex.join(p.settings.redacted()), err=True)
@@ -137,9 +132,16 @@ def command(model, draft, mmproj, hf, hfd, host, port, api_key, draft_n_max, dra
             if open_page:  # in a thread: a console browser (lynx, w3m) would hold up the supervision
                 threading.Thread(target=_open, args=(page,), daemon=True, name="open-browser").start()
 
-        supervise_lib.supervise(p, log_path=log_path, start_timeout=start_timeout, max_restarts=max_restarts,
-                            restart_window=restart_window, health_timeout=health_timeout, on_event=_say, on_ready=ready,
-                            on_record=record, stats_every=stats_interval)
+        supervise_lib.supervise(p, log_path=log_path, start_timeout=params["start_timeout"],
+                                max_restarts=params["max_restarts"], restart_window=params["restart_window"],
+                                health_timeout=params["health_timeout"], on_event=_say, on_ready=ready,
+                                on_record=record, stats_every=params["stats_interval"])
+
+
+# serve's options that are the server's (their click names): one ServingOptions, built here
+SERVE_OPTIONS = ("model", "draft", "mmproj", "hf", "hfd", "host", "port", "api_key", "draft_n_max",
+                 "draft_n_max_by_slots", "no_draft", "force", "server", "ctx_size", "ctx_per_slot", "parallel", "extra",
+                 "warmup", "warmup_tokens")
 
 
 # Printed with the chat URL when the server requires a key (the key itself never is). The pinned

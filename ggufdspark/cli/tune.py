@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
-from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, from_hub, number_list,
+from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, number_list, serving_options,
                                     target_option)
 from ggufdspark.errors import InvalidArgumentError
 from ggufdspark.measuring import bench as bench_lib
 from ggufdspark.measuring import tune as tune_lib
+from ggufdspark.serve_checks import ServingOptions
 
 
 @click.command(name="tune")
@@ -53,17 +54,16 @@ from ggufdspark.measuring import tune as tune_lib
 @click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
               help="With --load: run every level this many times; each length chosen on the ratios over all rounds.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_mins, concurrency, n_predict,
-            requests, trials, server, threads, server_args, log_dir, min_gain, no_save, load, clients, answer_tokens,
-            requests_per_client, sequential, rounds, as_json):
+def command(**params):
     """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile.
 
     TARGET and DRAFT may be Hub references ORG/NAME[:QUANT] (downloaded first); the profile is the
     downloaded files', so serve finds it for the same references."""
-    model, draft, _ = from_hub(model, draft)
-    if show:
-        prof = tune_lib.show_profile(model, draft, server=server)
-        if as_json:
+    opts = serving_options(params, TUNE_OPTIONS, hub=True)
+    p = params
+    if p["show"]:
+        prof = tune_lib.show_profile(opts)
+        if p["as_json"]:
             echo_json(prof)
         elif "load" in prof and "settings" not in prof:  # written by tune --load
             from ggufdspark.measuring import tuneload
@@ -72,23 +72,19 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
         else:
             click.echo(tune_lib.format_tune(prof))
         return
-    if load:
-        _tune_load(model, draft, acceptance=acceptance, rates=rates, draft_lengths=draft_lengths, clients=clients,
-                   answer_tokens=answer_tokens, requests_per_client=requests_per_client, server=server,
-                   threads=threads, server_args=list(server_args), log_dir=log_dir, min_gain=min_gain,
-                   save=not no_save, interleave=not sequential, rounds=rounds, as_json=as_json, others=[n for n, v in (
-                       ("--from-bench", from_bench), ("--p-min", p_mins), ("--concurrency", concurrency)) if v])
+    if p["load"]:
+        _tune_load(opts, p)
         return
-    for name, v in (("--clients", clients), ("--requests-per-client", requests_per_client), ("--sequential", sequential),
-                    ("--rounds", rounds != 1)):
+    for name, v in (("--clients", p["clients"]), ("--requests-per-client", p["requests_per_client"]),
+                    ("--sequential", p["sequential"]), ("--rounds", p["rounds"] != 1)):
         if v:
             raise InvalidArgumentError(f"tune: {name} needs --load")
     result = tune_lib.run_tune(
-        model, draft, rates=rates, acceptance=acceptance, from_bench=from_bench, draft_lengths=draft_lengths,
-        p_mins=p_mins, concurrency=concurrency, n_predict=n_predict, requests=requests, trials=trials,
-        server=server, threads=threads, server_args=list(server_args), log_dir=log_dir, save=not no_save,
-        min_gain=min_gain, progress=ProgressLine("tune"))
-    if as_json:
+        opts, rates=p["rates"], acceptance=p["acceptance"], from_bench=p["from_bench"],
+        draft_lengths=p["draft_lengths"], p_mins=p["p_mins"], concurrency=p["concurrency"], n_predict=p["n_predict"],
+        requests=p["requests"], trials=p["trials"], log_dir=p["log_dir"], save=not p["no_save"],
+        min_gain=p["min_gain"], progress=ProgressLine("tune"))
+    if p["as_json"]:
         echo_json(result.to_dict())
     else:
         click.echo(result.text())
@@ -97,16 +93,27 @@ def command(model, draft, show, acceptance, rates, from_bench, draft_lengths, p_
                     fg="yellow", err=True)
 
 
-def _tune_load(model, draft, *, acceptance, rates, others, as_json, **kw) -> None:
+# tune's options that are the server's (their click names): one ServingOptions, built once
+TUNE_OPTIONS = ("model", "draft", "server", "threads", "server_args")
+
+
+def _tune_load(opts: ServingOptions, p: dict) -> None:
     """``tune --load``: one bench --load run, a drafted arm per draft length (``ggufdspark.measuring.tuneload``)."""
     from ggufdspark.measuring import tuneload
 
+    others = [n for n, v in (("--from-bench", p["from_bench"]), ("--p-min", p["p_mins"]),
+                             ("--concurrency", p["concurrency"])) if v]
     if others:
         raise InvalidArgumentError(f"tune --load: {others[0]} belongs to the lock-step sweep, not to --load")
+    rates, acceptance = p["rates"], p["acceptance"]
     if not rates and acceptance != "measure":
         if acceptance not in tune_lib.PROFILES:
             raise InvalidArgumentError(f"unknown acceptance profile {acceptance!r} (expected measure or "
                                        f"{', '.join(tune_lib.PROFILES)})")
         rates = list(tune_lib.PROFILES[acceptance].rates)
-    result = tuneload.run_tune_load(model, draft, synthetic_rates=rates, progress=ProgressLine("tune --load"), **kw)
-    echo_json(result.to_dict()) if as_json else click.echo(result.text())
+    result = tuneload.run_tune_load(
+        opts, draft_lengths=p["draft_lengths"], clients=p["clients"], answer_tokens=p["answer_tokens"],
+        requests_per_client=p["requests_per_client"], synthetic_rates=rates, log_dir=p["log_dir"],
+        save=not p["no_save"], min_gain=p["min_gain"], interleave=not p["sequential"], rounds=p["rounds"],
+        progress=ProgressLine("tune --load"))
+    echo_json(result.to_dict()) if p["as_json"] else click.echo(result.text())

@@ -46,6 +46,7 @@ from ggufdspark.measuring.report import (MAX_PLAIN_DRIFT, BenchReport, GroupStat
 from ggufdspark.redaction import redact_engine_args
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import ServerSettings
+from ggufdspark.serve_checks import ServingOptions
 
 # The verb's own names, and the public names of measure, gate and report that callers have long
 # imported from here (the CLI, tests, benchmarks); new code imports those from their modules.
@@ -203,38 +204,36 @@ def summarize_arms(a: Arms, *, max_plain_drift: float = MAX_PLAIN_DRIFT
     return groups, overall, drift, load, acceptance
 
 
-def bench_arms(engine: eng.EngineInfo, decision: Decision, target: str | Path, draft: str | Path, *,
-               mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int | None = None,
-               threads: int | None = None, server_args: list[str] | None = None, p_min: float | None = None,
+def bench_arms(engine: eng.EngineInfo, decision: Decision, opts: ServingOptions, *, parallel: int = 1,
+               p_min: float | None = None,
                synthetic: Synthetic | None = None) -> tuple[ServerSettings, ServerSettings]:
     """The plain and the drafted server of a bench run. The drafted one is what ``serve`` starts for
-    ``decision`` at ``-np parallel`` (``measure.base_settings``: draft length, load cut, a tune
-    profile's p_min, context, workarounds), with ``p_min`` instead where given, plus synthetic
+    ``decision`` and ``opts`` at ``-np parallel`` (``measure.base_settings``: draft length, load cut,
+    a tune profile's p_min, context, workarounds), with ``p_min`` instead where given, plus synthetic
     acceptance; the plain one is the same without the draft."""
-    base = base_settings(engine, target, decision=decision, mmproj=mmproj, parallel=parallel,
-                         ctx_per_slot=ctx_per_slot, threads=threads, extra_args=server_args, draft=draft)
-    return arm_settings(base, None), arm_settings(base, draft, p_min=p_min, synthetic=synthetic)
+    base = base_settings(engine, opts, decision=decision, parallel=parallel)
+    return arm_settings(base, None), arm_settings(base, opts.draft, p_min=p_min, synthetic=synthetic)
 
 
-def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
-              prompts: str | Path | None = None, categories: list[str] | None = None, limit: int | None = None,
-              n_predict: int = DEFAULT_N_PREDICT, draft_n_max: int | None = None, p_min: float | None = None,
+def run_bench(opts: ServingOptions, *, prompts: str | Path | None = None, categories: list[str] | None = None,
+              limit: int | None = None, n_predict: int = DEFAULT_N_PREDICT, p_min: float | None = None,
               concurrency: list[int] | None = None, synthetic_len: float | None = None,
               synthetic_rates: list[float] | None = None, gate: bool | None = None,
               near_tie_gap: float = NEAR_TIE_GAP, reference_hf: str | Path | None = None,
-              server: str | Path | None = None, threads: int | None = None, ctx_per_slot: int | None = None,
-              server_args: list[str] | None = None, log_dir: str | Path | None = None,
-              plot: str | Path | None = None, max_plain_drift: float = MAX_PLAIN_DRIFT,
-              progress: Progress | None = None) -> BenchReport:
-    """Measure plain vs speculative decoding and run the lossless gate.
+              log_dir: str | Path | None = None, plot: str | Path | None = None,
+              max_plain_drift: float = MAX_PLAIN_DRIFT, progress: Progress | None = None) -> BenchReport:
+    """Measure plain vs speculative decoding of the server ``opts`` describe; run the lossless gate.
 
     Every option is checked before the first server starts, so no run is lost to a late error.
 
     Args:
+        opts: the pair (``model``, ``draft``, ``mmproj``: files), the engine and the server's
+            options (``draft_n_max``, ``draft_n_max_by_slots``, ``threads``, ``ctx_per_slot``,
+            ``extra_args`` for every arm); ``serve``'s own options are refused
+            (``ServingOptions.check_measured``).
         gate: None runs the gate unless acceptance is synthetic; True insists (refused with
             synthetic acceptance); False skips it.
         concurrency: parallel-request levels for the throughput curve (default per backend).
-        server_args: extra llama-server arguments for every arm.
         plot: where the caller will write ``plot_report(report, plot)``: checked up front
             (matplotlib, format, directory), not written here.
         max_plain_drift: how far apart the two plain runs may be (``bracket_drift``) before the
@@ -252,9 +251,11 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
         InputNotFoundError, PairMismatchError, EngineError: files (``reference_hf`` included),
             pair or engine unusable.
     """
+    target, draft, mmproj = opts.model, opts.draft, opts.mmproj
+    opts.check_measured("bench")
     if n_predict < 1:
         raise BenchOptionError(f"--n-predict {n_predict}: expected at least 1")
-    check_threads(threads)
+    check_threads(opts.threads)
     check_p_min(p_min)
     if not max_plain_drift >= 0:  # NaN too
         raise InvalidArgumentError(f"--max-plain-drift {max_plain_drift}: expected a fraction >= 0 (0.25: 25%)")
@@ -264,8 +265,7 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
         check_reference(reference_hf)
     if gate and (synthetic_len is not None or synthetic_rates):
         _synthetic(synthetic_len, synthetic_rates, gate, 1)  # refuse before anything is loaded
-    info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server, concurrency=concurrency,
-                                              draft_n_max=draft_n_max)
+    info, devices, decision, limits = prepare(opts, concurrency=concurrency)
     n_max = decision.draft_n_max or limits.max_n
     if n_max > limits.max_n:
         raise BenchOptionError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n}, "
@@ -279,10 +279,9 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
         pset = pr.prompt_set(prompts, mmproj=mmproj, image_dir=logs / "images", categories=categories, limit=limit)
         # serve's context a slot, unless the prompt set's turns need more
         needed = 2048 + n_predict * max(it.n_turns for it in pset.items)
-        per_slot = ctx_per_slot or (needed if needed > launch.CTX_PER_SLOT else None)
-        plain_settings, spec_settings = bench_arms(info, decision, target, draft, mmproj=mmproj, parallel=max(levels),
-                                                   ctx_per_slot=per_slot, threads=threads, server_args=server_args,
-                                                   p_min=p_min, synthetic=synthetic)
+        per_slot = opts.ctx_per_slot or (needed if needed > launch.CTX_PER_SLOT else None)
+        plain_settings, spec_settings = bench_arms(info, decision, dataclasses.replace(opts, ctx_per_slot=per_slot),
+                                                   parallel=max(levels), p_min=p_min, synthetic=synthetic)
         gate_mode = ("refused: " + f"{synthetic.describe()}: the output is not valid in that mode" if synthetic
                      else "off: --no-gate given" if gate is False else "run")
         arms = measure_arms(plain_settings, spec_settings, pset.items, n_predict=n_predict, levels=levels, logs=logs,
@@ -292,11 +291,11 @@ def run_bench(target: str | Path, draft: str | Path, *, mmproj: str | Path | Non
         settings = {"target": str(target), "draft": str(draft), "mmproj": str(mmproj) if mmproj else None,
                     "engine": f"{info.commit or info.version} ({info.path})", "backend": decision.backend,
                     "devices": decision.devices, "draft_n_max": n_max, "block_size": limits.block_size,
-                    "draft_n_max_source": "--draft-n-max" if draft_n_max else "; ".join(decision.reasons),
+                    "draft_n_max_source": "--draft-n-max" if opts.draft_n_max else "; ".join(decision.reasons),
                     "draft_cut": spec_settings.draft_n_max_by_slots, "ctx_size": spec_settings.ctx_size,
                     "ctx_per_slot": launch.slot_context(
                         spec_settings.ctx_size, max(levels), launch.trained_context(target),
-                        unified=any(a in launch.UNIFIED_KV_FLAGS for a in server_args or ())),
+                        unified=any(a in launch.UNIFIED_KV_FLAGS for a in opts.extra_args)),
                     "p_min": spec_settings.draft_p_min, "n_predict": n_predict, "concurrency": levels, "items": len(pset.items),
                     "requests": len(arms.turns), "prompts": pset.source, "images": pset.images,
                     "synthetic": asdict(synthetic) if synthetic else None, "greedy": True,

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from ggufdspark.convert.common import check_output
 from ggufdspark.errors import BenchError, EngineError, InvalidArgumentError, OutputExistsError
 from ggufdspark.measuring import traffic as tr
-from ggufdspark.measuring.loadplan import DraftArm, LoadPlan, arm_text, plan_load
+from ggufdspark.measuring.loadplan import LoadPlan, arm_text
 from ggufdspark.measuring.loadreport import NOISE_ARM, LevelResult, LoadReport, pool_rounds
 from ggufdspark.measuring.measure import (WARMUP_TOKENS, Progress, kept_logs, log_directory, running, server_failure,
                                           warm)
@@ -74,61 +74,21 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return p
 
 
-def run_load(target: str | Path, draft: str | Path, *, clients: list[int] | None = None,
-             rate: list[float] | None = None, answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS,
-             requests_per_client: int | None = None, requests: int | None = None, seed: int = tr.DEFAULT_SEED,
-             draft_n_max: int | None = None, p_min: float | None = None, synthetic_len: float | None = None,
-             synthetic_rates: list[float] | None = None, server: str | Path | None = None,
-             threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
-             log_dir: str | Path | None = None, command: str | None = None, draft_cut: str | None = None,
-             draft_arms: list[DraftArm] | None = None, interleave: bool = True, temperature: float = 0.0,
-             rounds: int = 1, noise_floor: bool = False, conversation: bool = False,
-             mmproj: str | Path | None = None, image_share: float = 0.0,
+def run_load(plan: LoadPlan, *, log_dir: str | Path | None = None, command: str | None = None,
              progress: Progress | None = None) -> LoadReport:
-    """Plain and drafted arms under the same traffic; see the module docstring.
+    """Run a load plan (``loadplan.plan_load``: plain and drafted arms under the same traffic; see
+    the module docstring) and report it.
 
     Args:
-        clients: closed-loop levels (default per backend); with ``rate``, one number: the most
-            requests in flight (default: the requests, at most 64).
-        rate: Poisson arrival rates (requests/s), each a level; instead of closed-loop clients.
-        requests_per_client: closed loop (default 3); ``requests``: per rate (default 32).
-        ctx_per_slot: context per slot (default: an upper bound of the longest prompt, plus the answer).
+        plan: what to run, every option already checked.
+        log_dir: keep the servers' logs (and the drawn pictures) here; None: a temporary directory,
+            removed when the run ends well.
         command: the command line to record in the result.
-        draft_cut: ``--draft-n-max-by-slots`` for the drafted arm (``N:L,...``, L = 0 pauses drafting;
-            ``off``; None: serve's for this backend and slot count).
-        draft_arms: several drafted arms instead of the one ``serve`` would start, each beside the
-            same plain arm (``tune --load``); ``draft_n_max`` and ``draft_cut`` then do not apply.
-        temperature: 0 greedy; above, every request sampled at it (the engine's default chain), each
-            with its own seed, the same on every arm.
-        interleave: every arm's server up at once, each level run on every arm in turn (the order
-            reversed at every other level), so a machine that slows down for a while slows all arms
-            alike; False: one server at a time (arms one after another), for memory that holds one.
-        rounds: every level this many times (the levels up, then down, and so on; round r with seed
-            + r: another prompt order), the figures over all rounds (``loadreport.pool_rounds``) and
-            drafted / plain of each round's aggregate beside them, the run's own spread.
-        noise_floor: a second plain server (arm ``plain2``, the same command as ``plain``) beside
-            the others: plain2 / plain is the run's own noise, the band a drafted / plain ratio must
-            leave to mean anything.
-        conversation: closed loop: each client one conversation, its next prompt the conversation so
-            far and a new message, sent with cache_prompt (chat traffic: the server reuses what it
-            holds); the slots get serve's context (4096 tokens) unless ``ctx_per_slot`` says otherwise.
-        mmproj: the vision projector, given to every server.
-        image_share: this fraction of each level's requests carry a drawn picture (three kinds and
-            sizes, ``traffic.draw_pictures``) before their text; the same requests on every arm
-            (seeded); needs ``mmproj``.
+        progress: ``progress(done, total, what)`` after every request.
 
     Raises:
-        InvalidArgumentError: bad traffic options (before anything is loaded: ``loadplan.plan_load``).
-        BenchError: a draft length the draft cannot make, bad synthetic rates, a prompt longer
-            than the slot's context, or a server that died or failed a request.
-        InputNotFoundError, PairMismatchError, EngineError: files, pair or engine unusable.
+        BenchError: a prompt longer than the slot's context, or a server that died or failed a request.
     """
-    plan = plan_load(target, draft, clients=clients, rate=rate, answer_tokens=answer_tokens,
-                     requests_per_client=requests_per_client, requests=requests, seed=seed, draft_n_max=draft_n_max,
-                     p_min=p_min, synthetic_len=synthetic_len, synthetic_rates=synthetic_rates, server=server,
-                     threads=threads, ctx_per_slot=ctx_per_slot, server_args=server_args, draft_cut=draft_cut,
-                     draft_arms=draft_arms, interleave=interleave, temperature=temperature, rounds=rounds,
-                     noise_floor=noise_floor, conversation=conversation, mmproj=mmproj, image_share=image_share)
     with log_directory(log_dir, "ggufdspark-load-") as logs:
         measured = run_arms(plan, logs, progress)
         arms = {a: [pool_rounds(rs) for rs in per_level] for a, per_level in measured.runs.items()}
@@ -247,7 +207,7 @@ def load_report(plan: LoadPlan, measured: Measured, arms: dict[str, list[LevelRe
                           "and so on), round r with seed + r; figures over all rounds' requests, aggregate = "
                           "their output tokens / the rounds' summed wall time; round_tps: each round's aggregate")
                          if shape.rounds > 1 else "1",
-               **({"images": {"share": shape.image_share, "mmproj": str(plan.mmproj),
+               **({"images": {"share": shape.image_share, "mmproj": str(plan.opts.mmproj),
                               "pictures": [p.name for p in drawn],
                               "how": "round(share x requests) of each level's requests, chosen by a generator "
                                      "seeded with the round's seed (the same on every arm), each a picture "
@@ -257,16 +217,16 @@ def load_report(plan: LoadPlan, measured: Measured, arms: dict[str, list[LevelRe
                "requests": "streamed /completion, " + (f"sampled at temperature {temperature:g} (the engine's "
                            "default chain, a seed a request)" if temperature > 0 else "greedy")
                            + f", prompt cache off, ignore_eos (every answer exactly {answer_tokens} tokens)"}
-    info, decision, synthetic = plan.engine, plan.decision, plan.synthetic
+    info, decision, synthetic, opts = plan.engine, plan.decision, plan.synthetic, plan.opts
     return LoadReport(
         command=redact_command_line(command) if command else None,
         engine={"commit": info.commit, "version": info.version, "path": info.path, "patches": list(info.patches)},
         hardware={"backend": decision.backend, "devices": decision.devices},
         traffic=traffic,
-        settings={"target": str(plan.target), "draft": str(plan.draft),
-                  "mmproj": str(plan.mmproj) if plan.mmproj else None,
+        settings={"target": str(opts.model), "draft": str(opts.draft),
+                  "mmproj": str(opts.mmproj) if opts.mmproj else None,
                   "draft_n_max": plan.n_max, "block_size": plan.limits.block_size,
-                  "draft_n_max_source": "--draft-n-max" if plan.n_max_given else "; ".join(decision.reasons),
+                  "draft_n_max_source": "--draft-n-max" if opts.draft_n_max else "; ".join(decision.reasons),
                   "p_min": drafted.draft_p_min, "draft_cut": drafted.draft_n_max_by_slots, "slots": shape.slots,
                   "ctx_per_slot": plan.per_slot,
                   "synthetic": asdict(synthetic) if synthetic else None,
@@ -277,7 +237,7 @@ def load_report(plan: LoadPlan, measured: Measured, arms: dict[str, list[LevelRe
                   **({"noise_floor": f"{NOISE_ARM}: a second plain server, the same command as plain"}
                      if plan.noise_floor else {})},
         synthetic=synthetic.describe() if synthetic else None, arms=arms,
-        logs=logs, pair=pair_record(plan.target, plan.draft))
+        logs=logs, pair=pair_record(opts.model, opts.draft))
 
 
 def _round_levels(n: int, r: int) -> list[int]:

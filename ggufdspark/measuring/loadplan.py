@@ -22,6 +22,7 @@ from ggufdspark.measuring import traffic as tr
 from ggufdspark.measuring.loadreport import NOISE_ARM
 from ggufdspark.measuring.measure import DraftLimits, Synthetic, arm_settings, base_settings, check_rates, prepare
 from ggufdspark.runners.server import ServerSettings
+from ggufdspark.serve_checks import ServingOptions
 
 
 @dataclass(frozen=True)
@@ -143,15 +144,12 @@ class LoadPlan:
     set, each slot's context and every arm's server (``settings``, plain first; ``drafted``: the
     first drafted arm's, which the report names)."""
 
-    target: str | Path
-    draft: str | Path
-    mmproj: str | Path | None
+    opts: ServingOptions  # the pair, the engine and the server's options, as given
     shape: tr.Shape
     engine: eng.EngineInfo
     decision: hardware.Decision
     limits: DraftLimits
     n_max: int  # the drafted arm's draft length
-    n_max_given: bool  # --draft-n-max given (else the decision's reasons say where it comes from)
     synthetic: Synthetic | None
     items: list[pr.PromptItem]
     per_slot: int  # context a slot
@@ -163,38 +161,74 @@ class LoadPlan:
     interleave: bool = True
 
 
-def plan_load(target: str | Path, draft: str | Path, *, clients: list[int] | None = None,
-              rate: list[float] | None = None, answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS,
-              requests_per_client: int | None = None, requests: int | None = None, seed: int = tr.DEFAULT_SEED,
-              draft_n_max: int | None = None, p_min: float | None = None, synthetic_len: float | None = None,
-              synthetic_rates: list[float] | None = None, server: str | Path | None = None,
-              threads: int | None = None, ctx_per_slot: int | None = None, server_args: list[str] | None = None,
-              draft_cut: str | None = None, draft_arms: list[DraftArm] | None = None, interleave: bool = True,
-              temperature: float = 0.0, rounds: int = 1, noise_floor: bool = False, conversation: bool = False,
-              mmproj: str | Path | None = None, image_share: float = 0.0) -> LoadPlan:
-    """Decide a load run (the options as ``loadbench.run_load`` takes them); nothing is started.
+def plan_load(opts: ServingOptions, *, clients: list[int] | None = None, rate: list[float] | None = None,
+              answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS, requests_per_client: int | None = None,
+              requests: int | None = None, seed: int = tr.DEFAULT_SEED, p_min: float | None = None,
+              synthetic_len: float | None = None, synthetic_rates: list[float] | None = None,
+              draft_arms: list[DraftArm] | None = None, interleave: bool = True, temperature: float = 0.0,
+              rounds: int = 1, noise_floor: bool = False, conversation: bool = False,
+              image_share: float = 0.0) -> LoadPlan:
+    """Decide a load run: plain and drafted arms under the same traffic (``loadbench.run_load``
+    runs it); nothing is started.
+
+    Args:
+        opts: the pair (``model``, ``draft``, ``mmproj``: files; the vision projector goes to every
+            server), the engine and the server's options: ``draft_n_max``; ``draft_n_max_by_slots``,
+            the drafted arm's load cut (``N:L,...``, L = 0 pauses drafting; ``off``; None: serve's
+            for this backend and slot count); ``ctx_per_slot`` (default: an upper bound of the
+            longest prompt, plus the answer); ``threads``; ``extra_args`` for every server.
+            ``serve``'s own options are refused (``ServingOptions.check_measured``).
+        clients: closed-loop levels (default per backend); with ``rate``, one number: the most
+            requests in flight (default: the requests, at most 64).
+        rate: Poisson arrival rates (requests/s), each a level; instead of closed-loop clients.
+        requests_per_client: closed loop (default 3); ``requests``: per rate (default 32).
+        draft_arms: several drafted arms instead of the one ``serve`` would start, each beside the
+            same plain arm (``tune --load``); ``opts.draft_n_max`` and its load cut then do
+            not apply.
+        temperature: 0 greedy; above, every request sampled at it (the engine's default chain), each
+            with its own seed, the same on every arm.
+        interleave: every arm's server up at once, each level run on every arm in turn (the order
+            reversed at every other level), so a machine that slows down for a while slows all arms
+            alike; False: one server at a time (arms one after another), for memory that holds one.
+        p_min: the drafted arms' confidence threshold (``--spec-draft-p-min``; None: the decision's).
+        synthetic_len, synthetic_rates: synthetic acceptance (speed only): a mean accept length, or
+            per-position rates (truncated to each arm's draft length).
+        rounds: every level this many times (the levels up, then down, and so on; round r with seed
+            + r: another prompt order), the figures over all rounds (``loadreport.pool_rounds``) and
+            drafted / plain of each round's aggregate beside them, the run's own spread.
+        noise_floor: a second plain server (arm ``plain2``, the same command as ``plain``) beside
+            the others: plain2 / plain is the run's own noise, the band a drafted / plain ratio must
+            leave to mean anything.
+        conversation: closed loop: each client one conversation, its next prompt the conversation so
+            far and a new message, sent with cache_prompt (chat traffic: the server reuses what it
+            holds); the slots get serve's context (4096 tokens) unless ``ctx_per_slot`` says otherwise.
+        image_share: this fraction of each level's requests carry a drawn picture (three kinds and
+            sizes, ``traffic.draw_pictures``) before their text; the same requests on every arm
+            (seeded); needs ``mmproj``.
 
     Raises:
         InvalidArgumentError: bad traffic options (before anything is loaded).
         BenchError: a draft length the draft cannot make, a load cut the engine does not take,
-            ``p_min`` for a draft without a confidence head, bad synthetic rates.
+            ``p_min`` for a draft without a confidence head, bad synthetic rates, one of ``serve``'s
+            own options (``ServingOptions.check_measured``).
         InputNotFoundError, PairMismatchError, EngineError: files, pair or engine unusable.
     """
+    opts.check_measured("bench --load")
+    draft, mmproj, draft_n_max, draft_cut = opts.draft, opts.mmproj, opts.draft_n_max, opts.draft_n_max_by_slots
     # the options are checked before anything loads; the default levels need the backend, known after
     shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
                        requests=requests, seed=seed, backend="cpu", temperature=temperature, rounds=rounds,
                        conversation=conversation, image_share=image_share, mmproj=mmproj)
     devices = None
     if not clients and not rate:  # the default levels are the backend's
-        devices = hardware.detect(eng.find_engine(server))
+        devices = hardware.detect(eng.find_engine(opts.server))
         shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
                            requests_per_client=requests_per_client, requests=None, seed=seed,
                            backend=devices.backend or "cpu", temperature=temperature, rounds=rounds,
                            conversation=conversation, image_share=image_share, mmproj=mmproj)
     # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
     given_cut = launch.parse_draft_cut(draft_cut) if draft_cut and draft_cut.strip().lower() != "off" else None
-    info, devices, decision, limits = prepare(target, draft, mmproj=mmproj, server=server, concurrency=[shape.slots],
-                                              draft_n_max=draft_n_max, draft_cut=draft_cut, devices=devices)
+    info, devices, decision, limits = prepare(opts, concurrency=[shape.slots], devices=devices)
     n_max = draft_n_max or decision.draft_n_max or limits.max_n
     for arm in draft_arms or [DraftArm("drafted", n_max)]:
         if arm.drafted and (arm.n_max or n_max) > limits.max_n:
@@ -209,15 +243,15 @@ def plan_load(target: str | Path, draft: str | Path, *, clients: list[int] | Non
         raise InvalidArgumentError(f"noise floor: an arm is already named {NOISE_ARM!r} or 'plain'")
     synthetic = synthetic_acceptance(synthetic_len, synthetic_rates, n_max)
     items = tr.traffic_items()
-    per_slot = ctx_per_slot or tr.max_prompt_bytes(items) + answer_tokens + 16
+    per_slot = opts.ctx_per_slot or tr.max_prompt_bytes(items) + answer_tokens + 16
     image_ctx = tr.IMAGE_TOKENS_MAX if image_share > 0 else 0  # context one picture takes
-    if not ctx_per_slot:
+    if not opts.ctx_per_slot:
         per_slot += image_ctx
     if conversation:  # turns pile up in a slot: serve's context, where a conversation starts over
-        per_slot = ctx_per_slot or max(per_slot, launch.CTX_PER_SLOT)
+        per_slot = opts.ctx_per_slot or max(per_slot, launch.CTX_PER_SLOT)
         shape = dataclasses.replace(shape, context=per_slot)
-    base = base_settings(info, target, decision=decision, mmproj=mmproj, parallel=shape.slots,
-                         ctx_per_slot=per_slot, threads=threads, extra_args=server_args, draft=draft)
+    base = base_settings(info, dataclasses.replace(opts, ctx_per_slot=per_slot), decision=decision,
+                         parallel=shape.slots)
     # the drafted arm is the server `serve` would start (its length and load cut, launch.decide
     # gave the base both), unless --draft-n-max asked for another length; several arms: each its own
     settings = {"plain": arm_settings(base, None)}
@@ -234,8 +268,8 @@ def plan_load(target: str | Path, draft: str | Path, *, clients: list[int] | Non
         drafted = drafted or settings[arm.name]
     if noise_floor:
         settings[NOISE_ARM] = arm_settings(base, None)
-    return LoadPlan(target, draft, mmproj, shape, info, decision, limits, n_max, bool(draft_n_max), synthetic, items,
-                    per_slot, image_ctx, settings, drafted or settings["plain"], draft_arms, noise_floor, interleave)
+    return LoadPlan(opts, shape, info, decision, limits, n_max, synthetic, items, per_slot, image_ctx, settings,
+                    drafted or settings["plain"], draft_arms, noise_floor, interleave)
 
 
 def _arm_server(arm: DraftArm, s: ServerSettings) -> ServerSettings:

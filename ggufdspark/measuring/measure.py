@@ -30,7 +30,7 @@ from ggufdspark.measuring import profiles
 from ggufdspark.measuring import prompts as pr
 from ggufdspark.runners.client import Client
 from ggufdspark.runners.server import ServerProcess, ServerSettings, exit_cause
-from ggufdspark.serve_checks import check_server_args
+from ggufdspark.serve_checks import ServingOptions, check_server_args
 
 log = logging.getLogger(__name__)
 
@@ -107,19 +107,19 @@ def check_rates(rates: list[float], n_max: int, *, what: str = "--synthetic-rate
 # --------------------------------------------------------------------------- servers
 
 
-def base_settings(engine: eng.EngineInfo, target: str | Path, *, decision: hardware.Decision,
-                  mmproj: str | Path | None = None, parallel: int = 1, ctx_per_slot: int | None = None,
-                  threads: int | None = None, extra_args: list[str] | None = None,
-                  draft: str | Path | None = None) -> ServerSettings:
+def base_settings(engine: eng.EngineInfo, opts: ServingOptions, *, decision: hardware.Decision,
+                  parallel: int = 1) -> ServerSettings:
     """The server ``serve`` would start for ``decision`` at ``-np parallel`` (``launch.server_settings``):
-    with ``draft`` when the decision drafts, offload, flash attention, the load cut, the engine's
-    workarounds, each slot's context as ``serve`` sizes it (``ctx_per_slot``: another share), then
-    ``extra_args``. Every arm derives from it (``arm_settings``), so all of them run alike. Raises
-    BenchOptionError for a flag in ``extra_args`` no measured server runs with (``--api-prefix``)."""
-    check_server_args(extra_args or [])
-    ctx = launch.context(parallel, model=target, ctx_per_slot=ctx_per_slot, extra_args=extra_args)
-    return launch.server_settings(decision, engine, model=target, draft=draft, mmproj=mmproj, ctx=ctx,
-                                  parallel=parallel, threads=threads, extra_args=extra_args)
+    with ``opts.draft`` when the decision drafts, ``opts.mmproj``, offload, flash attention, the load
+    cut, the engine's workarounds, each slot's context as ``serve`` sizes it (``opts.ctx_per_slot``:
+    another share), ``opts.threads``, then ``opts.extra_args``. Every arm derives from it
+    (``arm_settings``), so all of them run alike. Raises BenchOptionError for a flag in
+    ``extra_args`` no measured server runs with (``--api-prefix``)."""
+    extra = list(opts.extra_args)
+    check_server_args(extra)
+    ctx = launch.context(parallel, model=opts.model, ctx_per_slot=opts.ctx_per_slot, extra_args=extra)
+    return launch.server_settings(decision, engine, model=opts.model, draft=opts.draft, mmproj=opts.mmproj,
+                                  ctx=ctx, parallel=parallel, threads=opts.threads, extra_args=extra)
 
 
 def arm_settings(base: ServerSettings, draft: str | Path | None, *, n_max: int | None = None,
@@ -411,32 +411,31 @@ def concurrency_levels(concurrency: list[int] | None, backend: str) -> list[int]
     return lv
 
 
-def prepare(target: str | Path, draft: str | Path, *, mmproj: str | Path | None = None,
-            server: str | Path | None = None, concurrency: list[int] | None = None,
-            draft_n_max: int | None = None, draft_cut: str | None = None,
+def prepare(opts: ServingOptions, *, concurrency: list[int] | None = None,
             devices: Any = None) -> tuple[eng.EngineInfo, Any, hardware.Decision, DraftLimits]:
-    """Check inputs, the pair and the engine; detect devices; decide as ``serve`` would at the
-    highest concurrency level (``launch.decide``: tune profile, ``draft_n_max``, the engine's
-    patches). A tune profile that turned drafting off is said, not followed: a measurement needs
-    its drafted arm (``launch.decide(measuring=True)``). ``draft_cut``: ``--draft-n-max-by-slots``
-    as given (``N:L,...`` or ``off``; None: serve's). ``devices``: decide for this
+    """Check the files of ``opts``, the pair and the engine; detect devices; decide as ``serve``
+    would at the highest concurrency level (``launch.decide``: the tune profile unless
+    ``opts.use_profile`` is false, ``opts.draft_n_max``, ``opts.draft_n_max_by_slots``, the
+    engine's patches). A tune profile that turned drafting off is said, not followed: a measurement
+    needs its drafted arm (``launch.decide(measuring=True)``). ``devices``: decide for this
     ``DeviceReport`` instead of detecting the engine's (as ``serve.plan``'s). Shared by bench and tune.
 
     Raises:
         InputNotFoundError, CorruptFileError, PairMismatchError, EngineError, BenchError.
     """
+    target, draft, mmproj = opts.model, opts.draft, opts.mmproj
     for label, p in (("target", target), ("draft", draft), ("mmproj", mmproj)):
         if p and not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
     check_pair(target, draft, mmproj).raise_for_failures()
-    info = eng.find_engine(server)
+    info = eng.find_engine(opts.server)
     eng.require_dspark(info)
     devices = devices or hardware.detect(info)
-    prof = profiles.load_profile(devices, target, draft)
+    prof = profiles.load_profile(devices, target, draft) if opts.use_profile else None
     parallel = max(concurrency_levels(concurrency, devices.backend or "cpu"))
     limits = draft_limits(draft)
-    decision = launch.decide(devices, info, profile=prof, draft_n_max=draft_n_max, parallel=parallel,
-                             draft_cut=draft_cut, measuring=True, draft_max=limits.max_n)
+    decision = launch.decide(devices, info, profile=prof, draft_n_max=opts.draft_n_max, parallel=parallel,
+                             draft_cut=opts.draft_n_max_by_slots, measuring=True, draft_max=limits.max_n)
     return info, devices, decision, limits
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from ggufdspark.measuring.measure import arm_settings, base_settings, kept_logs,
 from ggufdspark.measuring.profiles import pair_record
 from ggufdspark.measuring.sampling_check import ALPHA, SamplingCheck, check_samples
 from ggufdspark.runners.client import Client
+from ggufdspark.serve_checks import ServingOptions
 
 log = logging.getLogger(__name__)
 
@@ -136,30 +137,32 @@ def check_options(*, samples: int, n_predict: int, temperature: float, top_k: in
         raise BenchOptionError(f"--alpha {alpha:g}: must be in (0, 1)")
 
 
-def run_sampling_check(target: str | Path, draft: str | Path, *, prompt: str = DEFAULT_PROMPT,
-                       samples: int = DEFAULT_SAMPLES, n_predict: int = DEFAULT_N_PREDICT,
-                       temperature: float = DEFAULT_TEMPERATURE, top_k: int = 0, alpha: float = ALPHA,
-                       seed: int = 1, draft_n_max: int | None = None, clients: int = DEFAULT_CLIENTS,
-                       server: str | Path | None = None, threads: int | None = None,
-                       server_args: list[str] | None = None, log_dir: str | Path | None = None) -> SamplingReport:
+def run_sampling_check(opts: ServingOptions, *, prompt: str = DEFAULT_PROMPT, samples: int = DEFAULT_SAMPLES,
+                       n_predict: int = DEFAULT_N_PREDICT, temperature: float = DEFAULT_TEMPERATURE, top_k: int = 0,
+                       alpha: float = ALPHA, seed: int = 1, clients: int = DEFAULT_CLIENTS,
+                       log_dir: str | Path | None = None) -> SamplingReport:
     """Sample ``samples`` completions from each arm and compare them (see the module docstring).
+    ``opts``: the pair (``model``, ``draft``), the engine and the server's options (``draft_n_max``,
+    ``threads``, ``extra_args``; a slot's context ``CTX_PER_SLOT`` unless ``ctx_per_slot``);
+    ``serve``'s own options are refused (``ServingOptions.check_measured``).
 
     Raises:
         BenchOptionError: bad options (before anything loads).
         InputNotFoundError, PairMismatchError, EngineError, BenchError: files, pair, engine or a
             server that died or failed a request.
     """
+    target, draft, draft_n_max = opts.model, opts.draft, opts.draft_n_max
+    opts.check_measured("bench --sampling-check")
     check_options(samples=samples, n_predict=n_predict, temperature=temperature, top_k=top_k, alpha=alpha)
-    info, _devices, decision, limits = prepare(target, draft, server=server, concurrency=[clients],
-                                               draft_n_max=draft_n_max)
+    info, _devices, decision, limits = prepare(opts, concurrency=[clients])
     n_max = draft_n_max or decision.draft_n_max or limits.max_n
     if n_max > limits.max_n:
         raise BenchError(f"draft length {n_max} exceeds what {Path(draft).name} can draft ({limits.max_n})")
     seeds = {"plain": list(range(seed, seed + samples)), "drafted": list(range(seed + samples, seed + 2 * samples))}
     arms: dict[str, ArmSamples] = {}
     with log_directory(log_dir, "ggufdspark-sampling-") as logs:
-        base = base_settings(info, target, decision=decision, parallel=clients, ctx_per_slot=CTX_PER_SLOT,
-                             threads=threads, extra_args=server_args, draft=draft)
+        base = base_settings(info, replace(opts, ctx_per_slot=opts.ctx_per_slot or CTX_PER_SLOT), decision=decision,
+                             parallel=clients)
         settings = {"plain": arm_settings(base, None),
                     "drafted": arm_settings(base, draft, n_max=None if draft_n_max is None and base.draft else n_max)}
         for arm, s in settings.items():

@@ -34,6 +34,7 @@ from ggufdspark.measuring.acceptance import (  # noqa: F401  (public here too: t
     profile_from_rates,
 )
 from ggufdspark.redaction import redact_engine_args
+from ggufdspark.serve_checks import ServingOptions
 
 log = logging.getLogger(__name__)
 
@@ -200,17 +201,19 @@ def _length_limit(limits: ms.DraftLimits, profile: "AcceptanceProfile | None") -
     return limits.max_n, "what this draft can draft"
 
 
-def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None = None,
-             acceptance: str = "measure", from_bench: str | Path | None = None,
-             draft_lengths: list[int] | None = None, p_mins: list[float] | None = None,
-             concurrency: list[int] | None = None, n_predict: int = ms.DEFAULT_N_PREDICT, requests: int = 4,
-             rounds: int = ms.ROUNDS, trials: int = 1, server: str | Path | None = None,
-             threads: int | None = None, server_args: list[str] | None = None,
+def run_tune(opts: ServingOptions, *, rates: list[float] | None = None, acceptance: str = "measure",
+             from_bench: str | Path | None = None, draft_lengths: list[int] | None = None,
+             p_mins: list[float] | None = None, concurrency: list[int] | None = None,
+             n_predict: int = ms.DEFAULT_N_PREDICT, requests: int = 4, rounds: int = ms.ROUNDS, trials: int = 1,
              log_dir: str | Path | None = None, save: bool = True, min_gain: float = MIN_GAIN,
              progress: ms.Progress | None = None) -> TuneResult:
     """Sweep draft length x p_min x parallel requests under a fixed acceptance profile; recommend.
 
     Args:
+        opts: the pair (``model``, ``draft``: files), the engine and the server's options
+            (``threads``, ``ctx_per_slot``, ``extra_args`` for every arm); the draft length and
+            its load cut are what tune measures, so ``draft_n_max`` and ``draft_n_max_by_slots`` are refused,
+            as are ``serve``'s own options (``ServingOptions.check_measured``).
         rates: per-position acceptance to hold fixed (wins over ``acceptance``/``from_bench``).
         acceptance: ``measure`` (real draft on built-in prompts, this pair) or a name in PROFILES.
         from_bench: a ``bench --json`` report to take measured rates from.
@@ -219,9 +222,11 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
     Raises:
         BenchError, InputNotFoundError, PairMismatchError, EngineError.
     """
-    ms.check_threads(threads)
+    target, draft = opts.model, opts.draft
+    opts.check_measured("tune", "draft_n_max", "draft_n_max_by_slots")
+    ms.check_threads(opts.threads)
     ms.check_p_min(p_mins)
-    info, devices, decision, limits = ms.prepare(target, draft, server=server, concurrency=concurrency)
+    info, devices, decision, limits = ms.prepare(opts, concurrency=concurrency)
     if p_mins and any(p > 0 for p in p_mins) and not limits.confidence_head:
         raise BenchOptionError(f"{draft}: has no confidence head, so p_min must be 0 (got {max(p_mins)})")
     levels = ms.concurrency_levels(concurrency, decision.backend)
@@ -240,8 +245,7 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
         profile = PROFILES[acceptance]
     lengths = _parse_lengths(draft_lengths, *_length_limit(limits, profile))
     # serve's server at the highest level; every length is measured as 'serve --draft-n-max N' runs it
-    base = ms.base_settings(info, target, decision=decision, parallel=max(levels), threads=threads,
-                            extra_args=server_args, draft=draft)
+    base = ms.base_settings(info, opts, decision=decision, parallel=max(levels))
     plain_settings = ms.arm_settings(base, None)
     configs = [(n, p) for n in lengths for p in p_list]
     total = (len(configs) + 2) * len(levels) + (1 if profile is None else 0)
@@ -306,7 +310,8 @@ def run_tune(target: str | Path, draft: str | Path, *, rates: list[float] | None
                     "backend": decision.backend, "devices": decision.devices, "block_size": limits.block_size,
                     "draft_lengths": lengths, "p_min": p_list, "concurrency": levels, "n_predict": n_predict,
                     "requests_at_1": requests, "rounds": rounds, "trials": trials, "prompts": len(prompts),
-                    "offload": decision.offload, "flash_attn": decision.flash_attn, "server_args": redact_engine_args(server_args or []),
+                    "offload": decision.offload, "flash_attn": decision.flash_attn,
+                    "server_args": redact_engine_args(list(opts.extra_args)),
                     "note": "synthetic acceptance with the profile's rates truncated per draft length; ignore_eos",
                     "engine_failures": failures}
         result = TuneResult(settings, profile, plain, points, drift, rec, logs=str(logs) if log_dir else None,
@@ -330,18 +335,20 @@ def _pool(a: Point, b: Point) -> Point:
 # --------------------------------------------------------------------------- show
 
 
-def show_profile(target: str | Path, draft: str | Path, *, server: str | Path | None = None) -> dict:
-    """The stored profile of this pair on this machine.
+def show_profile(opts: ServingOptions) -> dict:
+    """The stored profile of the pair of ``opts`` (``model``, ``draft``) on this machine (the
+    devices of ``opts.server``).
 
     Raises:
         InputNotFoundError: a file is missing, or there is no profile yet.
     """
     from ggufdspark import engine as eng
 
+    target, draft = opts.model, opts.draft
     for label, p in (("target", target), ("draft", draft)):
         if not Path(p).is_file():
             raise InputNotFoundError(f"{p}: {label} file not found")
-    devices = hardware.detect(eng.find_engine(server))
+    devices = hardware.detect(eng.find_engine(opts.server))
     prof = profiles.load_profile(devices, target, draft)
     if prof is None:
         raise InputNotFoundError(f"no tune profile for this pair on this machine "

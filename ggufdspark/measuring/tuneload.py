@@ -1,6 +1,6 @@
 """``tune --load``: the draft length for each load, measured with ``bench --load``'s traffic.
 
-One ``bench --load`` run (``loadbench.run_load``) with a drafted arm per draft length beside one
+One ``bench --load`` run (``loadplan.plan_load``, ``loadbench.run_load``) with a drafted arm per draft length beside one
 plain arm, under the same closed-loop clients and prompts; length 0 is the draft loaded with
 drafting paused at every load (``--spec-draft-n-max-by-slots 0:0``): what "no draft" costs a server
 that keeps its drafter for the quiet moments. Each client level then gets the length whose
@@ -24,7 +24,7 @@ Ratios are within one run (every arm beside the same plain arm), so a noisy mach
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ggufdspark import engine as eng
@@ -34,6 +34,7 @@ from ggufdspark.measuring import loadbench, loadplan, profiles
 from ggufdspark.measuring import traffic as tr
 from ggufdspark.measuring.measure import Progress, draft_limits
 from ggufdspark.measuring.tune import MIN_GAIN
+from ggufdspark.serve_checks import ServingOptions
 
 log = logging.getLogger(__name__)
 
@@ -125,24 +126,26 @@ class TuneLoadResult:
         return "\n".join(lines)
 
 
-def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[int] | None = None,
-                  clients: list[int] | None = None, answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS,
-                  requests_per_client: int | None = None, synthetic_rates: list[float] | None = None,
-                  server: str | Path | None = None, threads: int | None = None,
-                  server_args: list[str] | None = None, log_dir: str | Path | None = None, save: bool = True,
+def run_tune_load(opts: ServingOptions, *, draft_lengths: list[int] | None = None, clients: list[int] | None = None,
+                  answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS, requests_per_client: int | None = None,
+                  synthetic_rates: list[float] | None = None, log_dir: str | Path | None = None, save: bool = True,
                   min_gain: float = MIN_GAIN, interleave: bool = True, rounds: int = 1,
                   progress: Progress | None = None) -> TuneLoadResult:
     """One ``bench --load`` run with an arm per draft length (0: paused); recommend a length per
     load; save the profile. Default lengths: 1..the draft's longest, and 0 where the engine can pause.
-    ``rounds``: every level that many times (``loadbench.run_load``), the choice made on the ratios
-    over all rounds.
+    ``rounds``: every level that many times (``loadplan.plan_load``), the choice made on the ratios
+    over all rounds. ``opts``: the pair, the engine and the server's options as ``run_load`` takes
+    them, less the draft length and its load cut, which this measures (refused when given).
 
     Raises:
         BenchOptionError: a draft length the draft cannot make, or 0 with an engine that cannot pause.
-        BenchError, InputNotFoundError, PairMismatchError, EngineError: as ``loadbench.run_load``.
+        BenchError, InputNotFoundError, PairMismatchError, EngineError: as ``loadplan.plan_load`` and
+            ``loadbench.run_load``.
     """
+    target, draft = opts.model, opts.draft
+    opts.check_measured("tune --load", "draft_n_max", "draft_n_max_by_slots")
     limits = draft_limits(draft)
-    engine = eng.find_engine(server)
+    engine = eng.find_engine(opts.server)
     can_pause = engine.draft_pause
     lengths = sorted(set(draft_lengths if draft_lengths else [*([0] if can_pause else []),
                                                               *range(1, limits.max_n + 1)]))
@@ -164,12 +167,11 @@ def run_tune_load(target: str | Path, draft: str | Path, *, draft_lengths: list[
         log.warning("tune --load: %d arms are more servers than it keeps up at once (%d): one server at a time",
                     len(arms) + 1, MAX_INTERLEAVED_ARMS)
         interleave = False
-    rep = loadbench.run_load(target, draft, clients=clients, answer_tokens=answer_tokens,
-                             requests_per_client=requests_per_client, draft_n_max=max(drafting),
-                             synthetic_rates=list(synthetic_rates) if synthetic_rates else None, server=server,
-                             threads=threads, server_args=server_args, log_dir=log_dir,
-                             draft_arms=list(arms.values()), interleave=interleave, rounds=rounds,
-                             progress=progress)
+    plan = loadplan.plan_load(replace(opts, draft_n_max=max(drafting)), clients=clients, answer_tokens=answer_tokens,
+                              requests_per_client=requests_per_client,
+                              synthetic_rates=list(synthetic_rates) if synthetic_rates else None,
+                              draft_arms=list(arms.values()), interleave=interleave, rounds=rounds)
+    rep = loadbench.run_load(plan, log_dir=log_dir, progress=progress)
     ratios = {n: {int(r["level"]): r["aggregate_tps"] or 0.0 for r in rep.ratios_of(arm.name)}
               for n, arm in arms.items()}
     traffic = rep.traffic
