@@ -23,7 +23,7 @@ class BackendDefaults:
     offload: bool  # -ngl / -ngld OFFLOAD_ALL_LAYERS
     flash_attn: str | None  # "-fa on" on GPUs
     source: str  # why this number
-    # drafts cut to L tokens while more than N slots are busy (engine patches 0021 and 0030,
+    # drafts cut to L tokens while more than N slots are busy (engine patch 0021,
     # --spec-draft-n-max-by-slots), with the table's draft length only. None: no cut.
     draft_cut: tuple[tuple[int, int], ...] | None = None
     # the drafter's n_ubatch (engine patch 0037, --spec-draft-ubatch): a server step's processed rows

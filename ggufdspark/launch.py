@@ -45,7 +45,7 @@ DRAFT_N_MAX_RANGE = (1, 64)
 
 def parse_draft_cut(text: str) -> list[tuple[int, int]]:
     """``"2:5,8:3,16:0"`` -> ``[(2, 5), (8, 3), (16, 0)]``: with more than N slots busy (processing a
-    prompt or generating: engine patch 0030), drafts of at most L tokens, L = 0 no new drafts
+    prompt or generating: engine patch 0021), drafts of at most L tokens, L = 0 no new drafts
     (``--spec-draft-n-max-by-slots``, engine patch 0021).
 
     Raises:

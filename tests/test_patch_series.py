@@ -16,7 +16,9 @@ from ggufdspark import engine
 
 REPO = Path(__file__).resolve().parent.parent
 REMOVED = ("0010", "0011", "0012", "0016", "0044")  # measured no gain (docs/engine-patches-history.md)
-N_PRODUCT = 48  # patches in the product series
+N_PRODUCT = 42  # patches in the product series
+# patches folded into the earlier patch they reworked (product-44): the old number is an alias
+FOLDED = {"0030": "0021", "0041": "0040", "0051": "0002", "0052": "0050", "0063": "0061", "0068": "0067"}
 DEV = ("0014", "0015", "0029", "0031", "0035", "0039", "0042", "0043", "0047", "0049", "0054", "0055", "0056", "0057", "0059", "0060")
 # switches that turned a correctness fix off or picked a variant that measured slower
 FOOT_GUNS = ("LLAMA_RS_SNAPSHOTS_MOVE", "GGML_CUDA_MMF_FEW_MIN_ROWS", "GGML_CUDA_MMV_FEW",
@@ -31,7 +33,7 @@ def test_the_product_series_has_only_kept_patches():
     product = engine.patch_files()
     numbers = [_number(p) for p in product]
     assert numbers == sorted(numbers) and len(numbers) == N_PRODUCT, numbers
-    assert not set(numbers) & set(REMOVED + DEV), numbers
+    assert not set(numbers) & set(REMOVED + DEV + tuple(FOLDED)), numbers
     for p in product:
         text = p.read_text()
         trailer = re.search(r"^ggufdspark-patch: (\d{4})$", text, re.M)
@@ -128,3 +130,16 @@ def test_the_cache_key_follows_what_a_patch_changes_not_its_description(tmp_path
     body = series[1][:i] + "\n+// one more line" + series[1][i:]
     assert key_of([series[0], body, series[2]]) != base
     assert key_of([series[1], series[0], series[2]]) != base
+
+
+def test_a_folded_patch_carries_its_aliases_text_and_the_docs_resolve_the_old_number():
+    """A patch folded into the one it reworked keeps its description there ("Folded in from patch
+    NNNN"), and docs/engine-patches.md says where the old number went, so a result file or doc citing
+    it still resolves."""
+    doc = " ".join((REPO / "docs" / "engine-patches.md").read_text().split())
+    by_number = {_number(p): p.read_text() for p in engine.patch_files()}
+    for old, new in FOLDED.items():
+        assert f"Folded in from patch {old} " in by_number[new], f"{new} does not carry {old}'s message"
+        assert re.search(rf"^ggufdspark-patch: {new}$", by_number[new], re.M), new
+        assert f"{old} into {new}" in doc, f"docs/engine-patches.md does not say {old} went into {new}"
+        assert f"#### Folded in: what was {old} " in doc, f"docs/engine-patches.md lost {old}'s section"

@@ -59,23 +59,20 @@ def _assert_restored_whole(srv, c, a: list[int], first: dict, n_requests: int) -
     assert again["timings"].get("draft_n", 0) > 0, f"the draft did not engage after the restore: {again['timings']}"
 
 
-@pytest.mark.parametrize("order", ["default", "sync", "launch"])
+@pytest.mark.parametrize("order", ["default", "launch"])
 def test_an_idle_slot_reaches_the_prompt_cache_after_the_next_prompt_starts(small_pair, start_server, monkeypatch, order):
     """Two slots, no unified KV cache, the draft on. Request A fills one slot; request B takes the
     other (pinned there: unpinned, patch 0045 would give it A's slot). By default A's slot is saved to the prompt cache only once B's prompt has been taken in
-    (0040), its host memory faulted in by a helper thread meanwhile (0041): B's "new prompt" line
+    (0040), its host memory faulted in by a helper thread meanwhile: B's "new prompt" line
     comes first, then the save of A's length and "publishing idle slots ..." (during a generation
-    step, or, if the memory was not ready before B ended, once every slot is idle); the same with
-    LLAMA_SERVER_IDLE_PUBLISH_SYNC=1 (0040 alone: the memory allocated on the main loop, at the
-    publish); with LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1 (upstream's order) the
+    step, or, if the memory was not ready before B ended, once every slot is idle); with
+    LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH=1 (upstream's order) the
     save comes before B's prompt. Either way the saved state is whole: request D, pinned
     to A's slot, overwrites it (a pinned launch saves nothing), and A sent again is restored from
     the cache ("found better prompt"), processes only a few tokens, and answers A's greedy tokens
     (the drafter's state came back with the target's)."""
     if order == "launch":
         monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_AT_LAUNCH", "1")
-    if order == "sync":
-        monkeypatch.setenv("LLAMA_SERVER_IDLE_PUBLISH_SYNC", "1")
     srv, c, (a, b, d) = _two_slots(small_pair, start_server, 512, 11, (120, 90, 70))
 
     first = c.post_json("/completion", {**BODY, "prompt": a})

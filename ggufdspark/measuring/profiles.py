@@ -111,7 +111,7 @@ _RECOMMENDATION: dict[str, tuple[tuple[type, ...], object, str]] = {
     # tune's confidence threshold, measured with draft_n_max (launch.decide applies it with that length)
     "p_min": ((int, float), lambda v: 0 <= v <= 1, "a number 0..1"),
     "why": ((str,), lambda v: True, "a string"),
-    # tune --load: drafts cut to L while more than N slots are busy (engine patches 0021, 0030)
+    # tune --load: drafts cut to L while more than N slots are busy (engine patch 0021)
     "load_cut": ((list,), lambda v: all(isinstance(x, list) and len(x) == 2 and all(
         isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in x) for x in v), "a list of [N, L] pairs"),
 }

@@ -70,7 +70,7 @@ class ServerSettings:
     draft_n_min: int | None = 0
     draft_p_min: float | None = None
     # new drafts pause while more slots than this generate (engine patch 0011; None: no limit)
-    # drafts cut to L tokens while more than N slots are busy, as (N, L) pairs (engine patches 0021, 0030)
+    # drafts cut to L tokens while more than N slots are busy, as (N, L) pairs (engine patch 0021)
     draft_n_max_by_slots: list[tuple[int, int]] | None = None
     # the draft context's n_ubatch (engine patch 0037, --spec-draft-ubatch; None: the target's), given
     # only with a draft: a DSpark drafter takes a step's processed rows in chunks of this many
