@@ -270,8 +270,11 @@ def quant_pair(small_pair, pairs_root, dspark_engine) -> dict[str, Path]:
 
 # ---------------------------------------------------------------------------------------------
 # markers: a test that reaches the built engine through the fixtures (dspark_engine, and every
-# fixture built on it: start_server, isolated, engine_src, quant_pair) is marked ``engine``;
-# ``make test-fast`` runs the others (converters, readers, parsers, the fake Hub, the recipe)
+# fixture built on it: start_server, isolated, engine_src, quant_pair) is marked ``engine`` here;
+# one whose CLI run or script finds the engine itself (serve, check --mmproj, a benchmark script)
+# carries ``@pytest.mark.engine`` (the "not engine" tests pass with GGUFDSPARK_SERVER=/nonexistent).
+# ``slow``: the tests that take longest on a 2-core CPU (seconds of waiting or of real work).
+# ``make test-fast`` runs neither (converters, readers, parsers, the fake Hub); ``make test`` runs all.
 # ---------------------------------------------------------------------------------------------
 
 
