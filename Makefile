@@ -1,6 +1,6 @@
 # ggufdspark: every target does its own set-up and is idempotent.
 #   make demo   convert a generated pair, serve it, send a request, print acceptance timings
-#   make test   the whole test suite against the real engine
+#   make test   the whole test suite against the real engine (make test-fast: what needs no engine)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -56,13 +56,19 @@ browser: venv
 	fi
 	@$(PY) -c "import selenium" 2>/dev/null || $(PY) -m pip install -q "selenium>=4.20"
 
+# The suite runs in TEST_WORKERS pytest-xdist workers (0: in one process). Its tests wait (on servers,
+# scripts, timeouts) about as much as they compute, and every llama-server they start runs one
+# compute thread (tests/conftest.py), so two workers fill two cores; worksteal evens out the long ones.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+
 test: engine bindings browser
-	@$(PY) -m pytest -q tests; rc=$$?; \
+	@$(PYTEST) tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# the tests that need no engine from the fixtures (converters, readers, parsers, the fake Hub, the recipe)
+# the tests that start no engine and are not slow (converters, readers, parsers, the fake Hub)
 test-fast: venv
-	@$(PY) -m pytest -q -m "not engine" tests; rc=$$?; \
+	@$(PYTEST) -m "not engine and not slow" tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 bench: engine bindings

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-# ---------------------------------------------------------------------------------------------
-# doctor / bindings fixtures (tests/test_doctor.py, tests/test_bindings.py)
-#
-# These tests run against the real built engine and its real shared libraries. When the engine
-# is absent they FAIL with what is missing (they never skip): build it with
-# `ggufdspark build-engine`, or point GGUFDSPARK_SERVER at a shared-library llama-server build.
-# ---------------------------------------------------------------------------------------------
-
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -20,6 +13,36 @@ from typing import Callable
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------------------------
+# what every process the suite starts inherits (set when pytest loads this file, before any test)
+# ---------------------------------------------------------------------------------------------
+
+# One compute thread per llama-server (the engine's -t, read from its environment: ggufdspark leaves
+# LLAMA_ARG_THREADS to the engine, and the draft's and the batch's threads follow it). The tiny
+# generated models gain nothing from a second thread, and the engine's OpenMP workers spin at every
+# barrier: two-thread servers side by side (a plain and a drafted arm, two xdist workers, another job
+# on the machine) wait on each other's cores. A value already in the environment wins.
+os.environ.setdefault("LLAMA_ARG_THREADS", "1")
+
+# Tests stop their children with SIGINT and SIGHUP and expect the defaults there (Ctrl-C, a closed
+# terminal). A suite started where those are ignored (nohup; a background job of a script without job
+# control ignores SIGINT) would hand its children the ignored disposition, which exec keeps, and
+# ggufdspark leaves an inherited ignored signal ignored, as nohup asks. A handler is reset to the
+# default at exec: swap an inherited SIG_IGN for a handler that does nothing, so pytest still
+# ignores the signal and its children start as they would from a terminal.
+for _sig in (signal.SIGINT, signal.SIGHUP):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, lambda signum, frame: None)
+
+# ---------------------------------------------------------------------------------------------
+# doctor / bindings fixtures (tests/test_doctor.py, tests/test_bindings.py)
+#
+# These tests run against the real built engine and its real shared libraries. When the engine
+# is absent they FAIL with what is missing (they never skip): build it with
+# `ggufdspark build-engine`, or point GGUFDSPARK_SERVER at a shared-library llama-server build.
+# ---------------------------------------------------------------------------------------------
 
 # A stand-in for "another llama.cpp": answers --version and --help like llama-server does, but
 # its --spec-type list has no draft-dspark, and it knows no other flag (--list-devices included).
@@ -247,8 +270,11 @@ def quant_pair(small_pair, pairs_root, dspark_engine) -> dict[str, Path]:
 
 # ---------------------------------------------------------------------------------------------
 # markers: a test that reaches the built engine through the fixtures (dspark_engine, and every
-# fixture built on it: start_server, isolated, engine_src, quant_pair) is marked ``engine``;
-# ``make test-fast`` runs the others (converters, readers, parsers, the fake Hub, the recipe)
+# fixture built on it: start_server, isolated, engine_src, quant_pair) is marked ``engine`` here;
+# one whose CLI run or script finds the engine itself (serve, check --mmproj, a benchmark script)
+# carries ``@pytest.mark.engine`` (the "not engine" tests pass with GGUFDSPARK_SERVER=/nonexistent).
+# ``slow``: the tests that take longest on a 2-core CPU (seconds of waiting or of real work).
+# ``make test-fast`` runs neither (converters, readers, parsers, the fake Hub); ``make test`` runs all.
 # ---------------------------------------------------------------------------------------------
 
 

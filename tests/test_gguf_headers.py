@@ -122,6 +122,7 @@ def test_malformed_header_is_one_error_line(small_pair, tmp_path, ggufdspark_cli
     assert report["ok"] is False and key in report["error"] and str(crafted) in report["error"]
 
 
+@pytest.mark.engine
 def test_malformed_header_stops_serve_before_the_engine(small_pair, tmp_path, ggufdspark_cli):
     crafted, target, draft = _make(small_pair, tmp_path, "draft", VARIANTS[2][3])
     proc = ggufdspark_cli("serve", "-m", str(target), "-md", str(draft), "--port", "0", timeout=120)

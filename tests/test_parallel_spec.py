@@ -11,6 +11,8 @@ import re
 import threading
 from collections import Counter
 
+import pytest
+
 from ggufdspark.measuring.gate import top_logprobs_by_position
 
 SLOTS = 8
@@ -149,6 +151,7 @@ def test_many_slots_with_draft_are_lossless_and_never_abort(strong_conv_pair, st
         spec.stop()
 
 
+@pytest.mark.slow
 def test_repacked_weights_serve_many_sequences_at_once(pairs_root, start_server):
     """Issue 12, item 5: on CPUs with AMX the pinned engine's repacked-weight matmul crashed on the
     first batch holding several sequences (a 320M LFM2 pair, F16; 2 of 2 runs here). Patch 0009
@@ -284,6 +287,7 @@ def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engi
     assert (tmp_path / "logs" / "run1.log").is_file()
 
 
+@pytest.mark.engine
 def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
     """A malformed --env (crash_hunt.py, parallel_load.py) or --load-lengths (dspark_speed.py) is
     refused before any server starts: exit 2, one line naming the value; a missing model file
@@ -315,6 +319,7 @@ def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
         parse_env("A=1 B")
 
 
+@pytest.mark.engine
 def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_path):
     """benchmarks/dspark_speed.py --load-trials N: every concurrency level of every load arm is
     measured N times on the real engine, each wave kept in the JSON, the median reported."""
@@ -339,6 +344,7 @@ def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_pa
         assert r["aggregate_tps_c2"] == statistics.median(waves), r
 
 
+@pytest.mark.engine
 def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp_path):
     """benchmarks/dspark_speed.py --interleave: every one-request arm's server (plain, two lengths,
     an engine-environment variant and a server-flag variant of each and, with --cross-variants, the
@@ -615,6 +621,7 @@ def test_drafting_resumes_after_a_pause_losslessly(strong_conv_pair, start_serve
     assert not any("inconsistent sequence positions" in line for line in log), "a drafter decode was refused"
 
 
+@pytest.mark.slow
 def test_the_load_cut_counts_a_slot_processing_its_prompt(strong_conv_pair, start_server):
     """Patch 0021 (with what was 0030): --spec-draft-n-max-by-slots counts every busy slot, a prompt
     being processed as much as a slot generating, so a long prompt that arrives while one request

@@ -61,6 +61,7 @@ def test_build_engine_refuses_dev_without_patches(ggufdspark_cli):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_series_round_trip_through_the_git_checkout(tmp_path):
     """checkout applies both series with git am (so each applies on top of the ones before it);
     export writes them back byte for byte."""

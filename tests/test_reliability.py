@@ -404,6 +404,7 @@ def test_api_key_never_on_a_command_line(serve_cli):
         s.cleanup()
 
 
+@pytest.mark.engine
 def test_dry_run_masks_a_key_given_to_the_engine(ggufdspark_cli, small_pair):
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
                        "--", "--api-key", "sk-extra-secret", "--seed", "7")
@@ -469,6 +470,7 @@ def test_converter_refuses_a_hard_link_to_an_input(small_pair, tmp_path):
 # ----------------------------------------------------------------------------- 10: one-line errors
 
 
+@pytest.mark.engine
 def test_os_and_argument_errors_are_one_line(ggufdspark_cli, small_pair, tmp_path, state_home):
     pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
     a_file = tmp_path / "a-file"

@@ -229,6 +229,7 @@ def test_the_users_llama_arg_environment_adds_no_draft_nor_model(small_pair, dsp
         p.wait(timeout=60)
 
 
+@pytest.mark.engine
 def test_serve_refuses_mismatched_pair(ggufdspark_cli, small_pair, other_pair):
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(other_pair.draft), "--dry-run")
     assert p.returncode != 0
@@ -237,6 +238,7 @@ def test_serve_refuses_mismatched_pair(ggufdspark_cli, small_pair, other_pair):
     assert forced.returncode == 0 and "FAILED check" in forced.stderr
 
 
+@pytest.mark.engine
 def test_serve_dry_run_prints_command_for_this_hardware(ggufdspark_cli, small_pair):
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
                        "--api-key", "sk-secret-123", "--", "--seed", "7")
@@ -252,6 +254,7 @@ def test_serve_dry_run_prints_command_for_this_hardware(ggufdspark_cli, small_pa
     assert "--spec-draft-n-max 7" in p.stdout
 
 
+@pytest.mark.engine
 def test_serve_dry_run_json_is_the_plan_with_keys_redacted(ggufdspark_cli, small_pair):
     """--dry-run --json: one JSON object on stdout, the same command line as the text form, the
     settings and the reasons; no key anywhere, only the key file's placeholder (issue 14)."""
@@ -274,6 +277,7 @@ def test_serve_dry_run_json_is_the_plan_with_keys_redacted(ggufdspark_cli, small
     assert plan_["engine"]["dspark"] is True and plan_["check"]["ok"] is True and plan_["warnings"] == []
 
 
+@pytest.mark.engine
 def test_a_pair_is_named_the_same_way_in_every_verb(ggufdspark_cli, small_pair):
     """-m/-md, with --target/--draft as aliases (issue 14): the same command either way."""
     t, d = str(small_pair.target), str(small_pair.draft)
@@ -288,6 +292,7 @@ def test_a_pair_is_named_the_same_way_in_every_verb(ggufdspark_cli, small_pair):
             in h.stdout, h.stdout
 
 
+@pytest.mark.engine
 def test_serve_cuts_drafts_by_load(ggufdspark_cli, small_pair):
     """--draft-n-max-by-slots N:L,... reaches the engine (patch 0021) when more than the first N slots
     are served; a schedule that never engages is said and dropped; a malformed one is refused in one
@@ -306,6 +311,7 @@ def test_serve_cuts_drafts_by_load(ggufdspark_cli, small_pair):
         assert p.returncode == 2 and len(lines) == 1 and repr(bad) in lines[0], (bad, p.stderr)
 
 
+@pytest.mark.engine
 def test_serve_has_no_slot_limit_option(ggufdspark_cli, small_pair):
     """--draft-max-slots (engine patch 0011, pausing new drafts under load, since removed from the
     series) measured 0.88-0.90x of plain on an H200: serve does not offer it, nor puts
@@ -336,6 +342,7 @@ def test_the_cuda_load_cut_goes_with_the_table_length_only():
     assert launch.decide(DeviceReport(backend="cpu", source="none"), engine, parallel=32).draft_cut is None
 
 
+@pytest.mark.engine
 def test_serve_draft_cut_off_and_malformed(ggufdspark_cli, small_pair):
     """--draft-n-max-by-slots off: no cut on the command line; the --json plan's decision names the cut
     applied (none, or the one given); a malformed value: one line, exit 2."""
@@ -349,6 +356,7 @@ def test_serve_draft_cut_off_and_malformed(ggufdspark_cli, small_pair):
     assert p.returncode == 2 and "'8:x' is not N:L" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.engine
 def test_serve_warns_on_open_host_without_key(ggufdspark_cli, small_pair):
     p = ggufdspark_cli("serve", "-m", str(small_pair.target), "-md", str(small_pair.draft), "--dry-run",
                        "--host", "0.0.0.0")
@@ -534,6 +542,7 @@ def test_the_engine_error_line_names_a_cuda_death():
     assert engine_error_line(log.splitlines()[0] + "\nall is well") is None
 
 
+@pytest.mark.engine
 def test_serve_port_in_use(ggufdspark_cli, small_pair):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -552,6 +561,7 @@ def test_serve_port_zero_picks_a_free_port(small_pair, dspark_engine):
         assert client.health()["status"] == "ok"
 
 
+@pytest.mark.engine
 def test_serve_missing_and_non_gguf_files(ggufdspark_cli, small_pair, tmp_path):
     junk = tmp_path / "draft.gguf"
     junk.write_text("hello")

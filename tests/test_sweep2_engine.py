@@ -133,6 +133,7 @@ def test_engine_crash_at_start_is_named_by_its_signal(small_pair, dspark_engine,
 # ----------------------------------------------------------------------------- supervision
 
 
+@pytest.mark.slow
 def test_supervision_restarts_a_hung_engine_and_names_every_cause(small_pair, dspark_engine, tmp_path):
     """A stopped engine answers nothing: restarted after the health timeout, the cause printed and
     written into its log; then a crash by signal is named as such."""

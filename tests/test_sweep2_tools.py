@@ -69,6 +69,7 @@ def _usage_table(pair, tmp_path) -> list[tuple[str, list[str], str]]:
     ]
 
 
+@pytest.mark.slow
 def test_every_usage_error_exits_2(ggufdspark_cli, small_pair, isolated, tmp_path):
     """The table of row 12 (and the new checks of rows 3, 6, 13): each refused before any work with
     one line and exit code 2, as errors.py documents. Before the fix most exited 1."""
@@ -164,7 +165,9 @@ def silent_hub(tmp_path):
 
 
 @pytest.mark.parametrize("hang,stage", [(r".", "reading the Hub failed"),
-                                        (r"^POST /[^ ]+\.git/info/lfs/objects/batch$", "upload failed"),
+                                        # huggingface_hub retries a timed-out upload, with pauses: about 35 s
+                                        pytest.param(r"^POST /[^ ]+\.git/info/lfs/objects/batch$", "upload failed",
+                                                     marks=pytest.mark.slow),
                                         (r"^POST /api/models/[^ ]+/commit/", "commit failed")],
                          ids=["every-request", "at-the-upload", "at-the-commit"])
 def test_publish_to_a_hub_that_never_answers_ends(ggufdspark_cli, small_pair, silent_hub, hang, stage):

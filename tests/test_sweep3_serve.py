@@ -251,6 +251,7 @@ class _LongStream:
         self.conn.close()
 
 
+@pytest.mark.slow
 def test_a_busy_engine_whose_http_pool_is_full_is_not_restarted(small_pair, dspark_engine, tmp_path):
     """Every HTTP thread of the engine busy (held connections, one long generation), so /health
     queues and answers nothing for longer than the health timeout, while the engine works and its
@@ -298,6 +299,7 @@ def test_a_busy_engine_whose_http_pool_is_full_is_not_restarted(small_pair, dspa
 # ----------------------------------------------------------------------------- row 6: a crash loop
 
 
+@pytest.mark.slow
 def test_crashes_count_toward_the_limit_only_within_the_restart_window(small_pair, dspark_engine, tmp_path):
     """With --max-restarts 1, the second crash ended serve however far apart the two were. Now an
     engine that served --restart-window seconds after a crash starts the count again; two crashes

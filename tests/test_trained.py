@@ -137,6 +137,7 @@ def test_draft_length_and_lossless_hold_for_the_trained_pair_on_four_slots(train
     assert len({tuple(x) for x in a}) == len(prompts)
 
 
+@pytest.mark.slow
 def test_recipe_trains_a_pair_that_converts_and_checks(tmp_path):
     """The recipe end to end at its smoke size (seconds on a CPU): corpus, target, distillation,
     drafter, evaluation, export; the result converts with ggufdspark's converters and checks."""
@@ -186,6 +187,7 @@ def test_bench_gates_and_measures_the_trained_pair(trained_pair, ggufdspark_cli,
 MIN_AFTER_PAUSE = 0.8
 
 
+@pytest.mark.slow
 def test_acceptance_holds_after_drafting_resumes_from_a_pause(trained_pair, torch_pair, start_server):
     """Eight requests at once on eight slots, drafting paused while more than four are busy, answers
     of staggered lengths so that slots free up one by one and drafting resumes for the rest: the

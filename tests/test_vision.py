@@ -226,6 +226,7 @@ def test_mmproj_refuses_bad_input(vl, tmp_path, damage, expect):
 # ----------------------------------------------------------------------------- check
 
 
+@pytest.mark.engine
 def test_check_refuses_mmproj_of_another_model(ggufdspark_cli, vl, other_mmproj):
     ok = ggufdspark_cli("check", str(vl["tower"]), str(vl["draft"]), "--mmproj", str(vl["mmproj"]))
     assert ok.returncode == 0, ok.stdout + ok.stderr

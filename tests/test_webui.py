@@ -170,6 +170,7 @@ def _send(driver, wait, text: str) -> None:
     box.send_keys("\n")  # Enter sends
 
 
+@pytest.mark.engine
 def test_chat_page_answers_text_and_image_with_the_draft(browser, chat_ui, vl_pair, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
