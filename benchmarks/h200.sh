@@ -83,8 +83,8 @@ run() { local name=$1 lines=$2; shift 2; rm -rf "${W:?}/$name"
     "$@" --json "$OUT/$name.json" --log-dir "$W/$name" 2>&1 | tee "${TXT:-$OUT}/$name.txt" \
         | grep -av -E "^(bench|tune) --load: [0-9]+%" | tail -n "$lines"
     return "${PIPESTATUS[0]}"; }
-# the pair, the engine and where it runs, as every benchmark script names them
-pair() { echo -m "$T" -md "$D" --server "$(BIN)" $GPU; }
+# the pair, the engine and where it runs, as every benchmark script names them, in P
+pair() { P=(-m "$T" -md "$D" --server "$(BIN)" ${GPU:+"$GPU"}); }
 # the engine's profile lines (arms with LLAMA_SPEC_PROFILE=1) of every log in $1, each after its log's name, into $2
 profile() { grep -a -H -E "${3:-decode window|decode profile|spec profile}" "$1"/*.log 2>/dev/null | sed "s|^$1/||" > "$2"
     [ -s "$2" ] || rm -f "$2"; }
@@ -96,10 +96,11 @@ rates() { $py -c "from ggufdspark.measuring.acceptance import PROFILES; print(',
 tbo_build() { cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 && cmake --build "$1" --target test-backend-ops \
     -j "$(nproc)" >> "$W/tbo.log" 2>&1 || { echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; return 1; }; }
 nvcc_path() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
-mixed() { echo benchmarks/slots.py mixed $(pair) --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}" \
-    --slots "${SLOTS:-32}" --envs="${ENVS:--}"; }
+mixed() { pair; P=(benchmarks/slots.py mixed "${P[@]}" --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}"
+    --slots "${SLOTS:-32}" --envs="${ENVS:--}"); }
 
-for stage in ${*:-${STAGES:-setup speed}}; do
+stages=("$@"); [ $# -gt 0 ] || read -ra stages <<< "${STAGES:-setup speed}"
+for stage in "${stages[@]}"; do
 case $stage in setup|unpack|vl|kernels|topk|trained|train) ;; *)
     if [ ! -f "$D" ]; then
         echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
@@ -137,7 +138,7 @@ setup)
     build
     if [ -n "${gen:-}" ]; then wait "$gen"; echo "generate+convert rc=$?"; tail -n 3 "$W/gen.log"; fi ;;
 speed)
-    run speed 8 $py benchmarks/speed.py decode $(pair) --n-predict 256 --trials "${TRIALS:-5}" --lengths "${LENGTHS:-5,7}" \
+    pair; run speed 8 $py benchmarks/speed.py decode "${P[@]}" --n-predict 256 --trials "${TRIALS:-5}" --lengths "${LENGTHS:-5,7}" \
         --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} \
         ${INTERLEAVE:+--interleave} ${CROSS:+--cross-variants}
     profile "$W/speed" "$OUT/speed-profile.txt" "spec profile|decode profile"
@@ -151,16 +152,17 @@ speed)
     done ;;
 slots)
     echo "== mixed traffic: slots ${SLOTS:-32}, arms ${ARMS:-plain,draft}, envs '${ENVS:--}', runs ${RUNS:-3}"
-    TXT=$W run "mixed-$TAG" 200 timeout "$LIMIT" $py $(mixed) --arms "${ARMS:-plain,draft}" --runs "${RUNS:-3}"
+    mixed; TXT=$W run "mixed-$TAG" 200 timeout "$LIMIT" $py "${P[@]}" --arms "${ARMS:-plain,draft}" --runs "${RUNS:-3}"
     echo "slots rc=$?" ;;
 sanitize)
-    TXT=$W run sanitize 200 timeout "$LIMIT" $py $(mixed) --arms "${ARMS:-plain}" --runs 1 --sanitizer
+    mixed; TXT=$W run sanitize 200 timeout "$LIMIT" $py "${P[@]}" --arms "${ARMS:-plain}" --runs 1 --sanitizer
     echo "sanitize rc=$?"; grep -h -m 40 "=========" "$W"/sanitize/s*.log | head -n 60 ;;
 load)
+    read -ra load_args <<< "${LOAD_ARGS:-}"
     for ans in ${ANSWERS:-256}; do
         args=(bench --load -m "$T" -md "$D" --server "$(BIN)" --clients "${CLIENTS:-1,2,4,8,16,32,64}" --answer-tokens "$ans"
               --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --synthetic-rates "$(rates)"
-              ${TEMPERATURE:+--temperature "$TEMPERATURE"} ${ROUNDS:+--rounds "$ROUNDS"} ${LOAD_ARGS:-})
+              ${TEMPERATURE:+--temperature "$TEMPERATURE"} ${ROUNDS:+--rounds "$ROUNDS"} "${load_args[@]}")
         echo "== ${args[*]}"
         run "load-$ans" 40 $py -m ggufdspark "${args[@]}" --force ||
             { echo "== bench --load failed (logs: $W/load-$ans)"; for f in "$W/load-$ans"/*.log; do echo "-- $f"; tail -n 8 "$f"; done; }
@@ -189,14 +191,14 @@ arms)
         ${CONVERSATIONS:+--conversations}
     profile "$W/arms-$TAG" "$OUT/arms-$TAG-profile.txt" ;;
 layout)
-    run "layout-$TAG" 16 $py benchmarks/costs.py layout $(pair) --slots "${LAYOUT_SLOTS:-16}" --requests "${LAYOUT_REQUESTS:-4}" ;;
+    pair; run "layout-$TAG" 16 $py benchmarks/costs.py layout "${P[@]}" --slots "${LAYOUT_SLOTS:-16}" --requests "${LAYOUT_REQUESTS:-4}" ;;
 prefill)
-    arm_args "${PREFILL_ARMS:-}"
-    run "prefill-$TAG" $((8 + ${#ARMS_ARGS[@]} / 2)) $py benchmarks/speed.py prefill $(pair) \
+    arm_args "${PREFILL_ARMS:-}"; pair
+    run "prefill-$TAG" $((8 + ${#ARMS_ARGS[@]} / 2)) $py benchmarks/speed.py prefill "${P[@]}" \
         --prompt-tokens "${PREFILL_TOKENS:-4096}" --concurrency 8 "${ARMS_ARGS[@]}"
     profile "$W/prefill-$TAG" "$OUT/prefill-$TAG-profile.txt" ;;
 sampling)
-    run sampling 10 $py benchmarks/costs.py sampling $(pair) --n-max "${N_MAX:-7}" --synthetic --trials "${TRIALS:-3}" \
+    pair; run sampling 10 $py benchmarks/costs.py sampling "${P[@]}" --n-max "${N_MAX:-7}" --synthetic --trials "${TRIALS:-3}" \
         --n-predict 256 ${GRAPH_TOPK:+--graph-topk "$GRAPH_TOPK"} ;;
 first)
     run first 6 $py benchmarks/serving.py first -m "$T" -md "$D" --server "$(BIN)" --runs "${RUNS:-3}" \
@@ -210,7 +212,7 @@ timeline)
     CL=$(cd "$C" && pwd)/lib; [ -f "$CL/libcupti.so" ] || CL=$(cd "$C" && pwd)/lib64
     "$nv" -std=c++17 -shared -Xcompiler -fPIC -I "$C/include" benchmarks/cuda/cupti_trace.cpp -L "$CL" -lcupti \
         -Xlinker -rpath="$CL" -o "$W/libcupti_trace.so" || { echo "stage timeline: the tracer did not build"; continue; }
-    rm -rf "$W/tl" && mkdir -p "$W/tl"
+    rm -rf "$W/tl" && mkdir -p "$W/tl"; pair
     for part in ${TIMELINE:-prefill decode}; do
         case $part in
         prefill) cmd=(benchmarks/speed.py prefill --prompt-tokens "${PREFILL_TOKENS:-4096}" --concurrency 8) ;;
@@ -219,7 +221,7 @@ timeline)
         esac
         # every server the part starts is traced, one file a process (its command line names it)
         CUDA_INJECTION64_PATH="$W/libcupti_trace.so" GGUFDSPARK_CUPTI_API="${TIMELINE_API:-0}" \
-            GGUFDSPARK_CUPTI_OUT="$W/tl/$part-%p.csv" TXT=$W run "timeline-$part-speed" 6 $py "${cmd[@]}" $(pair)
+            GGUFDSPARK_CUPTI_OUT="$W/tl/$part-%p.csv" TXT=$W run "timeline-$part-speed" 6 $py "${cmd[@]}" "${P[@]}"
         files=("$W"/tl/"$part"-*.csv)
         if [ ! -f "${files[0]}" ]; then echo "stage timeline: $part wrote no trace (no process initialised CUDA)"; continue; fi
         $py benchmarks/cuda/probes.py timeline "${files[@]}" --json "$OUT/timeline-$part.json" > "$OUT/timeline-$part.txt" 2>&1
@@ -239,9 +241,9 @@ lossless)
 verbose)
     if [ -z "${VERBOSE_GREP:-}" ]; then echo "stage verbose: VERBOSE_GREP: the log lines to find (a grep -E pattern)"; continue; fi
     # the drafted server serve would start here, its command line from serve itself, with -v
-    cmd=$($py -m ggufdspark serve -m "$T" -md "$D" --server "$(BIN)" --port "${PORT:-18099}" --no-ui --dry-run -- -v) ||
+    line=$($py -m ggufdspark serve -m "$T" -md "$D" --server "$(BIN)" --port "${PORT:-18099}" --no-ui --dry-run -- -v) ||
         { echo "stage verbose: serve --dry-run failed"; continue; }
-    eval "argv=($cmd)"; env_args=(); [ "${ENVS:--}" != - ] && read -ra env_args <<< "${ENVS//,/ }"
+    argv=(); eval "argv=($line)"; env_args=(); [ "${ENVS:--}" != - ] && read -ra env_args <<< "${ENVS//,/ }"
     env "${env_args[@]}" "${argv[@]}" > "$W/verbose.log" 2>&1 &
     vpid=$!
     for _ in $(seq 600); do curl -sf "http://127.0.0.1:${PORT:-18099}/health" > /dev/null && break
@@ -284,7 +286,7 @@ trained)
         key=$(basename "$(dirname "$(dirname "$(dirname "$(BIN)")")")"); mkdir -p "$OUT/engine"
         tar -C "$W/cache/engine" -cf - "$key/build.json" "$key/build/bin" | xz -T16 -3 | split -b 15M - "$OUT/engine/$key.tar.xz."
     fi
-    A=($py benchmarks/trained.py acceptance -m "$T" -md "$D" --pair "$PAIR" --server "$(BIN)" --gpu
+    A=("$py" benchmarks/trained.py acceptance -m "$T" -md "$D" --pair "$PAIR" --server "$(BIN)" --gpu
        --draft "${DRAFT_N:-8}" --answer "${ANSWER:-128}" --log-dir "$W/acc" --pause 16:8)
     timeout "${LEVELS_TIMEOUT:-240}" "${A[@]}" --levels "${LEVELS:-1,8,32,64}" --requests-per-client "${RPC:-1}" \
         --json "$OUT/acceptance.json" 2>&1 | grep -v -i "warn\|causal_conv\|detach" | tee "$OUT/acceptance.txt"

@@ -426,5 +426,5 @@ def test_device_script_takes_every_llama_server_command_line_from_serve():
     assert not own, f"llama-server flags written in h200.sh: {own}"
     uses = [code[max(0, m.start() - 20):m.start()] for m in re.finditer(r'"\$\(BIN\)"', code)]
     assert uses and all(re.search(r"(--server |dirname |GGUFDSPARK_SERVER=)$", u) for u in uses), uses
-    assert re.search(r'cmd=\$\(\$py -m ggufdspark serve -m "\$T" -md "\$D" --server "\$\(BIN\)" .*--dry-run -- -v\)', code)
-    assert 'eval "argv=($cmd)"' in code and '"${argv[@]}" > "$W/verbose.log"' in code
+    assert re.search(r'line=\$\(\$py -m ggufdspark serve -m "\$T" -md "\$D" --server "\$\(BIN\)" .*--dry-run -- -v\)', code)
+    assert 'eval "argv=($line)"' in code and '"${argv[@]}" > "$W/verbose.log"' in code
