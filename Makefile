@@ -72,7 +72,7 @@ test-fast: venv
 	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 bench: engine bindings
-	$(PY) benchmarks/convert_speed.py
+	$(PY) benchmarks/convert_speed.py convert
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

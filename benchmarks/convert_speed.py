@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
-"""Conversion speed and memory: ggufdspark vs llama.cpp's reference converter, side by side.
+"""ggufdspark's GGUF files against llama.cpp's own tools, side by side on this machine, each arm its
+own child process, median wall time and peak resident set:
 
-Full-size synthetic drafter (the published shapes: 4 layers, hidden 2048, vocab 128000, Markov
-rank 256, confidence head; 279.5M parameters, BF16 input), F16 output, on this machine. Each arm
-runs as its own child process, alternating, ``--trials`` times; we report the median wall time and
-the peak resident set (``ru_maxrss`` of that child, from ``os.wait4``), plus a plain ``cp`` of the
-input as the I/O floor. Goals (issue 3): at most 1/3 of the reference's wall time and at most
-200 MB peak RSS.
+* ``convert``: converting the full-size synthetic drafter, against the reference converter
+  (``convert_hf_to_gguf.py``) and a plain ``cp`` (issue 3's goals);
+* ``read``: reading a GGUF's header, against gguf-py's ``GGUFReader`` from the pinned tree.
 
-    python benchmarks/convert_speed.py [--trials 3] [--outtype f16] [--work DIR]
+    python benchmarks/convert_speed.py convert [--trials 3] [--outtype f16] [--work DIR]
+    python benchmarks/convert_speed.py read FILE.gguf [--trials 5]
 """
 
 from __future__ import annotations
@@ -23,8 +22,32 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from benchmarks import harness  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.synthetic import synth  # noqa: E402
+
+CONVERT = """Conversion speed and memory: ggufdspark vs llama.cpp's reference converter, side by side.
+
+Full-size synthetic drafter (the published shapes: 4 layers, hidden 2048, vocab 128000, Markov
+rank 256, confidence head; 279.5M parameters, BF16 input), F16 output, on this machine. Each arm
+runs as its own child process, alternating, ``--trials`` times; we report the median wall time and
+the peak resident set (``ru_maxrss`` of that child, from ``os.wait4``), plus a plain ``cp`` of the
+input as the I/O floor. Goals (issue 3): at most 1/3 of the reference's wall time and at most
+200 MB peak RSS.
+
+    python benchmarks/convert_speed.py convert [--trials 3] [--outtype f16] [--work DIR]
+"""
+
+READ = """Reading a GGUF's header (metadata + tensor directory): ggufdspark's reader against gguf-py's
+``GGUFReader`` from the pinned llama.cpp tree, side by side on the same file.
+
+Each arm runs in its own child process, alternating, ``--trials`` times; reported: median wall time
+of the read (from process start to the metadata in hand, interpreter start-up excluded by timing
+inside the child) and the child's peak resident set (``ru_maxrss`` from ``os.wait4``). This is what
+``check`` and ``inspect`` do to every file they are given, Hub downloads included.
+
+    python benchmarks/convert_speed.py read FILE.gguf [--trials 5]
+"""
 
 
 def full_inputs(work: Path) -> tuple[Path, Path]:
@@ -73,13 +96,15 @@ def run_child(cmd: list[str]) -> tuple[float, float]:
     return float(wall), float(rss)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def convert_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trials", type=int, default=3, help="runs of each converter (medians reported)")
     ap.add_argument("--outtype", default="f16", help="output type for both converters")
     ap.add_argument("--work", type=Path, default=engine.cache_dir() / "bench" / "convert",
                     help="where the full-size inputs and the outputs go (inputs reused)")
-    args = ap.parse_args()
+
+
+def convert(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """The conversion's arms (``CONVERT``): the table and the issue's goals printed."""
     args.work.mkdir(parents=True, exist_ok=True)
     tdir, ddir = full_inputs(args.work)
     tree = engine.fetch_source()
@@ -114,7 +139,75 @@ def main() -> None:
           f"; peak RSS <= 200 MB: {'MET' if mine_rss <= 200 else 'NOT MET'}")
     for f in (out_mine, out_ref, out_cp):
         f.unlink(missing_ok=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- read
+
+
+OURS = """
+import sys, time
+t0 = time.perf_counter()
+from ggufdspark.gguffile.reader import read_gguf
+g = read_gguf(sys.argv[1])
+print(f"{time.perf_counter() - t0:.4f} {len(g.tensors)}")
+"""
+
+THEIRS = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+t0 = time.perf_counter()
+from gguf import GGUFReader
+r = GGUFReader(sys.argv[1])
+print(f"{time.perf_counter() - t0:.4f} {len(r.tensors)}")
+"""
+
+
+def run_reader(code: str, *args: str) -> tuple[float, int, float]:
+    """(seconds inside the child, tensors seen, peak RSS in MB) of one child process."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"convert_speed.py read: a child failed (exit {os.waitstatus_to_exitcode(status)})")
+    secs, tensors = out.split()
+    return float(secs), int(tensors), usage.ru_maxrss / 1024
+
+
+def read_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("file", type=Path, help="the GGUF file to read")
+    ap.add_argument("--trials", type=int, default=5, help="reads per reader (median reported)")
+
+
+def read(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """The readers' arms (``READ``): the table printed."""
+    if not a.file.is_file():
+        raise SystemExit(f"convert_speed.py read: {a.file}: no such file")
+    gguf_py = engine.llama_cpp_tree(engine.cache_dir()) / "gguf-py"
+    if not (gguf_py / "gguf" / "__init__.py").is_file():
+        raise SystemExit(f"convert_speed.py read: {gguf_py}: the pinned tree's gguf-py is missing (run 'ggufdspark build-engine')")
+    arms = {"ggufdspark read_gguf": (OURS, str(a.file)),
+            "gguf-py GGUFReader (pinned tree)": (THEIRS, str(a.file), str(gguf_py))}
+    res: dict[str, list[tuple[float, int, float]]] = {k: [] for k in arms}
+    for _ in range(a.trials):
+        for name, (code, *args) in arms.items():
+            res[name].append(run_reader(code, *args))
+    size = a.file.stat().st_size / 1e6
+    print(f"{a.file.name}: {size:.1f} MB, {res[next(iter(res))][0][1]} tensors; median of {a.trials}")
+    base = statistics.median(r[0] for r in res["gguf-py GGUFReader (pinned tree)"])
+    print(f"{'arm':<36}{'read s':>10}{'peak RSS MB':>14}{'vs gguf-py':>12}")
+    for name, rows in res.items():
+        t = statistics.median(r[0] for r in rows)
+        m = statistics.median(r[2] for r in rows)
+        print(f"{name:<36}{t:>10.3f}{m:>14.0f}{t / base:>11.2f}x")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.run_commands(__doc__, {"convert": (CONVERT, convert_arguments, convert),
+                                          "read": (READ, read_arguments, read)}, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,7 +14,10 @@ own measurement code.
   first difference tell a near-tie from a defect).
 * Survival under many slots: ``survive`` starts a fresh server and sends a workload through
   ``clients`` closed-loop clients or in waves (``send_all``), counting answers, and whether and
-  how the server died (crash_hunt.py, parallel_load.py).
+  how the server died (``slots.py``).
+* The scripts' shared pieces: the pair and engine arguments (``add_pair_arguments``) and an arm's
+  engine environment (``environ``, ``parse_env``, ``split_env``: switches of the engine patch series
+  such as ``GGML_CUDA_MMF_FEW=4`` or ``LLAMA_SPEC_PROFILE=1``, set for one arm only).
 
 The synthetic acceptance is the published drafter's profile: mean accept length 4.22 spread over
 the draft's longest draft (its block size for an anchor-first draft: 9 for the published shape) as
@@ -23,17 +26,21 @@ llama.cpp's geometric rates, truncated for a shorter draft, never rescaled per l
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import random
+import re
 import statistics
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
-from benchmarks.engine_env import environ
 from ggufdspark import engine, launch
 from ggufdspark.devices import DeviceReport
 from ggufdspark.errors import EngineError, GgufdsparkError
@@ -47,6 +54,91 @@ PROMPT = ("Describe in detail how speculative decoding works with a small draft 
 PUBLISHED_ACCEPT_LEN = 4.22  # the published VL-3B drafter, request mean (shared/DESIGN.md)
 CTX_MARGIN = 256  # per slot, beyond the generated tokens: the prompt and a draft block
 TRIAL_SEED = 1  # the server seeds a request's synthetic acceptance draws from its seed
+
+
+# --------------------------------------------------------------------------- arguments and environment
+
+
+def add_pair_arguments(ap: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """The pair to measure, named as ggufdspark's own verbs name it (``-m``/``--target``,
+    ``-md``/``--draft``; both required unless ``required`` is false: then the benchmark makes a pair
+    when none is given), and the engine that runs it (``add_engine_arguments``)."""
+    ap.add_argument("-m", "--target", "--model", dest="target", required=required, help="target GGUF")
+    ap.add_argument("-md", "--draft", dest="draft", required=required, help="DSpark draft GGUF")
+    add_engine_arguments(ap)
+
+
+def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
+    """The engine and where it runs."""
+    ap.add_argument("--server", help="llama-server (default: the build ggufdspark finds)")
+    ap.add_argument("--gpu", action="store_true", help="offload both models (-ngl 99 -ngld 99), flash attention on")
+
+
+def run_commands(doc: str, commands: dict[str, tuple[str, Callable, Callable]], argv: list[str] | None = None) -> int:
+    """A script of several measurements, one subcommand each: ``commands`` maps a name to (its
+    description, a function adding its arguments to a parser, a function running it on the parsed
+    arguments and its parser, returning the exit status). A GgufdsparkError (a missing file, a server
+    that died) is one line on stderr and exit 1."""
+    raw = argparse.RawDescriptionHelpFormatter
+    ap = argparse.ArgumentParser(description=doc, formatter_class=raw)
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, (text, add, run) in commands.items():
+        p = sub.add_parser(name, description=text, help=text.strip().splitlines()[0], formatter_class=raw)
+        add(p)
+        p.set_defaults(run=run, parser=p)
+    a = ap.parse_args(argv)
+    run, parser = a.run, a.parser
+    del a.run, a.parser  # the rest is what a result's JSON records
+    try:
+        return run(a, parser)
+    except GgufdsparkError as e:
+        print(f"{Path(sys.argv[0]).name} {a.command}: {e}", file=sys.stderr)
+        return 1
+
+
+@contextlib.contextmanager
+def environ(env: dict[str, str]) -> Iterator[None]:
+    """Set ``env`` while the block runs (an engine started inside inherits it); the previous values
+    (or their absence) come back after."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """``"A=1,B=8"`` or ``"A=1 B=8"`` -> ``{"A": "1", "B": "8"}``: items separated by commas or
+    spaces, as the device script's arm specs write them (``LOAD_ARMS``), empty items skipped. A
+    space-separated group once went in whole as one variable's value (``A`` = ``"1 B=8"``), so the
+    second switch was silently not set; no switch of the series takes a value with a space.
+
+    Raises:
+        ValueError: an item is not NAME=VALUE (the message names it).
+    """
+    pairs = [kv for kv in re.split(r"[,\s]+", text) if kv]
+    bad = [kv for kv in pairs if "=" not in kv]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not NAME=VALUE")
+    return dict(kv.split("=", 1) for kv in pairs)
+
+
+ENV_WORD = re.compile(r"[A-Z][A-Z0-9_]*=")
+
+
+def split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """An arm spec's words: the ``KEY=VALUE`` ones (upper-case KEY: an engine environment variable)
+    as a dict, and the others in their order."""
+    env = dict(w.split("=", 1) for w in words if ENV_WORD.match(w))
+    return env, [w for w in words if not ENV_WORD.match(w)]
+
+
+# --------------------------------------------------------------------------- servers
 
 
 def published_rates(draft: str | Path, accept_len: float = PUBLISHED_ACCEPT_LEN) -> list[float]:
@@ -241,14 +333,6 @@ def lossless(name: str, settings: ServerSettings, log_dir: Path, reference: dict
         gap = f", plain top-2 logprobs {top2[0]:.3f} / {top2[1]:.3f}" if len(top2) == 2 else ""
         res["verdict"] = f"differs at token {i}{gap}"
     return res
-
-
-def levels(text: str) -> list[int]:
-    """``"1,8"`` -> ``[1, 8]`` (sorted, without repeats); refuses a level below 1."""
-    out = sorted({int(x) for x in text.split(",") if x.strip()})
-    if not out or out[0] < 1:
-        raise SystemExit(f"--concurrency {text!r}: expected numbers of parallel requests >= 1, comma-separated")
-    return out
 
 
 # --------------------------------------------------------------------------- survival under many slots

@@ -21,7 +21,7 @@ from ggufdspark.timings.live import LogWindow
 # request does not pay the drafted path's one-time work (the target's reserve that the drafter's
 # taps leave pending, the drafter's first graphs and buffers, on CUDA its graphs' captures and the
 # kernels loaded at their first launch), as vLLM and SGLang capture their CUDA graphs before they
-# serve. What it measured (benchmarks/first_request.py, docs/serve.md): on an H100 (product-42) every
+# serve. What it measured (benchmarks/serving.py first, docs/serve.md): on an H100 (product-42) every
 # server's first request after a start was 8-9x slower to its first token than its later ones, plain
 # too (210 ms cold, 22 ms warm); a short warm-up took 28 ms of that, an untimed 2705-token request
 # about 60% (first TTFT 72 ms), for 0.3-0.4 s more at the start. On the CPU the first request

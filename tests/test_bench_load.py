@@ -438,7 +438,7 @@ def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark
 def test_device_script_speed_stage_interleaves_and_keeps_only_its_own_logs(small_pair, dspark_engine, isolated,
                                                                            tmp_path):
     """benchmarks/h200.sh speed on CPU with the small pair: INTERLEAVE=1, CROSS=1, SPEED_ENVS and
-    SPEED_VARIANTS reach dspark_speed.py (every arm in one interleaved run, the flag set under the
+    SPEED_VARIANTS reach speed.py decode (every arm in one interleaved run, the flag set under the
     environment too); the profiled arms' lines land in speed-profile.txt; a second call on the same
     work folder (a warm machine) leaves that call's server logs only."""
     import os
@@ -469,9 +469,9 @@ def test_device_script_speed_stage_interleaves_and_keeps_only_its_own_logs(small
     assert len(list(logs.glob("*.log"))) == 6, sorted(p.name for p in logs.glob("*.log"))
     # the profiled arms' lines (two servers with LLAMA_SPEC_PROFILE=1), each after its log's name
     profile = (tmp_path / "out1" / "speed-profile.txt").read_text().splitlines()
-    heads = [line for line in profile if line.startswith("== ")]
-    assert len(heads) == 2 and all("LLAMA_SPEC_PROFILE1" in h for h in heads), profile
-    assert sum(line.startswith("spec profile:") for line in profile) == 2, profile
+    names = {line.split(".log:", 1)[0] for line in profile}
+    assert len(names) == 2 and all("LLAMA_SPEC_PROFILE1" in n for n in names), profile
+    assert sum(".log:spec profile:" in line for line in profile) == 2, profile
     second = speed(tmp_path / "out2")
     assert not second["args"]["interleave"] and [r["arm"] for r in second["results"]] == ["plain", "dspark-n2"]
     assert sorted(p.name for p in logs.glob("*.log")) == ["dspark-n2.log", "plain.log"]
@@ -491,7 +491,7 @@ def test_one_request_bench_writes_its_json_file_too(small_pair, ggufdspark_cli, 
 
 
 def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, isolated, dspark_engine, tmp_path):
-    """benchmarks/load_arms.py (h200.sh's `arms` stage): two drafted arms of the same table beside one
+    """benchmarks/serving.py arms (h200.sh's `arms` stage): two drafted arms of the same table beside one
     plain arm, one of them with an engine variable that only its server gets. The variable is
     patch 0025's limit, which the server logs when -np exceeds it (on every backend): only that arm's
     log says so; a second plain arm ("bare=plain KEY=VALUE layout=pooled") gets it too, serves no
@@ -506,7 +506,7 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
     repo = Path(__file__).resolve().parent.parent
     out, logs = tmp_path / "arms.json", tmp_path / "logs"
     env = {**os.environ, **isolated}
-    script = [sys.executable, str(repo / "benchmarks" / "load_arms.py"), "-m", str(small_pair.target),
+    script = [sys.executable, str(repo / "benchmarks" / "serving.py"), "arms", "-m", str(small_pair.target),
               "-md", str(small_pair.draft), "--server", dspark_engine.path]
     p = subprocess.run([*script, "--clients", "1,2", "--requests-per-client", "1", "--answer-tokens", "8",
                         "--arm", "table=3 1:0", "--arm", "flagged=3 1:0 LLAMA_SERVER_CUDA_GRAPHS_MAX_SLOTS=1",
@@ -533,7 +533,7 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
     assert drafting == {"plain": False, "table": True, "flagged": True, "bare": False}, drafting
     assert "flagged/pl" in p.stdout and "table/pl" in p.stdout and "bare/pl" in p.stdout, p.stdout
     # every level's result reaches stderr as it ends, so a run cut short still shows what it measured
-    levels = re.findall(r"^load_arms: (plain|table|flagged|bare), ([12]) clients: [\d.]+ tok/s aggregate", p.stderr,
+    levels = re.findall(r"^arms: (plain|table|flagged|bare), ([12]) clients: [\d.]+ tok/s aggregate", p.stderr,
                         re.M)
     assert sorted(levels) == sorted((a, c) for a in ("plain", "table", "flagged", "bare") for c in ("1", "2")), \
         p.stderr[-2000:]
@@ -545,7 +545,7 @@ def test_named_arms_side_by_side_each_with_its_engine_environment(small_pair, is
 
 
 def test_named_arms_with_the_noise_floor(small_pair, isolated, dspark_engine, tmp_path):
-    """load_arms.py --noise-floor (h200.sh arms with NOISE_FLOOR=1): a second plain server, plain2,
+    """serving.py arms --noise-floor (h200.sh arms with NOISE_FLOOR=1): a second plain server, plain2,
     beside the named arms, on the same prompts, with its band printed after the table; an arm that
     takes its name is refused in one line before any server starts."""
     import os
@@ -556,7 +556,7 @@ def test_named_arms_with_the_noise_floor(small_pair, isolated, dspark_engine, tm
     repo = Path(__file__).resolve().parent.parent
     out, logs = tmp_path / "arms.json", tmp_path / "logs"
     env = {**os.environ, **isolated}
-    script = [sys.executable, str(repo / "benchmarks" / "load_arms.py"), "-m", str(small_pair.target),
+    script = [sys.executable, str(repo / "benchmarks" / "serving.py"), "arms", "-m", str(small_pair.target),
               "-md", str(small_pair.draft), "--server", dspark_engine.path, "--noise-floor"]
     p = subprocess.run([*script, "--clients", "1", "--requests-per-client", "2", "--answer-tokens", "8",
                         "--arm", "served=3", "--json", str(out), "--log-dir", str(logs)], env=env,
@@ -579,7 +579,7 @@ def test_named_arms_with_the_noise_floor(small_pair, isolated, dspark_engine, tm
 
 
 def test_device_script_arms_hold_conversations(small_pair, isolated, dspark_engine, tmp_path):
-    """h200.sh arms with CONVERSATIONS=1 (load_arms.py --conversations): every arm's clients hold
+    """h200.sh arms with CONVERSATIONS=1 (serving.py arms --conversations): every arm's clients hold
     conversations through the prompt cache, the second turn reusing the first's tokens."""
     import os
     import subprocess
@@ -604,7 +604,7 @@ def test_device_script_arms_hold_conversations(small_pair, isolated, dspark_engi
 
 
 def test_named_arms_sample_at_the_temperature_given(small_pair, isolated, dspark_engine, tmp_path):
-    """load_arms.py --temperature (h200.sh arms with TEMPERATURE): every arm's requests are sampled at
+    """serving.py arms --temperature (h200.sh arms with TEMPERATURE): every arm's requests are sampled at
     it (the report's traffic says so, and every server's log shows the sampled chain ending in a
     draw, never the greedy one), with a second plain arm carrying an engine variable beside the
     drafted arm; a temperature below 0 is refused in one line."""
@@ -616,7 +616,7 @@ def test_named_arms_sample_at_the_temperature_given(small_pair, isolated, dspark
     repo = Path(__file__).resolve().parent.parent
     out, logs = tmp_path / "arms.json", tmp_path / "logs"
     env = {**os.environ, **isolated, "LLAMA_ARG_LOG_VERBOSITY": "4"}  # the servers log each task's sampler chain
-    script = [sys.executable, str(repo / "benchmarks" / "load_arms.py"), "-m", str(small_pair.target),
+    script = [sys.executable, str(repo / "benchmarks" / "serving.py"), "arms", "-m", str(small_pair.target),
               "-md", str(small_pair.draft), "--server", dspark_engine.path, "--clients", "1",
               "--requests-per-client", "2", "--answer-tokens", "8"]
     p = subprocess.run([*script, "--temperature", "0.8", "--arm", "d=3", "--arm", "ptopk=plain LLAMA_OUTPUT_TOPK=64",
@@ -775,7 +775,7 @@ def test_device_script_verbose_stage_finds_the_switchs_log_lines(small_pair, dsp
 
 def test_device_script_first_stage_measures_the_first_request_after_serve_starts(small_pair, dspark_engine,
                                                                                   isolated, tmp_path):
-    """benchmarks/h200.sh first (benchmarks/first_request.py) on CPU with the small pair: fresh `serve`
+    """benchmarks/h200.sh first (benchmarks/serving.py first) on CPU with the small pair: fresh `serve`
     processes for each arm and run; the warm arm's ready record has its warm-up's seconds, the cold
     and plain ones none; every server answered its requests (the same prompt, drafted in the drafted
     arms); the summary's first / warm ratio is the medians' own. FIRST_ARMS adds the long arm, whose

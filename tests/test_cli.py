@@ -30,7 +30,7 @@ def test_every_option_of_the_benchmarks_and_scripts_has_help():
     """The argparse parsers of benchmarks/ and scripts/, read from their source (importing them would
     run their path set-up): each add_argument call for an option carries help=."""
     repo = Path(__file__).resolve().parent.parent
-    files = sorted([*(repo / "benchmarks").glob("*.py"), *(repo / "scripts").glob("*.py")])
+    files = sorted([*(repo / "benchmarks").rglob("*.py"), *(repo / "scripts").glob("*.py")])
     assert files, f"no benchmarks or scripts under {repo}"
     missing = []
     for f in files:

@@ -1,6 +1,7 @@
 """benchmarks/harness.py, the one harness of benchmarks/, on the real engine and the small pair:
 an arm's servers through ggufdspark.launch, its one-request and N-at-once figures, the lossless
-check, and benchmarks/prefill_speed.py and sampling_speed.py built on it."""
+check, and the scripts built on it (speed.py prefill, costs.py sampling and layout, cuda/probes.py),
+and the device script benchmarks/h200.sh."""
 
 from __future__ import annotations
 
@@ -42,11 +43,11 @@ def test_an_arm_is_measured_plain_and_drafted_and_checked_lossless(small_pair, i
 
 
 def test_prefill_speed_reports_prompt_processing_plain_and_drafted(small_pair, isolated, tmp_path):
-    """prefill_speed.py: plain and drafted arms, and an --arm variant with an engine variable and a
+    """speed.py prefill: plain and drafted arms, and an --arm variant with an engine variable and a
     server argument (here the drafter's checkpoint copy of patch 0028 and -ctxcp 0) started with
     them; every arm's ratio is against plain; a malformed --arm is refused in one line."""
     out = tmp_path / "prefill.json"
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "prefill_speed.py"), "-m", str(small_pair.target),
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "prefill", "-m", str(small_pair.target),
                         "-md", str(small_pair.draft), "--prompt-tokens", "96", "--concurrency", "2", "--trials", "1",
                         "--arm", "copied=drafted LLAMA_SPEC_CKPT_DFT=1 -ctxcp 0",
                         "--json", str(out), "--log-dir", str(tmp_path / "logs")],
@@ -63,7 +64,7 @@ def test_prefill_speed_reports_prompt_processing_plain_and_drafted(small_pair, i
     copied = rep["arms"][2]
     assert copied["env"] == {"LLAMA_SPEC_CKPT_DFT": "1"} and copied["cmd"].endswith("-ctxcp 0"), copied
     assert "/plain (1)" in p.stdout and rep["ratio"] == rep["arms"][1]["ratio"], p.stdout
-    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "prefill_speed.py"), "-m", str(small_pair.target),
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "prefill", "-m", str(small_pair.target),
                           "-md", str(small_pair.draft), "--arm", "x=neither -ctxcp 0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--arm 'x=neither -ctxcp 0': expected NAME=plain|drafted" in bad.stderr, bad.stderr
@@ -71,7 +72,7 @@ def test_prefill_speed_reports_prompt_processing_plain_and_drafted(small_pair, i
 
 
 def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, ggufdspark_cli):
-    """crash_hunt's default drafted arm (harness.serve_drafted) is serve's drafted server for the
+    """slots.py's default drafted arm (harness.serve_drafted) is serve's drafted server for the
     backend, decided with the real engine: on CUDA at 32 slots the table's draft length 7 (cut to what the
     small pair's drafter makes a step) and the 16:3 load cut
     (drafts cut to 3 above 16 busy slots; the engine has patch 0021) and the drafter's n_ubatch 2048
@@ -106,14 +107,14 @@ def test_serve_drafted_is_the_drafted_server_serve_starts(small_pair, isolated, 
 
 
 def test_sampling_speed_compares_the_top_k_pass_with_the_candidate_array(small_pair, isolated, tmp_path):
-    """sampling_speed.py (h200.sh's `sampling` stage): plain and drafted servers each on three paths,
+    """costs.py sampling (h200.sh's `sampling` stage): plain and drafted servers each on three paths,
     patch 0032's host pass and LLAMA_SAMPLER_NO_FAST_TOPK=1's (both with LLAMA_OUTPUT_TOPK=0: the host
     samples every row) and the graph's top-k of patch 0050 (--graph-topk 48: LLAMA_OUTPUT_TOPK=48),
     the engine's own host sampling time read from every arm's profile, and the seeded tokens compared
     between the paths (identical, or exit 1; that the sampler takes the graph's candidates is
-    graph_topk_switch.py's check, below); -m without -md is refused in one line."""
+    cuda/probes.py topk-switch's check, below); -m without -md is refused in one line."""
     out = tmp_path / "sampling.json"
-    script = [sys.executable, str(REPO / "benchmarks" / "sampling_speed.py")]
+    script = [sys.executable, str(REPO / "benchmarks" / "costs.py"), "sampling"]
     p = subprocess.run([*script, "-m", str(small_pair.target), "-md", str(small_pair.draft), "--n-max", "3",
                         "--synthetic", "--trials", "3", "--n-predict", "200", "--graph-topk", "48", "--json", str(out),
                         "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True, timeout=600)
@@ -137,12 +138,12 @@ def test_sampling_speed_compares_the_top_k_pass_with_the_candidate_array(small_p
 
 
 def test_kv_layout_measures_scattered_slots_in_both_layouts(small_pair, isolated, tmp_path):
-    """kv_layout.py (h200.sh's `layout` stage): plain and drafted servers in llama-server's divided
+    """costs.py layout (h200.sh's `layout` stage): plain and drafted servers in llama-server's divided
     KV layout and in serve's pooled one (the engine's own log says which), each answering the same
     requests pinned to consecutive and to scattered slots; the drafted arms draft; --requests above
     --slots is refused in one line."""
     out, logs = tmp_path / "layout.json", tmp_path / "logs"
-    script = [sys.executable, str(REPO / "benchmarks" / "kv_layout.py"), "-m", str(small_pair.target),
+    script = [sys.executable, str(REPO / "benchmarks" / "costs.py"), "layout", "-m", str(small_pair.target),
               "-md", str(small_pair.draft)]
     p = subprocess.run([*script, "--slots", "6", "--requests", "2", "--n-predict", "24", "--trials", "1",
                         "--json", str(out), "--log-dir", str(logs)], capture_output=True, text=True, timeout=600)
@@ -166,7 +167,7 @@ def test_kv_layout_measures_scattered_slots_in_both_layouts(small_pair, isolated
 
 def test_device_topk_stage_builds_the_kernels_benchmark_against_the_engine(dspark_engine, engine_src, isolated,
                                                                            tmp_path):
-    """benchmarks/h200.sh topk builds benchmarks/topk_cuda.cu with nvcc against the engine's own source
+    """benchmarks/h200.sh topk builds benchmarks/cuda/topk_cuda.cu with nvcc against the engine's own source
     tree (patch 0051's top-k-rows.cuh) and runs it: with no GPU here the program is built and its run
     fails on the device query, rc non-zero. A tree without the header is named in one line and
     nothing is built."""
@@ -198,12 +199,12 @@ def test_device_topk_stage_builds_the_kernels_benchmark_against_the_engine(dspar
 
 
 def test_graph_topk_switch_check_passes_on_the_engine(dspark_engine, engine_src, isolated, tmp_path):
-    """benchmarks/graph_topk_switch.py checks patch 0052 (the graph's top-k only for a step whose
+    """benchmarks/cuda/probes.py topk-switch checks patch 0052 (the graph's top-k only for a step whose
     sampler can use it) from the engine's own log, with LLAMA_OUTPUT_TOPK=64, with 0 and unset (on a
     CPU the engine's default is none), on a plain and a drafted server: it passes on the engine this
     suite runs, the sampler takes the graph's candidates exactly where it can (top-k 40 and 20 on both
     servers), never with 0 or unset, and the tokens are the same all three ways."""
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "graph_topk_switch.py"), "--server",
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cuda" / "probes.py"), "topk-switch", "--server",
                         dspark_engine.path, "--work", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert "llama_set_output_topk" in (engine_src / "src" / "llama-ext.h").read_text(), engine_src
     assert p.returncode == 0 and p.stdout.rstrip().endswith("OK"), p.stdout[-3000:] + p.stderr[-2000:]
@@ -251,7 +252,7 @@ def test_result_record_wraps_a_scripts_json_for_the_results_folder(tmp_path):
 
 
 def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
-    """benchmarks/gpu_timeline.py on a trace in benchmarks/cupti_trace.cpp's format: two bursts of
+    """benchmarks/cuda/probes.py timeline on a trace in benchmarks/cuda/cupti_trace.cpp's format: two bursts of
     device work 50 ms apart (bursts split at 5 ms of idle device); in the first, 2.6 ms of kernels and a copy over 3.1 ms, one 500 us gap
     between a kernel on stream 7 and one on stream 13 with the host in a stream synchronisation over
     490 us of it, so 98% of that kind of gap is spent inside CUDA; a copy's 300 us gap with no call
@@ -272,7 +273,7 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
         "K,54100000,55100000,7,k2\n")
     probe = tmp_path / "prefill-124.csv"
     probe.write_text("#,/x/llama-server --version\n")
-    script = [sys.executable, str(REPO / "benchmarks" / "gpu_timeline.py")]
+    script = [sys.executable, str(REPO / "benchmarks" / "cuda" / "probes.py"), "timeline"]
     out = tmp_path / "t.json"
     p = subprocess.run([*script, str(trace), str(probe), "--min-records", "1", "--json", str(out)],
                        capture_output=True, text=True, timeout=60)
@@ -311,7 +312,7 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     assert all("in_calls_ms" not in v for v in res2["bursts"][0]["gap_classes"].values())
 
     bad = subprocess.run([*script, str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.strip() == f"gpu_timeline: no trace at {tmp_path / 'none.csv'}"
+    assert bad.returncode == 2 and bad.stderr.strip() == f"probes.py timeline: no trace at {tmp_path / 'none.csv'}"
     empty = subprocess.run([*script, str(probe)], capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "no trace holds device records" in empty.stderr
 
@@ -340,7 +341,7 @@ def test_a_drafted_arm_on_cuda_takes_serves_drafter_ubatch(dspark_engine, small_
 
 def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_traced(dspark_engine, small_pair,
                                                                                   isolated, tmp_path):
-    """benchmarks/h200.sh timeline builds benchmarks/cupti_trace.cpp with nvcc against CUPTI (here the
+    """benchmarks/h200.sh timeline builds benchmarks/cuda/cupti_trace.cpp with nvcc against CUPTI (here the
     toolkit's own, found through nvcc's dry run) into a library that exports CUDA's injection entry
     point, then runs the prefill part with every server traced: on this CPU build no process
     initialises CUDA, so no trace is written and the stage says so in one line. A TIMELINE part it
@@ -370,8 +371,8 @@ def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_trace
 
 
 def test_carry_script_packs_the_pinned_tree_for_the_device(tmp_path):
-    """benchmarks/carry.sh writes .carry/llama.cpp.tar.xz beside the script's checkout: the pinned
-    tree ggufdspark fetched, under llama.cpp/ (where h200_env.sh extracts it), its sources and the
+    """benchmarks/h200.sh carry writes .carry/llama.cpp.tar.xz beside the script's checkout: the pinned
+    tree ggufdspark fetched, under llama.cpp/ (where the device stages extract it), its sources and the
     chat page's tools/ui, without models/ or docs/. Where the interpreter has no ggufdspark it fails
     and leaves no archive."""
     import os
@@ -380,10 +381,10 @@ def test_carry_script_packs_the_pinned_tree_for_the_device(tmp_path):
 
     root = tmp_path / "checkout"
     (root / "benchmarks").mkdir(parents=True)
-    shutil.copy(REPO / "benchmarks" / "carry.sh", root / "benchmarks" / "carry.sh")
+    shutil.copy(REPO / "benchmarks" / "h200.sh", root / "benchmarks" / "h200.sh")
     # xz's fastest level (tar -J reads XZ_OPT): the archive's contents are checked, not its size (3 s, not 25)
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "XZ_OPT": "-0"}
-    p = subprocess.run(["bash", str(root / "benchmarks" / "carry.sh")], capture_output=True, text=True, env=env,
+    p = subprocess.run(["bash", str(root / "benchmarks" / "h200.sh"), "carry"], capture_output=True, text=True, env=env,
                        timeout=600)
     assert p.returncode == 0, p.stderr
     out = root / ".carry" / "llama.cpp.tar.xz"
@@ -401,8 +402,30 @@ def test_carry_script_packs_the_pinned_tree_for_the_device(tmp_path):
     isolated = tmp_path / "python-without-ggufdspark"  # the same interpreter without its site-packages
     isolated.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')
     isolated.chmod(0o755)
-    bare = subprocess.run(["bash", str(root / "benchmarks" / "carry.sh")], capture_output=True, text=True,
+    bare = subprocess.run(["bash", str(root / "benchmarks" / "h200.sh"), "carry"], capture_output=True, text=True,
                           env={**env, "PYTHON": str(isolated), "PYTHONPATH": ""}, timeout=120)
     assert bare.returncode == 1 and not out.exists(), bare.stdout + bare.stderr
-    assert bare.stderr.strip() == (f"carry.sh: {isolated} cannot fetch the pinned tree through ggufdspark "
+    assert bare.stderr.strip() == (f"stage carry: {isolated} cannot fetch the pinned tree through ggufdspark "
                                    "(PYTHON: an interpreter that has it)"), bare.stderr
+
+
+def test_device_script_takes_every_llama_server_command_line_from_serve():
+    """benchmarks/h200.sh writes no llama-server command line of its own: its benchmark scripts and
+    ggufdspark's verbs build theirs through ggufdspark.launch (as `serve` does), and the one server it
+    starts itself (the verbose stage) runs what `ggufdspark serve --dry-run` prints. So none of
+    llama-server's model, draft, offload or slot flags is in the script, the engine's path ($(BIN))
+    only ever goes to a --server option, GGUFDSPARK_SERVER or a dirname (its tools: llama-bench and
+    test-backend-ops, which are not llama-server), and the verbose stage runs the dry run's argv."""
+    import re
+
+    text = (REPO / "benchmarks" / "h200.sh").read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    server_flags = re.compile(r"(?<![\w-])(-ngl|-ngld|-fa|-ot|-np|-md|-kvu|-ctk|-ctv|--spec-type|--spec-draft-[\w-]+"
+                              r"|--n-gpu-layers\w*|--flash-attn|--parallel|--ctx-size|--kv-unified[\w-]*)(?![\w-])")
+    own = [(line, m[0]) for line in code.splitlines() if "llama-bench" not in line
+           for m in server_flags.finditer(line.replace('-md "$D"', ""))]  # -md: the scripts' own option for the draft
+    assert not own, f"llama-server flags written in h200.sh: {own}"
+    uses = [code[max(0, m.start() - 20):m.start()] for m in re.finditer(r'"\$\(BIN\)"', code)]
+    assert uses and all(re.search(r"(--server |dirname |GGUFDSPARK_SERVER=)$", u) for u in uses), uses
+    assert re.search(r'line=\$\(\$py -m ggufdspark serve -m "\$T" -md "\$D" --server "\$\(BIN\)" .*--dry-run -- -v\)', code)
+    assert 'eval "argv=($line)"' in code and '"${argv[@]}" > "$W/verbose.log"' in code

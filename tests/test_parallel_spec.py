@@ -269,7 +269,7 @@ def test_strong_conv_layers_one_slot_are_lossless(strong_conv_pair, start_server
 
 
 def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engine, tmp_path):
-    """benchmarks/crash_hunt.py --traffic families (the drafter abort an earlier engine had on the
+    """benchmarks/slots.py families (the drafter abort an earlier engine had on the
     H200): fresh drafted servers under the families benchmark's load, one line a run and the count
     of deaths; a healthy engine, none."""
     import subprocess
@@ -277,8 +277,8 @@ def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engi
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    p = subprocess.run([sys.executable, str(repo / "benchmarks" / "crash_hunt.py"), "-m", str(small_pair.target),
-                        "-md", str(small_pair.draft), "--server", dspark_engine.path, "--traffic", "families", "--runs", "2",
+    p = subprocess.run([sys.executable, str(repo / "benchmarks" / "slots.py"), "families", "-m", str(small_pair.target),
+                        "-md", str(small_pair.draft), "--server", dspark_engine.path, "--runs", "2",
                         "--slots", "4", "--n-max", "5", "--family-n-predict", "16", "--log-dir", str(tmp_path / "logs")],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -289,22 +289,24 @@ def test_crash_hunt_runs_fresh_servers_and_counts_deaths(small_pair, dspark_engi
 
 @pytest.mark.engine
 def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
-    """A malformed --env (crash_hunt.py, parallel_load.py) or --load-lengths (dspark_speed.py) is
+    """A malformed --env (slots.py families and waves) or --load-lengths (speed.py decode) is
     refused before any server starts: exit 2, one line naming the value; a missing model file
-    (dspark_speed.py): exit 1, one line naming it."""
+    (speed.py decode): exit 1, one line naming it."""
     import subprocess
     import sys
     from pathlib import Path
 
     bench = Path(__file__).resolve().parent.parent / "benchmarks"
     pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
-    for script, args, said in (("crash_hunt.py", ["--env", "FOO"], "--env: 'FOO' is not NAME=VALUE"),
-                               ("parallel_load.py", ["--env", "A=1,B"], "--env: 'B' is not NAME=VALUE"),
-                               ("dspark_speed.py", ["--load-lengths", "5,x"], "--load-lengths '5,x': expected draft lengths"),
-                               ("dspark_speed.py", ["--load-trials", "0"], "--load-trials 0: at least 1"),
-                               ("dspark_speed.py", ["--cross-variants"], "--cross-variants: only with --interleave"),
-                               ("dspark_speed.py", ["-m", str(tmp_path / "none.gguf")], "none.gguf: no such file")):
-        p = subprocess.run([sys.executable, str(bench / script), *pair, *args, "--log-dir", str(tmp_path / script)],
+    for (script, command), args, said in (
+            (("slots.py", "families"), ["--env", "FOO"], "--env: 'FOO' is not NAME=VALUE"),
+            (("slots.py", "waves"), ["--env", "A=1,B"], "--env: 'B' is not NAME=VALUE"),
+            (("speed.py", "decode"), ["--load-lengths", "5,x"], "--load-lengths '5,x': expected draft lengths"),
+            (("speed.py", "decode"), ["--load-trials", "0"], "--load-trials 0: at least 1"),
+            (("speed.py", "decode"), ["--cross-variants"], "--cross-variants: only with --interleave"),
+            (("speed.py", "decode"), ["-m", str(tmp_path / "none.gguf")], "none.gguf: no such file")):
+        p = subprocess.run([sys.executable, str(bench / script), command, *pair, *args, "--log-dir",
+                            str(tmp_path / f"{script}-{command}")],
                            capture_output=True, text=True, timeout=120)
         code = 1 if "no such file" in said else 2  # a missing file is not a usage error
         assert p.returncode == code and said in p.stderr and "Traceback" not in p.stderr, (script, p.stderr)
@@ -312,7 +314,7 @@ def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
     # an environment group's switches separated by commas or spaces (SPEED_ENVS as LOAD_ARMS writes them)
     import pytest
 
-    from benchmarks.engine_env import parse_env
+    from benchmarks.harness import parse_env
 
     assert parse_env("A=1 B=8,C=x") == {"A": "1", "B": "8", "C": "x"}
     with pytest.raises(ValueError, match="'B' is not NAME=VALUE"):
@@ -321,16 +323,16 @@ def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
 
 @pytest.mark.engine
 def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_path):
-    """benchmarks/dspark_speed.py --load-trials N: every concurrency level of every load arm is
+    """benchmarks/speed.py decode --load-trials N: every concurrency level of every load arm is
     measured N times on the real engine, each wave kept in the JSON, the median reported."""
     import statistics
     import subprocess
     import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "dspark_speed.py"
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "speed.py"
     out = tmp_path / "speed.json"
-    p = subprocess.run([sys.executable, str(bench), "-m", str(small_pair.target), "-md", str(small_pair.draft),
+    p = subprocess.run([sys.executable, str(bench), "decode", "-m", str(small_pair.target), "-md", str(small_pair.draft),
                         "--n-predict", "16", "--trials", "1", "--lengths", "3", "--load-lengths", "3",
                         "--concurrency", "2", "--load-trials", "3", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
                        capture_output=True, text=True, timeout=600)
@@ -346,7 +348,7 @@ def test_speed_benchmark_reports_the_median_of_its_load_waves(small_pair, tmp_pa
 
 @pytest.mark.engine
 def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp_path):
-    """benchmarks/dspark_speed.py --interleave: every one-request arm's server (plain, two lengths,
+    """benchmarks/speed.py decode --interleave: every one-request arm's server (plain, two lengths,
     an engine-environment variant and a server-flag variant of each and, with --cross-variants, the
     two together; the flag variant on a plain server too, its drafted rows compared with that one)
     is up at once, and the arms
@@ -356,9 +358,9 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
     import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "dspark_speed.py"
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "speed.py"
     out, logs = tmp_path / "speed.json", tmp_path / "logs"
-    p = subprocess.run([sys.executable, str(bench), "-m", str(small_pair.target), "-md", str(small_pair.draft),
+    p = subprocess.run([sys.executable, str(bench), "decode", "-m", str(small_pair.target), "-md", str(small_pair.draft),
                         "--n-predict", "200", "--trials", "3", "--lengths", "2,3", "--concurrency", "",
                         "--env-variants", "LLAMA_SPEC_PROFILE=1", "--variants", "--spec-draft-p-min 1e-30",
                         "--interleave", "--cross-variants", "--json", str(out), "--log-dir", str(logs)],
@@ -405,7 +407,7 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
 
 
 def test_crash_hunt_mixed_traffic_through_many_slots(small_pair, dspark_engine, tmp_path):
-    """benchmarks/crash_hunt.py --traffic mixed (issue 28's shape, the one that killed the engine at
+    """benchmarks/slots.py mixed (issue 28's shape, the one that killed the engine at
     32 slots on CUDA): fresh servers at 16 slots, plain and drafted, 16 closed-loop clients and 32
     prompts of different lengths (50-600 tokens) each; every request answered, every cell counted,
     the JSON names each cell."""
@@ -416,7 +418,7 @@ def test_crash_hunt_mixed_traffic_through_many_slots(small_pair, dspark_engine, 
 
     repo = Path(__file__).resolve().parent.parent
     out = tmp_path / "cells.json"
-    p = subprocess.run([sys.executable, str(repo / "benchmarks" / "crash_hunt.py"), "-m", str(small_pair.target),
+    p = subprocess.run([sys.executable, str(repo / "benchmarks" / "slots.py"), "mixed", "-m", str(small_pair.target),
                         "-md", str(small_pair.draft), "--server", dspark_engine.path, "--slots", "16",
                         "--arms", "plain,draft", "--runs", "1", "--n-max", "3", "--prompt-tokens", "50-600",
                         "--n-predict", "8-24", "--ctx-per-slot", "1024", "--json", str(out),

@@ -30,7 +30,7 @@ class DraftArm:
     """One drafted arm of a load run: its name, draft length (None: serve's, with serve's load cut)
     and load cut (``[(N, L), ...]``; None: none, or serve's with ``n_max`` None). ``tune --load``
     runs several (``n7``, ``n5``, ..., ``n0``: the draft loaded and drafting paused at every load);
-    ``env``: engine environment variables of this arm's server (``benchmarks/load_arms.py``: the same
+    ``env``: engine environment variables of this arm's server (``benchmarks/serving.py arms``: the same
     table with and without an engine switch, side by side)."""
 
     name: str

@@ -1,6 +1,44 @@
-"""Real acceptance of the trained pair as served, at one slot and under load, and around a pause.
+#!/usr/bin/env python3
+"""The trained pair (``ggufdspark/data/trained``, ``generate --trained``) served: real acceptance where
+the generated pairs have only the synthetic one.
 
-    python benchmarks/trained_acceptance.py -m T.gguf -md D.gguf --pair ggufdspark/data/trained \
+* ``acceptance``: at one slot and under load, and around a pause, every block replayed on the torch
+  checkpoints (``h200.sh trained`` runs it on the GPU);
+* ``quant``: every target x draft precision, one request at a time, lossless against the same target.
+
+    python benchmarks/trained.py acceptance -m T.gguf -md D.gguf --pair ggufdspark/data/trained --json out.json
+    python benchmarks/trained.py quant [--out DIR] [--json out.json]
+
+``python benchmarks/trained.py COMMAND --help`` says the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from benchmarks import harness  # noqa: E402
+from ggufdspark import timings as tm  # noqa: E402
+from ggufdspark.engine import find_engine  # noqa: E402
+from ggufdspark.quantize import quantize  # noqa: E402
+from ggufdspark.runners.client import Client  # noqa: E402
+from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
+from ggufdspark.synthetic.pairs import build_trained_pair  # noqa: E402
+from ggufdspark.trained import fidelity, shipped  # noqa: E402
+
+ACCEPTANCE = """Real acceptance of the trained pair as served, at one slot and under load, and around a pause.
+
+    python benchmarks/trained.py acceptance -m T.gguf -md D.gguf --pair ggufdspark/data/trained \
         --levels 1,8,32,64 --json out.json [--pause 16:8] [--server llama-server] [--gpu]
 
 Each level starts one server with that many slots (the draft length fixed, no load cut, so that the
@@ -17,21 +55,18 @@ compared with the checkpoint's blocks at the same anchors: a drafter that missed
 processed while it was paused drafts worse there than the checkpoint (which always sees everything).
 """
 
-from __future__ import annotations
+QUANT = """Real acceptance of the trained pair for every target x draft precision, one request at a time.
 
-import argparse
-import json
-import statistics
-import sys
-import threading
-import time
-from pathlib import Path
+    python benchmarks/trained.py quant [--out DIR] [--draft 8] [--answer 96] [--json out.json]
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ggufdspark.runners.client import Client  # noqa: E402
-from ggufdspark.runners.server import ServerProcess, ServerSettings  # noqa: E402
-from ggufdspark.trained import fidelity  # noqa: E402
+The shipped trained pair (``generate --trained``) converted to F16, quantized by the engine's own
+llama-quantize (``ggufdspark quantize``: Q8_0 and Q4_K_M targets, a Q8_0 draft whose Markov head
+stays float), then served greedily on the eight held-out prompts: accept length (1 + accepted /
+verify passes, passes from ``/metrics``), acceptance rate, and whether every answer equals the same
+target's answer without the draft. Hidden 256 fills whole K-quant super-blocks, so the Q4_K_M
+target runs the engine's real K-quant kernels. The quantized target answers differently from the F16
+one (it is another model); the draft is checked against its own target.
+"""
 
 
 def prompts(pair: Path, n: int) -> list[str]:
@@ -136,8 +171,7 @@ def around_pause(results: list[dict], blocks) -> dict:
                                             for k, v in sorted(rows.items())}}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def acceptance_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-m", required=True, help="the target GGUF")
     ap.add_argument("-md", required=True, help="the draft GGUF")
     ap.add_argument("--pair", type=Path, required=True, help="the trained pair's Hub-layout folder (target/, drafter/)")
@@ -153,10 +187,11 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="offload everything (-ngl 99 -ngld 99 -fa on)")
     ap.add_argument("--log-dir", default="/tmp/trained-acceptance", help="where the engines' -v logs go")
     ap.add_argument("--json", default=None, help="write the whole report here")
-    args = ap.parse_args()
-    if args.server is None:
-        from ggufdspark.engine import find_engine
 
+
+def acceptance(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """The levels and the pause (``ACCEPTANCE``), a JSON line each; the report in ``--json``."""
+    if args.server is None:
         args.server = find_engine().path
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     ref = None
@@ -170,13 +205,10 @@ def main() -> int:
         if torch.cuda.is_available():
             model, drafter = model.cuda(), drafter.cuda()
         ref = (model, drafter, [t + 1 for t in dcfg["dflash_config"]["target_layer_ids"]])
-    import platform
-    import subprocess
-
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent.parent).stdout.strip()
     report = {"command": sys.argv, "commit": commit, "engine": str(args.server),
-              "hardware": f"{platform.machine()}, {__import__('os').cpu_count()} cores" + (", GPU" if args.gpu else ""),
+              "hardware": f"{platform.machine()}, {os.cpu_count()} cores" + (", GPU" if args.gpu else ""),
               "env": args.env, "draft": args.draft, "answer": args.answer, "levels": []}
     for level in [int(x) for x in args.levels.split(",") if x]:
         texts = prompts(args.pair, max(8, level * args.requests_per_client))
@@ -193,6 +225,76 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0
+
+
+# --------------------------------------------------------------------------- quant
+
+
+def quant_arm(server: str, target: Path, draft: Path | None, prompts: list[str], n_draft: int, answer: int) -> dict:
+    s = ServerSettings(server=server, model=target, draft=draft, draft_n_max=n_draft if draft else None,
+                       spec_type="draft-dspark" if draft else None, ctx_size=4096, parallel=1)
+    with ServerProcess(s) as srv:
+        c = Client(srv.url)
+        answers, acc, drafted, passes = [], 0, 0, 0
+        for p in prompts:
+            ids = c.tokenize(p)
+            before = c.metrics()
+            out = c.complete(ids, n_predict=answer)
+            answers.append(out.tokens)
+            if draft:
+                passes += tm.metrics_delta(before, c.metrics()).passes
+                acc += out.timings.draft_n_accepted or 0
+                drafted += out.timings.draft_n or 0
+    r = {"answers": answers}
+    if draft:
+        r.update(accepted=acc, drafted=drafted, passes=passes, accept_length=round(1 + acc / passes, 3),
+                 acceptance_rate=round(acc / drafted, 4))
+    return r
+
+
+def quant_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", type=Path, default=Path("/tmp/trained-quant"), help="where the converted and quantized files go (reused)")
+    ap.add_argument("--draft", type=int, default=8, help="draft length (--spec-draft-n-max)")
+    ap.add_argument("--answer", type=int, default=96, help="tokens each answer has")
+    ap.add_argument("--json", default=None, help="write the rows here")
+
+
+def quant(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """The precisions (``QUANT``), a JSON line each; the rows in ``--json``."""
+    server = find_engine().path
+    pair = build_trained_pair(args.out)
+    targets = {"F16": pair.target}
+    drafts = {"F16": pair.draft}
+    for q in ("Q8_0", "Q4_K_M"):
+        path = args.out / f"trained-lfm2-{q}.gguf"
+        if not path.exists():
+            quantize(pair.target, qtype=q, output=path)
+        targets[q] = path
+    dq = args.out / "dspark-trained-lfm2-Q8_0.gguf"
+    if not dq.exists():
+        quantize(pair.draft, qtype="Q8_0", output=dq)
+    drafts["Q8_0"] = dq
+    prompts = shipped.prompts()
+    rows = []
+    for tq, t in targets.items():
+        plain = quant_arm(server, t, None, prompts, args.draft, args.answer)["answers"]
+        for dqn, d in drafts.items():
+            r = quant_arm(server, t, d, prompts, args.draft, args.answer)
+            row = {"target": tq, "draft": dqn, "accept_length": r["accept_length"],
+                   "acceptance_rate": r["acceptance_rate"], "accepted": r["accepted"], "drafted": r["drafted"],
+                   "passes": r["passes"], "lossless": r["answers"] == plain,
+                   "different_answers": len({tuple(a) for a in plain})}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": sys.argv, "draft": args.draft, "answer": args.answer,
+                                               "rows": rows}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.run_commands(__doc__, {"acceptance": (ACCEPTANCE, acceptance_arguments, acceptance),
+                                          "quant": (QUANT, quant_arguments, quant)}, argv)
 
 
 if __name__ == "__main__":

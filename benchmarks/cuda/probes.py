@@ -1,5 +1,35 @@
 #!/usr/bin/env python3
-"""Where a CUDA process's device sat idle: reads the CSV that ``benchmarks/cupti_trace.cpp`` writes
+"""The CUDA probes' Python side; the probes themselves are beside this file (``topk_cuda.cu``: the
+engine's top-k kernels outside ggml, ``cupti_trace.cpp``: a device timeline of any CUDA process),
+built and run by ``benchmarks/h200.sh topk`` and ``timeline``:
+
+* ``timeline``: where a traced process's device sat idle, from ``cupti_trace.cpp``'s CSV;
+* ``topk-switch``: engine patch 0052's switch of the graph's top-k (host logic: a CPU build is
+  enough), checked from the engine's own log.
+
+    python benchmarks/cuda/probes.py timeline plain=trace-plain.csv drafted=trace-drafted.csv [--json out.json]
+    python benchmarks/cuda/probes.py topk-switch --server "$(ggufdspark build-engine --print-path)"
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+
+from benchmarks import costs, harness  # noqa: E402
+from ggufdspark.measuring import measure  # noqa: E402
+
+TIMELINE = """Where a CUDA process's device sat idle: reads the CSV that ``benchmarks/cuda/cupti_trace.cpp`` writes
 (kernels, copies, memsets, synchronisations and runtime API calls with their start and end) and splits
 it into bursts of device work, separated by at least ``--split-ms`` of idle device. For each burst it
 prints the span, the time some kernel, copy or memset ran (the union over streams), the idle rest and
@@ -8,21 +38,36 @@ the longest gaps with the work on either side and the host call that covered mos
 runtime calls recorded (``GGUFDSPARK_CUPTI_API=1``) each kind of gap also says how much of it the host
 spent inside a runtime call or synchronisation: the rest is host work outside CUDA.
 
-    python benchmarks/gpu_timeline.py plain=trace-plain.csv drafted=trace-drafted.csv [--json out.json]
+    python benchmarks/cuda/probes.py timeline plain=trace-plain.csv drafted=trace-drafted.csv [--json out.json]
 
 A burst is what a request (or a prompt) cost the device when nothing else ran: the prefill stage of
 ``benchmarks/h200.sh`` sends one prompt at a time, then several at once.
 """
 
-from __future__ import annotations
+TOPK_SWITCH = """Engine patch 0052: a step takes the graph's top K only when a busy slot's sampler can use it.
 
-import argparse
-import bisect
-import json
-import re
-import sys
-from collections import defaultdict
-from pathlib import Path
+Since patch 0050 the target's graph can take each output row's K largest logits (K 64 where the
+logits are computed on a CUDA device, none elsewhere; ``LLAMA_OUTPUT_TOPK=K`` sets it, 0: none),
+and a sampled chain whose top-k comes first reads those K candidates instead of the row. Patch 0052
+turns that top-k on only for a step where some busy slot's sampler can take its candidates from it
+(``common_sampler_graph_topk``: a top-k below K first, no positive logit bias) and off otherwise.
+This check sends one request at a time to a plain and a drafted server (``-v``: the engine logs
+"the graph's top-K on|off" when it switches and "top-k k from the graph's top K candidates" when a
+sampler takes them), each with ``LLAMA_OUTPUT_TOPK=K``, with 0 and without the variable (these CPU
+servers: none):
+
+    greedy, top-k 40, greedy, no top-k (top_k 0), top-k 100, a positive logit bias, top-k K, top-k 20
+
+and requires, with K: the top-k on after each request whose sampler can take it (top-k
+40 and 20) and taken there, off after every other, never taken there; with 0: no switch and no
+candidates taken, and the same unset; and every request's tokens the same all three ways (seeded
+draws).
+
+A CPU build is enough (the switch is host logic; the CUDA kernels are ``topk_cuda.cu``'s, beside this file)::
+
+    python benchmarks/cuda/probes.py topk-switch --server "$(ggufdspark build-engine --print-path)"
+"""
+
 
 SYNC_TYPES = {1: "event sync", 2: "stream wait event", 3: "stream sync", 4: "context sync"}
 
@@ -196,8 +241,7 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def timeline_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("traces", nargs="+", help="NAME=trace.csv, or a path (named by its stem and whether the "
                     "traced command line has -md)")
     ap.add_argument("--split-ms", type=float, default=5.0,
@@ -206,14 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-records", type=int, default=200, help="bursts with fewer records are not shown (200)")
     ap.add_argument("--top", type=int, default=6, help="the longest gaps shown a burst (6)")
     ap.add_argument("--json", help="write the figures here too")
-    a = ap.parse_args(argv)
 
+
+def timeline(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """The traces' bursts and gaps (``TIMELINE``); exit 2 when no trace holds device records."""
     result = {}
     for spec in a.traces:
         name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
         path = Path(path)
         if not path.is_file():
-            print(f"gpu_timeline: no trace at {path}", file=sys.stderr)
+            print(f"probes.py timeline: no trace at {path}", file=sys.stderr)
             return 2
         dev, host, cmdline = read_trace(path)
         # unnamed: the traced server's kind, from its command line
@@ -251,11 +297,106 @@ def main(argv: list[str] | None = None) -> int:
             for g in b["longest_gaps"]:
                 print(f"   gap {g['us']:8.1f} us at {g['at_ms']:8.2f} ms: {g['before']} -> {g['after']}; host: {g['host']}")
     if not result:
-        print("gpu_timeline: no trace holds device records", file=sys.stderr)
+        print("probes.py timeline: no trace holds device records", file=sys.stderr)
         return 2
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     return 0
+
+
+# --------------------------------------------------------------------------- topk-switch
+
+
+SWITCH = re.compile(r"the graph's top-(\d+) (on|off)")
+TAKEN = re.compile(r"from the graph's top \d+ candidates")
+
+
+def switch_requests(k: int) -> list[tuple[str, dict, bool]]:
+    """(what, request options, whether its sampler takes the graph's top ``k``), in order."""
+    sampled = {"temperature": 0.8}
+    return [("greedy", {"temperature": 0.0}, False),
+            ("top-k 40", {**sampled, "seed": 5}, True),
+            ("greedy", {"temperature": 0.0}, False),
+            ("no top-k", {**sampled, "seed": 5, "top_k": 0}, False),
+            ("top-k 100", {**sampled, "seed": 5, "top_k": 100}, False),
+            ("positive bias", {**sampled, "seed": 5, "logit_bias": [[100, 0.5]]}, False),
+            (f"top-k {k} (= K)", {**sampled, "seed": 7, "top_k": k}, False),
+            ("top-k 20", {**sampled, "seed": 9, "top_k": 20}, True)]
+
+
+def switch_arm(settings, k: int | None, log: Path, n_predict: int) -> tuple[list[list[int]], list[str]]:
+    """Each request's tokens and the server log written while it ran."""
+    env = {key: v for key, v in settings.env.items() if key != "LLAMA_OUTPUT_TOPK"}
+    if k is not None:
+        env["LLAMA_OUTPUT_TOPK"] = str(k)
+    outs, marks = [], []
+    with measure.running(replace(settings, env=env), log) as c:
+        prompt = c.tokenize(harness.PROMPT)
+        marks.append(len(log.read_text(errors="replace")))
+        for _, opts, _ in switch_requests(k or 64):
+            outs.append(c.complete(prompt, n_predict=n_predict, **opts).tokens)
+            marks.append(len(log.read_text(errors="replace")))
+    text = log.read_text(errors="replace")
+    return outs, [text[a:b] for a, b in zip(marks, marks[1:])]
+
+
+def check_switch(name: str, k: int | None, parts: list[str]) -> list[str]:
+    """What went wrong in one arm's log (nothing: []), each request's switches printed."""
+    if k and not any(SWITCH.search(p) for p in parts):
+        return [f"{name}: the engine never switched the graph's top-{k} on or off: a build without "
+                f"patches 0050 and 0052"]
+    problems = []
+    on = True  # the context's default until the server first sets it
+    for (what, _, takes), part in zip(switch_requests(k or 64), parts):
+        switches = SWITCH.findall(part)
+        taken = len(TAKEN.findall(part))
+        on = switches[-1][1] == "on" if switches else on
+        shown = "unset" if k is None else k
+        print(f"{name:8} LLAMA_OUTPUT_TOPK={shown:<5} {what:16} switches {switches or '-'}, candidates taken {taken}")
+        if not k and (switches or taken):
+            problems.append(f"{name}, LLAMA_OUTPUT_TOPK={shown}, {what}: switched {switches} / took candidates {taken}")
+        elif k and (on != takes or (taken > 0) != takes):
+            problems.append(f"{name}, {what}: top-k {'on' if on else 'off'} after it and candidates taken {taken}; "
+                            f"expected {'on and taken' if takes else 'off and none'}")
+    return problems
+
+
+def topk_switch_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--server", required=True, help="llama-server (build-engine --print-path)")
+    ap.add_argument("--k", type=int, default=64, help="LLAMA_OUTPUT_TOPK (64)")
+    ap.add_argument("--n-predict", type=int, default=24, help="tokens a request (24)")
+    ap.add_argument("--vocab", type=int, default=32000, help="the generated pair's vocabulary (32000)")
+    ap.add_argument("--work", type=Path, help="where the pair and logs go (default: a temporary folder)")
+
+
+def topk_switch(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """The switch's check (``TOPK_SWITCH``): OK, or each problem on stderr and exit 1."""
+    os.environ.pop("LLAMA_OUTPUT_TOPK", None)  # the unset arm must not inherit it from here
+
+    with tempfile.TemporaryDirectory(prefix="graph-topk-") as tmp:
+        work = args.work or Path(tmp)
+        target, draft = costs.generated_pair(work / "pair", args.vocab)
+        base = harness.with_args(harness.base_settings(args.server, target, gpu=False, parallel=2,
+                                                       n_predict=args.n_predict), ["-v"])
+        problems: list[str] = []
+        for name, settings in {"plain": base, "drafted": harness.drafted(base, draft, 4, None)}.items():
+            tokens = {}
+            for k in (args.k, 0, None):
+                log = work / f"{name}-{'unset' if k is None else k}.log"
+                log.unlink(missing_ok=True)
+                tokens[k], parts = switch_arm(settings, k, log, args.n_predict)
+                problems += check_switch(name, k, parts)
+            if not tokens[args.k] == tokens[0] == tokens[None]:
+                problems.append(f"{name}: the tokens differ with LLAMA_OUTPUT_TOPK={args.k}, 0 and unset")
+    for p in problems:
+        print(f"FAILED: {p}", file=sys.stderr)
+    print("OK" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.run_commands(__doc__, {"timeline": (TIMELINE, timeline_arguments, timeline),
+                                          "topk-switch": (TOPK_SWITCH, topk_switch_arguments, topk_switch)}, argv)
 
 
 if __name__ == "__main__":

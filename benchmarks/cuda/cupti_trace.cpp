@@ -14,8 +14,8 @@
 //   R,start,end,thread,name          a runtime API call (host side; GGUFDSPARK_CUPTI_API=1 only:
 //                                    recording each costs the host about a microsecond)
 //
-// benchmarks/gpu_timeline.py reads them. Built by `benchmarks/h200.sh timeline`:
-//   nvcc -shared -Xcompiler -fPIC -I CUPTI/include benchmarks/cupti_trace.cpp -L CUPTI/lib -lcupti
+// `benchmarks/cuda/probes.py timeline` reads them. Built by `benchmarks/h200.sh timeline`:
+//   nvcc -shared -Xcompiler -fPIC -I CUPTI/include benchmarks/cuda/cupti_trace.cpp -L CUPTI/lib -lcupti
 #include <cupti.h>
 
 #include <atomic>

@@ -5,7 +5,7 @@
 // one-block kernel (0002) and the chunked one (0051, warp shuffles for the short strides). Exit
 // status 1 on any mismatch.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I ENGINE_SRC/ggml/src/ggml-cuda benchmarks/topk_cuda.cu -o topk_cuda
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I ENGINE_SRC/ggml/src/ggml-cuda benchmarks/cuda/topk_cuda.cu -o topk_cuda
 //   ./topk_cuda [--json out.json]
 // (benchmarks/h200.sh topk builds it against the engine's source tree and runs it.)
 
