@@ -608,11 +608,7 @@ def test_drafting_resumes_after_a_pause_losslessly(strong_conv_pair, start_serve
                         extra_args=["-v"], **common)
     got = _at_once(spec, work)
     spec.wait_for_log(r"drafts paused: 2 slots busy")
-    spec.wait_for_log(r"stop processing", count=2)  # the log trails the responses
-    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
-    for i, (p, s) in enumerate(zip(want, got)):
-        assert "tokens" in s, f"request {i}: {s.get('error', 'no tokens in the response')}"
-        assert_same_or_near_tie(p, s["tokens"], f"request {i}, greedy output across a pause")
+    _assert_answered_as_plain(spec, want, got, lambda i: f"request {i}, greedy output across a pause")
     log = spec.log_text().splitlines()
     paused_at = max(i for i, line in enumerate(log) if "drafts paused: 2 slots busy" in line)
     resumed = [i for i, line in enumerate(log) if "drafts no longer cut: 1 slots busy" in line and i > paused_at]
@@ -653,11 +649,7 @@ def test_the_load_cut_counts_a_slot_processing_its_prompt(strong_conv_pair, star
 
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(1, 0)], **common)
     got = a_then_b(spec)
-    spec.wait_for_log(r"stop processing", count=2)  # the log trails the responses
-    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
-    for i, (p, r) in enumerate(zip(want, got)):
-        assert "tokens" in r, f"request {'AB'[i]}: {r.get('error', 'no tokens in the response')}"
-        assert_same_or_near_tie(p, r["tokens"], f"request {'AB'[i]}")
+    _assert_answered_as_plain(spec, want, got, lambda i: f"request {'AB'[i]}")
     log = spec.log_text().splitlines()
     spec.stop()
 
@@ -776,6 +768,16 @@ def test_first_token_goes_out_before_the_drafter_takes_in_the_prompt(hidden_conf
     assert counts["late"] == counts["default"], (
         f"(drafted, accepted) per request: by default {counts['default']}, first token late {counts['late']}")
     assert [g["tokens"] for g in got["late"]] == [g["tokens"] for g in got["default"]], "default and late outputs differ"
+
+
+def _assert_answered_as_plain(spec, want: list[dict], got: list[dict], label) -> None:
+    """Every request of ``got`` answered by the live drafted server ``spec`` with the plain server's
+    tokens (``want``), or departing from them at a near-tie; ``label(i)`` names request i."""
+    spec.wait_for_log(r"stop processing", count=len(want))  # the log trails the responses
+    assert spec.alive(), f"the engine died:\n{spec.log_text()[-2000:]}"
+    for i, (p, s) in enumerate(zip(want, got)):
+        assert "tokens" in s, f"{label(i)}: {s.get('error', 'no tokens in the response')}"
+        assert_same_or_near_tie(p, s["tokens"], label(i))
 
 
 def _at_once(srv, work) -> list[dict]:
