@@ -58,8 +58,9 @@ browser: venv
 
 # The suite runs in TEST_WORKERS pytest-xdist workers (0: in one process). Its tests wait (on servers,
 # scripts, timeouts) about as much as they compute, and every llama-server they start runs one
-# compute thread (tests/conftest.py), so three workers fill two cores (measured on this 2-core
-# machine: 513 s with two, 446 s with three); worksteal evens out the long ones.
+# compute thread (tests/conftest.py), so three workers fill two cores (on the 2-core build machine,
+# 2026-12-06: 513 s with two, 446 s with three; 377-406 s since the reference converter runs in one
+# process a worker); worksteal evens out the long ones.
 TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
