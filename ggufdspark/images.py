@@ -30,9 +30,11 @@ import base64
 import io
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where pictures are drawn, not by every verb importing this
+    import numpy as np
+
 
 CATEGORIES = ("general_vqa", "text_vqa", "chart_vqa", "captioning")
 CHART_KINDS = ("bars", "line", "pie")
@@ -276,6 +278,7 @@ def describe(draw: dict) -> str:
 
 def random_chart(rng: np.random.Generator, kind: str | None = None) -> tuple[dict, str, str]:
     """A chart spec, a question about it and its answer."""
+    import numpy as np
     title, labels, unit, (lo, hi) = _CHART_SUBJECTS[int(rng.integers(len(_CHART_SUBJECTS)))]
     kind = kind or CHART_KINDS[int(rng.integers(len(CHART_KINDS)))]
     # distinct values, so "which is highest" has one answer
@@ -307,6 +310,7 @@ def random_sign(rng: np.random.Generator) -> tuple[dict, str, str]:
 
 def random_scene(rng: np.random.Generator, n_objects: int | None = None) -> tuple[dict, str, str]:
     """A scene spec (shapes that do not overlap), a question about it and its answer."""
+    import numpy as np
     n = n_objects or int(rng.integers(2, 6))
     objects: list[dict] = []
     tries = 0
@@ -334,6 +338,7 @@ def random_items(out_dir: str | Path, *, n_per_category: int = 2, seed: int = 0,
     Categories: ``chart_vqa`` (charts), ``text_vqa`` (signs), ``general_vqa`` (scenes, counting
     questions), ``captioning`` (scenes or charts, open-ended: no answer).
     """
+    import numpy as np
     unknown = [c for c in categories if c not in CATEGORIES]
     if unknown:
         raise ValueError(f"unknown image categories {unknown}; expected some of {CATEGORIES}")

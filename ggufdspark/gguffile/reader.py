@@ -13,13 +13,14 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ggufdspark.errors import CorruptFileError, InputNotFoundError
 from ggufdspark.gguffile.constants import (DEFAULT_ALIGNMENT, GGUF_MAGIC, SCALAR_FORMAT, TYPE_SIZES,
                                            Key, TensorType, ValueType)
+
+if TYPE_CHECKING:  # numpy is imported where tensor data is read: a header read needs none
+    import numpy as np
 
 # Arrays of arrays are legal GGUF but no real model nests them; llama.cpp's own reader refuses any.
 MAX_ARRAY_DEPTH = 4
@@ -151,11 +152,15 @@ class GGUFFile:
 
     def tensor_bytes(self, name: str) -> np.ndarray:
         """The raw bytes of one tensor as a read-only uint8 view (memory-mapped)."""
+        import numpy as np
+
         t = self.tensors[name]
         return np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(t.nbytes,))
 
     def tensor_array(self, name: str) -> np.ndarray:
         """Unquantized tensors (F32/F16/BF16-as-uint16/I*) as typed numpy arrays in numpy shape."""
+        import numpy as np
+
         t = self.tensors[name]
         dtype = {TensorType.F32: np.float32, TensorType.F16: np.float16, TensorType.BF16: np.uint16,
                  TensorType.I8: np.int8, TensorType.I16: np.int16, TensorType.I32: np.int32,
@@ -235,9 +240,9 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> tuple[Any
         fmt = SCALAR_FORMAT[it]
         size = struct.calcsize(fmt)
         cur.need(size * count, f"array {key!r}")
-        arr = np.frombuffer(cur.buf, dtype=np.dtype(fmt), count=count, offset=cur.pos)
+        values = list(struct.unpack_from(f"{fmt[0]}{count}{fmt[1:]}", cur.buf, cur.pos))
         cur.pos += size * count
-        return arr.tolist(), itype
+        return values, itype
     return cur.unpack(SCALAR_FORMAT[vt], f"value of {key!r}"), None
 
 

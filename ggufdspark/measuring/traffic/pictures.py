@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 
 from ggufdspark import images
 from ggufdspark.errors import BenchError, EngineError
 from ggufdspark.measuring import prompts as pr
 from ggufdspark.measuring.prompts import render
 from ggufdspark.runners.client import Client
+
+if TYPE_CHECKING:  # numpy is imported where pictures are drawn, not by every verb importing this
+    import numpy as np
 
 
 # The pictures of --image-share: three kinds at three sizes. LFM2-VL's mtmd preprocessing gives
@@ -41,6 +45,7 @@ def draw_pictures(out_dir: str | Path, seed: int = 0) -> list[Picture]:
     Raises:
         BenchError: Pillow or matplotlib missing.
     """
+    import numpy as np
     rng = np.random.default_rng(seed)
     specs = [("scene", images.random_scene(rng)[0]), ("chart", images.random_chart(rng, "bars")[0]),
              ("sign", images.random_sign(rng)[0])]
