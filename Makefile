@@ -59,8 +59,8 @@ browser: venv
 # The suite runs in TEST_WORKERS pytest-xdist workers (0: in one process). Its tests wait (on servers,
 # scripts, timeouts) about as much as they compute, and every llama-server they start runs one
 # compute thread (tests/conftest.py), so three workers fill two cores (on the 2-core build machine,
-# 2026-12-06: 513 s with two, 446 s with three; 377-406 s since the reference converter runs in one
-# process a worker); worksteal evens out the long ones.
+# 2026-12-06: 513 s with two, 446 s with three; 333-346 s since the reference converter runs in one
+# process a worker and numpy loads only where it is used); worksteal evens out the long ones.
 TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
