@@ -9,8 +9,7 @@ The reference converter imports torch, about half of a conversion's time here: o
 a pytest worker (``--serve``) converts every request in turn, each with its own arguments, output
 and logging, as a fresh process would, so torch is imported once a worker, not once a conversion.
 
-Usage (script): ``python tests/oracle.py TREE PRE -- convert_hf_to_gguf args...``, or
-``python tests/oracle.py --serve TREE``: one JSON request a line on stdin (``{"pre": ..., "args":
+Usage (script): ``python tests/oracle.py --serve TREE``: one JSON request a line on stdin (``{"pre": ..., "args":
 [...]}``), one JSON answer a line on stdout (``{"returncode": ..., "stdout": ..., "stderr": ...}``).
 """
 
@@ -26,6 +25,7 @@ import queue
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -140,9 +140,7 @@ def _convert(pre: str, args: list[str]) -> dict:
             convert_hf_to_gguf.main()
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException as e:  # noqa: BLE001  (a failed conversion is an answer, not the end)
-            import traceback
-
+        except Exception:  # noqa: BLE001  (a failed conversion is an answer, not the end)
             traceback.print_exc(file=err)
             code = 1
     for h in list(logging.root.handlers):
@@ -150,13 +148,9 @@ def _convert(pre: str, args: list[str]) -> dict:
     return {"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
 
-def _setup(tree: str) -> None:
+def _serve(tree: str) -> None:
     sys.path.insert(0, str(Path(tree) / "gguf-py"))
     sys.path.insert(0, tree)
-
-
-def _serve(tree: str) -> None:
-    _setup(tree)
     answers = os.fdopen(os.dup(1), "w")  # the requests' own output goes to their answers, not here
     os.dup2(2, 1)
     for line in sys.stdin:
@@ -165,18 +159,7 @@ def _serve(tree: str) -> None:
         answers.flush()
 
 
-def _main(argv: list[str]) -> None:
-    if argv[0] == "--serve":
-        _serve(argv[1])
-        return
-    tree, pre, sep, *rest = argv
-    assert sep == "--"
-    _setup(tree)
-    answer = _convert(pre, rest)
-    sys.stdout.write(answer["stdout"])
-    sys.stderr.write(answer["stderr"])
-    sys.exit(answer["returncode"])
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 3:
+        sys.exit("usage: python tests/oracle.py --serve TREE")
+    _serve(sys.argv[2])
