@@ -33,7 +33,8 @@
 #   verbose   one drafted server as serve runs it, with -v in ENVS's one environment, one greedy request
 #             of VERBOSE_TOKENS (256); the log lines matching VERBOSE_GREP counted; verbose.log
 #   bench     llama-bench on the target: tg128 and prompt processing at PP (1,2,4,8,10,512)
-#   kernels   test-backend-ops MUL_MAT against the CPU, then perf at the verify's shapes in each of ENVS
+#   kernels   test-backend-ops MUL_MAT against the CPU, then perf at the verify's shapes for KERNEL_TYPES (f16;
+#             e.g. q4_K,q6_K,q8_0: perf only) in each of ENVS (';'-separated NAME=VALUE); kernels-TAG.txt
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"), read by cuda/probes.py
@@ -259,16 +260,19 @@ bench)
         | tee "$OUT/llama-bench.md" ;;
 kernels)
     B=$(dirname "$(dirname "$(BIN)")"); tbo_build "$B" || continue
-    timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(f16|bf16)" > "$OUT/tbo-test.txt" 2>&1
-    echo "MUL_MAT F16/BF16 against the CPU backend: rc=$?"; grep -E "FAIL|tests passed" "$OUT/tbo-test.txt" | tail -n 4
+    types=${KERNEL_TYPES:-f16}
+    if [ "$types" = f16 ]; then
+        timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(f16|bf16)" > "$OUT/tbo-test.txt" 2>&1
+        echo "MUL_MAT F16/BF16 against the CPU backend: rc=$?"; grep -E "FAIL|tests passed" "$OUT/tbo-test.txt" | tail -n 4
+    fi
     IFS=';' read -ra envs <<< "${ENVS:--}"
     for e in "${envs[@]}"; do
-        [ "$e" = - ] && e=""; echo "== perf at the verify's shapes, env '${e:--}'"
-        # shellcheck disable=SC2086  # NAME=VALUE pairs, comma-separated
-        env ${e//,/ } timeout 300 "$B/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
-            -p "type_a=f16,type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," 2>&1 \
-            | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([a-z0-9]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
-    done ;;
+        [ "$e" = - ] && e=""; echo "== perf at the verify's shapes, types $types, env '${e:--}'"
+        # each ENVS entry is one variable (its value may hold commas): NAME=VALUE
+        env ${e:+"$e"} timeout 300 "$B/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
+            -p "type_a=(${types//,/|}),type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," 2>&1 \
+            | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([A-Za-z0-9_]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
+    done | tee "$OUT/kernels-$TAG.txt" ;;
 markov)
     # the cases are built so that the CPU and CUDA must draft the same ids; perf at the 3B's vocabulary and rank
     B=$(dirname "$(dirname "$(BIN)")"); tbo_build "$B" || continue
