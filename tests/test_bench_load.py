@@ -36,6 +36,10 @@ def _check_level(lv: dict, n_requests: int, answer: int) -> None:
     gaps = sorted(r["longest_gap_s"] for r in recs)
     assert all(0 < r["longest_gap_s"] <= r["latency_s"] - r["ttft_s"] for r in recs), recs
     assert gaps[0] <= lv["longest_gap_p50_s"] <= lv["longest_gap_p95_s"] <= lv["longest_gap_p99_s"] <= gaps[-1]
+    # where each fell: after the first token, within the answer; the level's shares of where they fell
+    assert all(r["ttft_s"] < r["longest_gap_end_s"] <= r["latency_s"] + 1e-6 for r in recs), recs
+    assert all(0 <= r["longest_gap_index"] < r["chunks"] - 1 for r in recs if r["longest_gap_s"] > 0.001), recs
+    assert 0 <= lv["stall_first_share"] <= 1 and 0 <= lv["stall_join_share"] <= 1, lv
     _check_tails(lv)
 
 
@@ -70,6 +74,10 @@ def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated
     assert "bench --load: 100%" in p.stderr  # the progress line finished
     assert "ratio" in p.stdout and "closed loop: 1,2 clients" in p.stdout
     rep = json.loads(out.read_text())
+    # where the stalls fell, one row a level with each arm's two shares as the JSON has them
+    block = p.stdout.split("Where those waits fell")[1].split("\n\n")[0].splitlines()
+    two_clients = [lv for lv in rep["arms"]["drafted"] if lv["level"] == 2][0]
+    assert block[-1].split()[0] == "2" and block[-1].split()[-1] == f"{two_clients['stall_join_share']:.0%}", block
     assert rep["kind"] == "ggufdspark bench --load"
     assert rep["command"].startswith("ggufdspark bench --load -m ") and "--clients 1,2" in rep["command"]
     assert (rep["engine"]["commit"] or rep["engine"]["version"]) and isinstance(rep["engine"]["patches"], list) and rep["engine"]["patches"]

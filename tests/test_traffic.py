@@ -44,6 +44,27 @@ def test_percentile_matches_linear_interpolation():
     assert percentile([None, 2.0], 50) == 2.0 and percentile([], 50) is None
 
 
+def test_stall_shares_say_where_the_longest_gaps_fell_and_rounds_keep_their_clocks_apart():
+    from ggufdspark.measuring.loadreport import RequestRecord, pool_rounds, summarize_level
+
+    def rec(i, start, ttft, latency, gap, gap_end, gap_index):
+        return RequestRecord(i, i, f"p{i}", 100, start, ttft, latency, 32, longest_gap_s=gap,
+                             longest_gap_end_s=gap_end, longest_gap_index=gap_index)
+
+    # 0: its longest gap (1.0-1.2 s of the level) while 1's prompt was in flight (sent at 1.1, first
+    # token at 1.3); 1: its first gap, nothing else in flight; 2: a later gap, nothing in flight
+    records = [rec(0, 0.0, 0.1, 3.0, 0.2, 1.2, 5), rec(1, 1.1, 0.2, 2.0, 0.1, 0.4, 0), rec(2, 2.0, 0.1, 3.0, 0.3, 2.0, 7)]
+    lv = summarize_level(1, records, 5.0)
+    assert lv.stall_first_share == pytest.approx(1 / 3) and lv.stall_join_share == pytest.approx(1 / 3)
+    # two rounds on their own clocks: pooled, round 2's prompt does not fall in round 1's gap
+    r2 = summarize_level(1, [rec(0, 1.1, 0.2, 2.0, 0.1, 0.4, 0)], 2.0)
+    r1 = summarize_level(1, [rec(0, 0.0, 0.1, 3.0, 0.2, 1.2, 5)], 3.0)
+    pooled = pool_rounds([r1, r2])
+    assert pooled.stall_join_share == 0 and pooled.stall_first_share == 0.5
+    assert pooled.records[1].start_s > pooled.records[0].start_s + pooled.records[0].latency_s
+    assert summarize_level(1, [rec(0, 0.0, 0.1, 3.0, None, None, None)], 3.0).stall_join_share is None
+
+
 def test_closed_loop_shape_counts_requests():
     s = tr.Shape("closed", (2, 4), 16, requests_per_client=3)
     assert [s.n_requests(lv) for lv in s.levels] == [6, 12] and s.slots == 4
@@ -110,6 +131,7 @@ def test_a_prompt_joining_the_batch_is_the_running_answers_longest_wait(small_pa
     toks = c.tokenize("Tell a long story.", add_special=True)
     out = {}
     a = threading.Thread(target=lambda: out.setdefault("a", c.stream_complete(toks, n_predict=1500, ignore_eos=True)))
+    a_sent = time.perf_counter()  # the answer's clock starts in its thread, just after this
     a.start()
     deadline = time.monotonic() + 60
     while not any(s.get("is_processing") and s.get("next_token", [{}])[0].get("n_decoded", 0) >= 5
@@ -117,7 +139,9 @@ def test_a_prompt_joining_the_batch_is_the_running_answers_longest_wait(small_pa
         assert time.monotonic() < deadline, c.get_text("/slots")[:500]
     vocab = int(json.loads(c.get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
     long_prompt = [toks[0]] + [(17 * i) % (vocab - 100) + 100 for i in range(1500)]
+    b_sent = time.perf_counter()
     b = c.complete(long_prompt, n_predict=1, ignore_eos=True)
+    b_done = time.perf_counter()
     a.join()
     s = out["a"]
     assert b.timings.prompt_n == len(long_prompt), b.timings
@@ -127,6 +151,11 @@ def test_a_prompt_joining_the_batch_is_the_running_answers_longest_wait(small_pa
     mean_wait = (s.e2e_s - s.ttft_s) / 1500
     assert s.longest_gap_s >= max(0.25 * b.timings.prompt_ms / 1000, 10 * mean_wait), \
         (s.longest_gap_s, b.timings.prompt_ms, mean_wait)
+    # where it fell: one of the answer's gaps, ending after its first token, while the prompt was in flight
+    assert s.gaps_s[s.longest_gap_index] == s.longest_gap_s
+    assert s.ttft_s < s.longest_gap_end_s <= s.e2e_s
+    end = a_sent + s.longest_gap_end_s
+    assert b_sent - 0.05 < end and end - s.longest_gap_s < b_done, (a_sent, b_sent, b_done, s.longest_gap_end_s)
 
 
 def test_a_server_dying_during_a_streamed_request_is_an_engine_error(small_pair, start_server):

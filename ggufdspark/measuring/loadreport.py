@@ -46,6 +46,10 @@ class RequestRecord:
     chunks: int | None = None  # streamed chunks carrying tokens (runners.client.CHUNK_JOIN_S joins a step's)
     image: str | None = None  # the picture the request carried (bench --load --image-share), None: text only
     error: str | None = None  # the server answered with an error: a failed request, in no figure
+    # when the longest gap ended (seconds from this request's send) and its place among the
+    # request's gaps (0: the wait after the first chunk): what a stall coincided with
+    longest_gap_end_s: float | None = None
+    longest_gap_index: int | None = None
     # the wait before each chunk after the first (inter-token latencies, pooled per level); kept in
     # memory for the level's percentiles, left out of the JSON (a few hundred numbers a request)
     gaps_s: list[float] | None = field(default=None, repr=False)
@@ -122,6 +126,12 @@ class LevelResult:
     tpot_p50_s: float | None = None
     tpot_p95_s: float | None = None
     tpot_p99_s: float | None = None
+    # where the longest gaps fell (requests with one): the share that was the request's first gap
+    # after its first token (its own start: the drafter taking its prompt in, a graph for a new
+    # shape), and the share during which another request's prompt was being processed (from its
+    # send to its first token): what to look at first when drafted stalls are longer than plain's
+    stall_first_share: float | None = None
+    stall_join_share: float | None = None
     image_requests: int = 0  # requests that carried an image (--image-share), failed ones included
     failed: int = 0  # requests the server answered with an error; ``requests`` counts the answered ones
 
@@ -136,6 +146,22 @@ class LevelResult:
         return {**d, "accept_length": self.accept_length}
 
 
+def stall_shares(records: list[RequestRecord]) -> tuple[float | None, float | None]:
+    """Of the requests whose longest gap is known: the share where it was their first gap, and the
+    share where another request's prompt was in flight (sent, no first token yet) during it."""
+    known = [r for r in records if r.longest_gap_s is not None and r.longest_gap_end_s is not None]
+    if not known:
+        return None, None
+    first = sum(1 for r in known if r.longest_gap_index == 0)
+    joined = 0
+    for r in known:
+        end = r.start_s + r.longest_gap_end_s
+        begin = end - r.longest_gap_s
+        if any(o is not r and o.start_s < end and o.start_s + o.ttft_s > begin for o in records):
+            joined += 1
+    return first / len(known), joined / len(known)
+
+
 def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -> LevelResult:
     """The level's figures from its requests and the wall time from its first send to its last answer.
     Failed requests (``error``) are counted and kept in ``records``, and left out of every figure."""
@@ -148,6 +174,7 @@ def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -
     gaps = [r.longest_gap_s for r in records]
     itl = [g for r in records for g in r.gaps_s or []]
     tpot = [r.tpot_s for r in records]
+    stall_first, stall_join = stall_shares(records)
     return LevelResult(
         level, len(records), wall_s, out, sum(r.prompt_tokens for r in records), out / wall_s if wall_s else 0.0,
         percentile([r.decode_tps for r in records], 50), percentile([r.predicted_per_second for r in records], 50),
@@ -160,7 +187,8 @@ def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -
         longest_gap_p99_s=percentile(gaps, 99), ttft_p99_s=percentile(ttft, 99), latency_p99_s=percentile(lat, 99),
         itl_p50_s=percentile(itl, 50), itl_p95_s=percentile(itl, 95), itl_p99_s=percentile(itl, 99),
         itl_gaps=len(itl), tpot_p50_s=percentile(tpot, 50), tpot_p95_s=percentile(tpot, 95),
-        tpot_p99_s=percentile(tpot, 99), image_requests=sum(1 for r in every if r.image),
+        tpot_p99_s=percentile(tpot, 99), stall_first_share=stall_first, stall_join_share=stall_join,
+        image_requests=sum(1 for r in every if r.image),
         failed=len(every) - len(records))
 
 
@@ -171,9 +199,11 @@ def pool_rounds(rounds: list[LevelResult]) -> LevelResult:
     if len(rounds) == 1:
         return rounds[0]
     records: list[RequestRecord] = []
+    offset = 0.0  # each round's clock runs from zero to its wall time: pooled, they follow one another
     for r in rounds:
         base = len(records)
-        records += [replace(rec, index=base + rec.index) for rec in r.records]
+        records += [replace(rec, index=base + rec.index, start_s=rec.start_s + offset) for rec in r.records]
+        offset += r.wall_s
     pooled = summarize_level(rounds[0].level, records, sum(r.wall_s for r in rounds))
     pooled.round_tps = [r.aggregate_tps for r in rounds]
     return pooled
@@ -259,6 +289,23 @@ class LoadReport:
                        + " ".join(_x(ratios[a][i].get(key), 9) for a in arms[1:]))
         return out
 
+    def stall_block(self) -> list[str]:
+        """Where each arm's longest waits fell, level by level: the share of requests whose longest wait
+        was their first after the first token, and the share during which another prompt was in flight."""
+        arms = ["plain", *self.drafted_arms]
+        unit = "clients" if self.traffic["shape"]["mode"] == "closed" else "req/s"
+        out = ["Where those waits fell (share of requests): 'first' its first wait after the first token, "
+               "'joined' while another request's prompt was in flight:",
+               f"{unit:>7} " + " ".join(f"{a + ' first':>14} {a + ' joined':>15}" for a in arms)]
+
+        def pct(v: float | None, w: int) -> str:
+            return f"{v:>{w}.0%}" if v is not None else f"{'-':>{w}}"
+        for i, p in enumerate(self.arms["plain"]):
+            out.append(f"{p.level:>7g} " + " ".join(
+                f"{pct(self.arms[a][i].stall_first_share, 14)} {pct(self.arms[a][i].stall_join_share, 15)}"
+                for a in arms))
+        return out
+
     TAILS = (("TTFT p99", "ttft_p99_s"), ("lat p99", "latency_p99_s"), ("gap p99", "longest_gap_p99_s"),
              ("ITL p50", "itl_p50_s"), ("ITL p95", "itl_p95_s"), ("ITL p99", "itl_p99_s"), ("TPOT p50", "tpot_p50_s"),
              ("TPOT p99", "tpot_p99_s"))
@@ -335,6 +382,8 @@ class LoadReport:
         if any(lv.longest_gap_p95_s is not None for lv in self.arms["plain"]):
             lines += ["", *self.level_block("A request's longest wait between two tokens (a stall: a prompt joining "
                                             "the batch), p95 over the requests:", "longest_gap_p95_s", ratios)]
+            if any(lv.stall_first_share is not None for lv in self.arms["plain"]):
+                lines += ["", *self.stall_block()]
         if any(lv.itl_p50_s is not None or lv.ttft_p99_s is not None for lv in self.arms["plain"]):
             lines += ["", *self.tails_block(ratios)]
         if any(lv.image_requests or lv.failed for a in self.arms.values() for lv in a):

@@ -55,13 +55,17 @@ CHUNK_JOIN_S = 0.001
 class StreamedCompletion(Completion):
     """A streamed request: a Completion plus the client's clock (seconds from send): ``ttft_s`` to
     the first token, ``e2e_s`` to the final chunk, ``longest_gap_s`` the longest wait between two
-    events carrying tokens after the first (a stall the user sees; None with fewer than two);
+    events carrying tokens after the first (a stall the user sees; None with fewer than two),
+    ``longest_gap_end_s`` when it ended and ``longest_gap_index`` its place in ``gaps_s`` (None when
+    it is shorter than ``CHUNK_JOIN_S``, inside a chunk);
     ``gaps_s`` the inter-token latencies: the wait before each chunk after the first (token events
     arriving within ``CHUNK_JOIN_S`` of the previous one are one chunk); ``chunks`` their count."""
 
     ttft_s: float = 0.0
     e2e_s: float = 0.0
     longest_gap_s: float | None = None
+    longest_gap_end_s: float | None = None
+    longest_gap_index: int | None = None
     gaps_s: list[float] = field(default_factory=list, repr=False)
     chunks: int = 0
 
@@ -158,6 +162,8 @@ class Client:
         first: float | None = None
         last: float | None = None
         gap: float | None = None
+        gap_end: float | None = None
+        gap_index: int | None = None
         gaps: list[float] = []
         chunks = 0
         tokens: list[int] = []
@@ -177,11 +183,13 @@ class Client:
                 if got or chunk.get("content"):
                     now = time.perf_counter() - t0
                     first = now if first is None else first
-                    if last is None or now - last > CHUNK_JOIN_S:
+                    new_chunk = last is None or now - last > CHUNK_JOIN_S
+                    if new_chunk:
                         chunks += 1
                         if last is not None:
                             gaps.append(now - last)
-                    gap = max(gap or 0.0, now - last) if last is not None else gap
+                    if last is not None and (gap is None or now - last > gap):
+                        gap, gap_end, gap_index = now - last, now, len(gaps) - 1 if new_chunk else None
                     last = now
                 if chunk.get("stop"):
                     final = chunk  # the final chunk repeats no tokens of the partial ones
@@ -198,7 +206,8 @@ class Client:
         timings = tm.parse_response(final, where=where)
         return StreamedCompletion(text="".join(text), timings=timings, tokens=tokens,
                                   ttft_s=first if first is not None else e2e, e2e_s=e2e, longest_gap_s=gap,
-                                  gaps_s=gaps, chunks=chunks, raw=final)
+                                  longest_gap_end_s=gap_end, longest_gap_index=gap_index, gaps_s=gaps,
+                                  chunks=chunks, raw=final)
 
     def chat(self, messages: list[dict], *, max_tokens: int = 64, temperature: float = 0.0,
              **extra: Any) -> Completion:

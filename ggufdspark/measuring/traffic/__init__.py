@@ -224,6 +224,7 @@ def send(client: Client, p: Prompt, answer_tokens: int, *, index: int, who: int,
     return RequestRecord(index, who, p.id, n_prompt, start, out.ttft_s, out.e2e_s, t.predicted_n or len(out.tokens),
                          t.prompt_n, t.prompt_ms, t.predicted_per_second, t.draft_n, t.draft_n_accepted, t.passes,
                          turn, out.longest_gap_s, t.cache_n, out.chunks, media[0] if media else None,
+                         longest_gap_end_s=out.longest_gap_end_s, longest_gap_index=out.longest_gap_index,
                          gaps_s=out.gaps_s), out.tokens
 
 
