@@ -237,7 +237,7 @@ topk)
 lossless)
     # shellcheck disable=SC2086  # pytest arguments
     GGUFDSPARK_SERVER="$(BIN)" $py -m pytest -q -p no:cacheprovider \
-        ${LOSSLESS_TESTS:-tests/test_parallel_spec.py tests/test_sampling_exact.py} 2>&1 | tee "$OUT/lossless.txt" | tail -n 15
+        ${LOSSLESS_TESTS:-tests/test_parallel_spec.py tests/test_sampling_exact.py tests/test_vision.py::test_image_requests_beside_text_ones_on_busy_slots_are_lossless} 2>&1 | tee "$OUT/lossless.txt" | tail -n 15
     echo "lossless rc=${PIPESTATUS[0]}" ;;
 verbose)
     if [ -z "${VERBOSE_GREP:-}" ]; then echo "stage verbose: VERBOSE_GREP: the log lines to find (a grep -E pattern)"; continue; fi
