@@ -206,6 +206,8 @@ def test_load_noise_floor_runs_a_second_plain_server_and_prints_its_band(small_p
     assert f"ran {min(agg):.2f}-{max(agg):.2f}x of the first's aggregate" in line, line
     assert f"(single rounds {min(rounds):.2f}-{max(rounds):.2f}x)" in line, line
     assert f"TTFT p50 {min(ttft):.2f}-{max(ttft):.2f}x" in line, line
+    gap = [r["longest_gap_p95_s"] for r in floor if r["longest_gap_p95_s"] is not None]
+    assert gap and f"longest wait p95 {min(gap):.2f}-{max(gap):.2f}x" in line, line
     assert "plain2/pl" in p.stdout
 
 

@@ -269,13 +269,15 @@ class LoadReport:
         agg = [r["aggregate_tps"] for r in rs if r.get("aggregate_tps") is not None]
         rounds = [v for r in rs for v in r.get("aggregate_tps_rounds") or [] if v is not None]
         ttft = [r["ttft_p50_s"] for r in rs if r.get("ttft_p50_s") is not None]
+        gap = [r["longest_gap_p95_s"] for r in rs if r.get("longest_gap_p95_s") is not None]
 
         def band(v: list[float]) -> str:
             return f"{min(v):.2f}-{max(v):.2f}x" if v else "-"
 
         return (f"noise floor: a second plain server ({NOISE_ARM}, the same command) ran {band(agg)} of the first's "
                 f"aggregate over the levels" + (f" (single rounds {band(rounds)})" if rounds else "")
-                + f", TTFT p50 {band(ttft)}; a drafted / plain ratio inside that band is no measured difference")
+                + f", TTFT p50 {band(ttft)}" + (f", longest wait p95 {band(gap)}" if gap else "")
+                + "; a drafted / plain ratio inside that band is no measured difference")
 
     def level_block(self, title: str, key: str, ratios: dict[str, list[dict]]) -> list[str]:
         """One figure (``key``, in seconds) of every arm level by level, and drafted / plain."""
