@@ -61,8 +61,9 @@ class PairReport:
                          for role, label in self.precisions.items())
 
     def recommended_draft(self) -> str | None:
-        """The draft precision measured best with this target's precision (``RECOMMENDED_DRAFT``, the
-        H200 table of docs/quantize.md) when it differs from this pair's draft; else None."""
+        """The draft precision measured best with this target's precision (``RECOMMENDED_DRAFT``: the
+        pairing docs/quantize.md states, from an H200 table in docs/benchmarks.md) when it differs
+        from this pair's draft; else None."""
         best = RECOMMENDED_DRAFT.get(self.precisions.get("target", ""))
         have = self.precisions.get("draft")
         return best if best and have and have != best else None

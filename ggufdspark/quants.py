@@ -58,9 +58,10 @@ QUANT_TYPES: dict[str, QuantType] = {q.name: q for q in (
 DRAFT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S",
                "Q4_1", "Q4_0")
 # The draft precision that measured best with each target precision (target quant -> draft quant),
-# for ``publish``'s default pairing and ``check``'s note: the H200 table of docs/quantize.md (one run,
-# engine patches 0001-0016, 2026-12-01: the draft with the higher ratio at both 1 and 8 requests; where they split, the smaller
-# file). A target quant not listed gets the draft of its own quant, else the one with the most bits.
+# for ``publish``'s default pairing and ``check``'s note: docs/quantize.md, from an H200 table in
+# docs/benchmarks.md (one run, engine patches 0001-0016, 2026-12-01: the draft with the higher ratio at
+# both 1 and 8 requests; where they split, the smaller file). A target quant not listed gets the draft
+# of its own quant, else the one with the most bits.
 RECOMMENDED_DRAFT: dict[str, str] = {"F16": "Q8_0", "Q8_0": "F16", "Q4_K_M": "Q8_0"}
 # Draft tensors that keep the input's float type whatever --type says (regexes for --tensor-type).
 # One policy for every quantized draft: 'quantize --type Q8_0' and 'convert --outtype q8_0' both
