@@ -37,6 +37,8 @@
 #             e.g. q4_K,q6_K,q8_0: perf only) in each of ENVS (';'-separated NAME=VALUE); kernels-TAG.txt
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
+#   mma       developer 0071's Q4_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
+#             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
@@ -97,12 +99,21 @@ rates() { $py -c "from ggufdspark.measuring.acceptance import PROFILES; print(',
 tbo_build() { cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 && cmake --build "$1" --target test-backend-ops \
     -j "$(nproc)" >> "$W/tbo.log" 2>&1 || { echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; return 1; }; }
 nvcc_path() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
+# test-backend-ops perf of MUL_MAT at the verify's shapes: build dir $1, types $2 (f16 or q4_K,q8_0,...),
+# $3 ';'-separated environments, each one NAME=VALUE (its value may hold commas), '-' as built
+verify_perf() { local e envs; IFS=';' read -ra envs <<< "$3"
+    for e in "${envs[@]}"; do
+        [ "$e" = - ] && e=""; echo "== perf at the verify's shapes, types $2, env '${e:--}'"
+        env ${e:+"$e"} timeout 300 "$1/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
+            -p "type_a=(${2//,/|}),type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," 2>&1 \
+            | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([A-Za-z0-9_]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
+    done; }
 mixed() { pair; P=(benchmarks/slots.py mixed "${P[@]}" --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}"
     --slots "${SLOTS:-32}" --envs="${ENVS:--}"); }
 
 stages=("$@"); [ $# -gt 0 ] || read -ra stages <<< "${STAGES:-setup speed}"
 for stage in "${stages[@]}"; do
-case $stage in setup|unpack|vl|kernels|topk|trained|train) ;; *)
+case $stage in setup|unpack|vl|kernels|topk|mma|trained|train) ;; *)
     if [ ! -f "$D" ]; then
         echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
         continue
@@ -234,6 +245,20 @@ topk)
     "$(nvcc_path)" -O3 -std=c++17 -arch=sm_90 -I "$S/ggml/src/ggml-cuda" benchmarks/cuda/topk_cuda.cu -o "$W/topk_cuda" \
         && "$W/topk_cuda" --json "$OUT/topk.json" | tee "$OUT/topk.txt"
     echo "topk rc=${PIPESTATUS[0]}" ;;
+mma)
+    # developer 0071 (GGML_CUDA_MMVQ_MMA=1): its host emulation against the engine's ggml, then on a CUDA
+    # build test-backend-ops MUL_MAT q4_K and q8_0 against the CPU with it on, and perf beside MMVQ
+    S=$(dirname "$(dirname "$(dirname "$(BIN)")")")/src L=$(dirname "$(BIN)")
+    if [ ! -f "$S/ggml/include/ggml.h" ]; then echo "stage mma: no ggml.h under $S (the engine cache: KEY/src)"; continue; fi
+    g++ -O2 -std=c++17 -I "$S/ggml/include" benchmarks/cuda/mmvq_mma_emu.cpp -L "$L" -lggml-base -lggml \
+        -Wl,-rpath,"$L" -o "$W/mmvq_mma_emu" && "$W/mmvq_mma_emu" > "$OUT/mma-emu.txt"
+    echo "mma emulation rc=$?"; tail -n 1 "$OUT/mma-emu.txt"
+    if ! grep -q "GGML_CUDA_MMVQ_MMA" "$S/ggml/src/ggml-cuda/mmvq.cu" 2>/dev/null; then
+        echo "stage mma: the engine has no developer patch 0071 (DEV=1 builds it)"; continue; fi
+    B=$(dirname "$L"); tbo_build "$B" || continue
+    GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
+    echo "MUL_MAT q4_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
+    verify_perf "$B" q4_K,q8_0 "-;GGML_CUDA_MMVQ_MMA=1" | tee "$OUT/kernels-mma.txt" ;;
 lossless)
     # shellcheck disable=SC2086  # pytest arguments
     GGUFDSPARK_SERVER="$(BIN)" $py -m pytest -q -p no:cacheprovider \
@@ -265,14 +290,7 @@ kernels)
         timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(f16|bf16)" > "$OUT/tbo-test.txt" 2>&1
         echo "MUL_MAT F16/BF16 against the CPU backend: rc=$?"; grep -E "FAIL|tests passed" "$OUT/tbo-test.txt" | tail -n 4
     fi
-    IFS=';' read -ra envs <<< "${ENVS:--}"
-    for e in "${envs[@]}"; do
-        [ "$e" = - ] && e=""; echo "== perf at the verify's shapes, types $types, env '${e:--}'"
-        # each ENVS entry is one variable (its value may hold commas): NAME=VALUE
-        env ${e:+"$e"} timeout 300 "$B/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
-            -p "type_a=(${types//,/|}),type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," 2>&1 \
-            | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([A-Za-z0-9_]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
-    done | tee "$OUT/kernels-$TAG.txt" ;;
+    verify_perf "$B" "$types" "${ENVS:--}" | tee "$OUT/kernels-$TAG.txt" ;;
 markov)
     # the cases are built so that the CPU and CUDA must draft the same ids; perf at the 3B's vocabulary and rank
     B=$(dirname "$(dirname "$(BIN)")"); tbo_build "$B" || continue
@@ -307,6 +325,6 @@ train)
     echo "train rc=$?"; grep -v -i "warning\|losses.append\|detach()" "$OUT/train.log" | tail -n 40
     cp "$tw"/pair/target/model*.safetensors "$OUT/"; cp "$tw/pair/drafter/model.safetensors" "$OUT/drafter.safetensors"
     tar -C "$tw/pair" --exclude='*.safetensors' -czf "$OUT/pair-small.tar.gz" . && ls -la "$OUT" ;;
-*) echo "unknown stage $stage (carry train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first lossless verbose bench kernels markov topk timeline trained train)" ;;
+*) echo "unknown stage $stage (carry train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first lossless verbose bench kernels markov topk mma timeline trained train)" ;;
 esac
 done

@@ -198,6 +198,31 @@ def test_device_topk_stage_builds_the_kernels_benchmark_against_the_engine(dspar
     assert not (tmp_path / "w2" / "topk_cuda").exists()
 
 
+def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines_ggml(dspark_engine, engine_src,
+                                                                                     isolated, tmp_path):
+    """benchmarks/h200.sh mma: developer 0071's tensor-core Q4_K and Q8_0 kernels, first as their host emulation
+    (benchmarks/cuda/mmvq_mma_emu.cpp, built with g++ against the engine's ggml): every shape's product
+    within test-backend-ops' NMSE bound of ggml's dequantized one. An engine without 0071 (this
+    product build) is named in one line and nothing on the GPU side is tried."""
+    import os
+
+    assert (engine_src / "ggml" / "include" / "ggml.h").exists(), engine_src
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, **isolated, "SERVER": dspark_engine.path, "OUT": str(out), "WORK": str(work),
+           "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "mma"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert "mma emulation rc=0" in p.stdout, p.stdout + p.stderr
+    lines = (out / "mma-emu.txt").read_text().splitlines()
+    shapes = [ln for ln in lines if ln.startswith(("q4_K M=", "q8_0 M="))]
+    assert len(shapes) == 96 and all(ln.endswith(" OK") for ln in shapes) and lines[-1] == "all OK", lines
+    assert sum(ln.startswith("q8_0") for ln in shapes) == 48
+    nmse = [float(ln.split("nmse ")[1].split()[0]) for ln in shapes]
+    assert 0 < max(nmse) < 5e-4, nmse  # q8_1 activations: not exact, and within the bound
+    assert "stage mma: the engine has no developer patch 0071" in p.stdout, p.stdout
+    assert not (out / "mma-test.txt").exists()
+
+
 def test_graph_topk_switch_check_passes_on_the_engine(dspark_engine, engine_src, isolated, tmp_path):
     """benchmarks/cuda/probes.py topk-switch checks patch 0052 (the graph's top-k only for a step whose
     sampler can use it) from the engine's own log, with LLAMA_OUTPUT_TOPK=64, with 0 and unset (on a
