@@ -1,4 +1,4 @@
-// Host emulation of developer patch 0071's mul_mat_vec_q4_K_mma and mul_mat_vec_q8_0_mma
+// Host emulation of developer patch 0071's mul_mat_vec_q4_K_mma, _q6_K_mma and _q8_0_mma
 // (GGML_CUDA_MMVQ_MMA=1): the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
 // layout the PTX ISA gives (A rows g, g + 8 at ints t, t + 4; B column g at ints t, t + 4; C rows g,
 // g + 8 x columns 2t, 2t + 1, lane = 4 g + t), the activations quantized to q8_1 as ggml-cuda's
@@ -20,9 +20,18 @@
 struct block_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K/2]; };
 struct block_q8_1 { uint16_t d, s; int8_t qs[QK8_1]; };
 struct block_q8_0 { uint16_t d; int8_t qs[32]; };
+struct block_q6_K { uint8_t ql[QK_K/2]; uint8_t qh[QK_K/4]; int8_t scales[QK_K/16]; uint16_t d; };
 static_assert(sizeof(block_q4_K) == 144, "q4_K");
 static_assert(sizeof(block_q8_1) == 36, "q8_1");
 static_assert(sizeof(block_q8_0) == 34, "q8_0");
+static_assert(sizeof(block_q6_K) == 210, "q6_K");
+
+// CUDA's __vsubss4 for what the kernel subtracts: 4 bytes of 0..63 less 32 each, as signed bytes
+static int vsub32(int v) {
+    int out = 0;
+    for (int i = 0; i < 4; ++i) out |= ((int) (uint8_t) (int8_t) (((v >> (8*i)) & 0xFF) - 32)) << (8*i);
+    return out;
+}
 
 static void scales(const uint8_t * q, float dmx, float dmy, float * d, float * m) {  // the kernel's mmvq_mma_q4_K_scales
     for (int j = 0; j < 8; ++j) {
@@ -64,10 +73,10 @@ int main() {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     int fails = 0;
-    for (const ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0})
+    for (const ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
     for (int M : {16, 40, 64}) for (int K : {256, 768}) for (int N : {2, 3, 5, 8}) for (int nwarps : {1, 4}) {
-        const bool q4 = type == GGML_TYPE_Q4_K;
-        const int qk = q4 ? QK_K : 32, nb = K / qk;
+        const bool q4 = type == GGML_TYPE_Q4_K, q6 = type == GGML_TYPE_Q6_K;
+        const int qk = q4 || q6 ? QK_K : 32, nb = K / qk;
         std::vector<float> W((size_t) M*K), X((size_t) N*K);
         for (auto & v : W) v = nd(rng);
         for (auto & v : X) v = nd(rng);
@@ -77,6 +86,7 @@ int main() {
         ggml_get_type_traits(type)->to_float(xq.data(), Wd.data(), (int64_t) M*K);
         const block_q4_K * x4 = (const block_q4_K *) xq.data();
         const block_q8_0 * x8 = (const block_q8_0 *) xq.data();
+        const block_q6_K * x6 = (const block_q6_K *) xq.data();
         // q8_1 as quantize_q8_1 (CUDA) makes it: d = amax/127, q = round(x/d), ds = (d, sum x)
         const int stride_col_y = K / QK8_1;
         std::vector<block_q8_1> y((size_t) N*stride_col_y);
@@ -96,9 +106,10 @@ int main() {
             std::memset(accs, 0, sizeof(accs));
             for (int w = 0; w < nwarps; ++w) {
                 for (int kb = w; kb < nb; kb += nwarps) {
-                    for (int s = 0; s < (q4 ? 8 : 1); ++s) {  // Q4_K: sub-block s = 2 j + nib; Q8_0: the block
-                        const int j = s / 2, nib = s % 2, kby = q4 ? 8*kb + s : kb;
-                        int a[32][4], b[32][2], dot[32][4];
+                    for (int s = 0; s < (q4 || q6 ? 8 : 1); ++s) {  // Q4_K: sub-block s = 2 j + nib; Q6_K: half s / 4,
+                        const int j = s / 2, nib = s % 2, kby = q4 || q6 ? 8*kb + s : kb;  // part s % 4; Q8_0: the block
+                        const int n = s / 4, pp = s % 4;
+                        int a[32][4], b[32][2], dot[32][4], dot_hi[32][4];
                         for (int lane = 0; lane < 32; ++lane) {  // the kernel's loads, lane by lane
                             const int g = lane/4, t = lane%4, row0 = 16*tile + g, row1 = row0 + 8;
                             const bool ok0 = row0 < M, ok1 = row1 < M, okb = g < ncols_dst;
@@ -111,6 +122,13 @@ int main() {
                                 a[lane][1] = (q1[t] >> (4*nib)) & 0x0F0F0F0F;
                                 a[lane][2] = (q0[t + 4] >> (4*nib)) & 0x0F0F0F0F;
                                 a[lane][3] = (q1[t + 4] >> (4*nib)) & 0x0F0F0F0F;
+                            } else if (q6) {
+                                for (int r = 0; r < 2; ++r) for (int h = 0; h < 2; ++h) {
+                                    const block_q6_K & bx = x6[r ? i1 : i0];
+                                    const int lo = (get_int_b2(bx.ql, 16*n + 8*(pp & 1) + 4*h + t) >> (4*(pp >> 1))) & 0x0F0F0F0F;
+                                    const int hi = (get_int_b2(bx.qh, 8*n + 4*h + t) >> (2*pp)) & 0x03030303;
+                                    a[lane][2*h + r] = vsub32(lo | (hi << 4));  // regs: row g / g + 8 at k half h
+                                }
                             } else {
                                 a[lane][0] = get_int_b2(x8[i0].qs, t);
                                 a[lane][1] = get_int_b2(x8[i1].qs, t);
@@ -123,7 +141,17 @@ int main() {
                                 b[lane][0] = yq[t]; b[lane][1] = yq[t + 4];
                             }
                         }
-                        mma_emulated(a, b, dot);
+                        if (q6) {  // two mmas: the first 16 values (regs 0, 1), then the last 16 (regs 2, 3)
+                            int alo[32][4], ahi[32][4];
+                            for (int lane = 0; lane < 32; ++lane) {
+                                alo[lane][0] = a[lane][0]; alo[lane][1] = a[lane][1]; alo[lane][2] = alo[lane][3] = 0;
+                                ahi[lane][0] = ahi[lane][1] = 0; ahi[lane][2] = a[lane][2]; ahi[lane][3] = a[lane][3];
+                            }
+                            mma_emulated(alo, b, dot);
+                            mma_emulated(ahi, b, dot_hi);
+                        } else {
+                            mma_emulated(a, b, dot);
+                        }
                         for (int lane = 0; lane < 32; ++lane) {  // the kernel's scaling, lane by lane
                             const int g = lane/4, t = lane%4, row0 = 16*tile + g, row1 = row0 + 8;
                             const bool ok0 = row0 < M, ok1 = row1 < M;
@@ -142,6 +170,13 @@ int main() {
                                 acc[1] += d0[s]*ds1x*dot[lane][1] - m0[s]*ds1y;
                                 acc[2] += d1[s]*ds0x*dot[lane][2] - m1[s]*ds0y;
                                 acc[3] += d1[s]*ds1x*dot[lane][3] - m1[s]*ds1y;
+                            } else if (q6) {
+                                const float dr[2] = {ok0 ? ggml_fp16_to_fp32(x6[i0].d) : 0, ok1 ? ggml_fp16_to_fp32(x6[i1].d) : 0};
+                                for (int l = 0; l < 4; ++l) {
+                                    const block_q6_K & bx = x6[l / 2 ? i1 : i0];
+                                    const float sl = dr[l / 2] * bx.scales[8*n + 2*pp], sh = dr[l / 2] * bx.scales[8*n + 2*pp + 1];
+                                    acc[l] += (l % 2 ? ds1x : ds0x) * (sl*dot[lane][l] + sh*dot_hi[lane][l]);
+                                }
                             } else {
                                 const float d0 = ok0 ? ggml_fp16_to_fp32(x8[i0].d) : 0, d1 = ok1 ? ggml_fp16_to_fp32(x8[i1].d) : 0;
                                 acc[0] += d0*ds0x*dot[lane][0];
