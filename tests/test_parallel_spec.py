@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from ggufdspark.measuring.gate import top_logprobs_by_position
+from lossless import all_at_once, assert_same_or_near_tie, closed_loop
 
 SLOTS = 8
 REQUESTS = 24  # three waves: slots finish at different times, new prompts join running drafts
@@ -33,16 +33,6 @@ def serve_all(srv, work) -> list[dict]:
     return out
 
 
-def assert_same_or_near_tie(plain: dict, tokens: list[int], what: str) -> None:
-    """``tokens`` equal the plain run's, or first differ where the plain run's top-2 were a near-tie."""
-    if plain["tokens"] == tokens:
-        return
-    k = next((j for j, (a, b) in enumerate(zip(plain["tokens"], tokens)) if a != b), None)
-    assert k is not None, f"{what}: output length differs ({len(plain['tokens'])} vs {len(tokens)} tokens)"
-    top = top_logprobs_by_position(plain["tokens"], plain["completion_probabilities"]).get(k)
-    assert top, f"{what}: differs from the plain output at token {k}, a token the server sent no probabilities for"
-    gap = math.exp(top[0]["logprob"]) - math.exp(top[1]["logprob"])
-    assert gap < 0.05, f"{what}: differs from the plain output at token {k} (plain top-2 gap {gap:.4f}: not a near-tie)"
 
 
 def in_turn_with_two(srv, prompts: list[list[int]]) -> list[dict]:
@@ -782,7 +772,7 @@ def _assert_answered_as_plain(spec, want: list[dict], got: list[dict], label) ->
 
 def _at_once(srv, work) -> list[dict]:
     """``work`` sent all at once, one thread a request (greedy, n_probs 2 for the near-tie check)."""
-    out = _closed_loop(srv, [[(i, prompt, n)] for i, (prompt, n) in enumerate(work)])
+    out = closed_loop(srv, [[(i, prompt, n)] for i, (prompt, n) in enumerate(work)])
     return [out[i] for i in range(len(work))]
 
 
@@ -957,35 +947,6 @@ def test_drafted_ids_reach_the_verify_on_the_device(strong_conv_pair, start_serv
     assert said not in cut.log_text(), "p_min 0.5: the drafted ids went to the device though a confidence cut reads them"
 
 
-def _all_at_once(fn, args) -> None:
-    """``fn(arg)`` for every ``arg`` of ``args``, each in a thread of its own, all started before any
-    is waited for."""
-    threads = [threading.Thread(target=fn, args=(a,)) for a in args]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
-def _closed_loop(srv, queues: list[list[tuple[int, list[int], int]]]) -> dict[int, dict]:
-    """One client a queue, each sending its next request as soon as its previous answer ended (how a
-    server's clients load it, not a lock-step wave): every answer by its request id."""
-    client = srv.client(timeout=600)
-    out: dict[int, dict] = {}
-
-    def run(queue) -> None:
-        for rid, prompt, n in queue:
-            try:
-                out[rid] = client.post_json("/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
-                                                            "ignore_eos": True, "cache_prompt": False,
-                                                            "return_tokens": True, "n_probs": 2})
-            except Exception as e:  # noqa: BLE001 - the assertion names it
-                out[rid] = {"error": repr(e)}
-
-    _all_at_once(run, queues)
-    return out
-
-
 def test_thirty_two_slots_under_mixed_traffic_are_lossless(strong_conv_pair, start_server):
     """Issue 27's lossless goal at 32 slots, on the traffic a server sees: 32 clients in a closed loop,
     prompts of 10-600 tokens, answers of 4-64, so prompts join running drafts, slots finish apart
@@ -1000,11 +961,11 @@ def test_thirty_two_slots_under_mixed_traffic_are_lossless(strong_conv_pair, sta
     lengths = [round(math.exp(rng.uniform(math.log(10), math.log(600)))) for _ in range(clients * per_client)]
     work = [([rng.randrange(16, vocab) for _ in range(n)], rng.randint(4, 64)) for n in lengths]
     queues = [[(c * per_client + k, *work[c * per_client + k]) for k in range(per_client)] for c in range(clients)]
-    want = _closed_loop(plain, queues)
+    want = closed_loop(plain, queues)
     plain.stop()
 
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(16, 3)], **common)
-    got = _closed_loop(spec, queues)
+    got = closed_loop(spec, queues)
     assert spec.alive(), f"the engine died under {clients}-slot mixed traffic:\n{spec.log_text()[-2000:]}"
     spec.wait_for_log(r"drafts cut to 3 tokens: \d+ slots busy")
     spec.wait_for_log(r"drafts no longer cut: \d+ slots busy")
@@ -1066,7 +1027,7 @@ def test_clients_that_hang_up_mid_answer_leave_the_others_lossless(strong_conv_p
     def hang_up(i: int) -> None:
         hung[i] = _stream_then_hang_up(port, first[i][0], first[i][1], chunks=5 + 3 * i)
 
-    _all_at_once(lambda i: hang_up(i) if i < SLOTS // 2 else keep(i), range(SLOTS))
+    all_at_once(lambda i: hang_up(i) if i < SLOTS // 2 else keep(i), range(SLOTS))
     assert sorted(hung) == list(range(SLOTS // 2)), hung
     spec.wait_for_log(r"stop processing", count=SLOTS)  # the hung-up slots were released too
     cancelled = re.findall(r"cancel task, id_task = (\d+)", spec.log_text())
@@ -1113,7 +1074,7 @@ def test_greedy_answers_stay_lossless_beside_sampled_ones_in_the_batch(strong_co
                 out[i] = {"error": repr(e)}
 
         for wave in range(0, len(work), SLOTS):
-            _all_at_once(one, range(wave, min(wave + SLOTS, len(work))))
+            all_at_once(one, range(wave, min(wave + SLOTS, len(work))))
         return out  # type: ignore[return-value]
 
     for topk in ("0", "64"):
@@ -1185,7 +1146,7 @@ def test_answers_ending_at_a_stop_string_end_where_the_plain_servers_do(strong_c
                     tokens += chunk.get("tokens") or [] if not chunk.get("stop") else []
             out[i] = {**(final or {}), "content": "".join(parts), "tokens": tokens}
 
-        _all_at_once(one, range(len(work)))
+        all_at_once(one, range(len(work)))
         return out  # type: ignore[return-value]
 
     def answer(r: dict) -> tuple:
@@ -1260,7 +1221,7 @@ def test_multi_turn_chats_through_the_prompt_cache_stay_lossless(strong_conv_pai
                 out[c].append((prompt, r))
                 prompt = prompt + r["tokens"] + said[c][t]
 
-        _all_at_once(talk, range(clients))
+        all_at_once(talk, range(clients))
         return out
 
     want = chat(plain)
