@@ -169,13 +169,15 @@ def test_repacked_weights_serve_many_sequences_at_once(pairs_root, start_server)
         srv.stop()
 
 
-def wave_then_alone(pair, start_server, *, seed: int, first: int):
-    """The settings of an 8-slot server of ``pair``, one wave of SLOTS requests, one request of 100
-    tokens from ``first`` on to send alone after it, and the plain server's answers to all of them."""
+def wave_then_alone(pair, start_server, *, seed: int, first: int, answer: int | None = None):
+    """The settings of an 8-slot server of ``pair``, one wave of SLOTS requests (``answer``: every one
+    that many tokens long, so the slots generate together to the wave's end whatever the machine's
+    load; None: the workload's own lengths), one request of 100 tokens from ``first`` on to send
+    alone after it, and the plain server's answers to all of them."""
     common = dict(model=pair.target, parallel=SLOTS, ctx_size=SLOTS * 320)
     plain = start_server(spec_type=None, **common)
     vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
-    work = workload(vocab, seed=seed)[:SLOTS]
+    work = [(prompt, answer or n) for prompt, n in workload(vocab, seed=seed)[:SLOTS]]
     alone = ([t % vocab for t in range(first, first + 100)], 48)
     want = serve_all(plain, work + [alone])
     plain.stop()
@@ -191,8 +193,10 @@ def _drafted_per_step(timings: list[dict]) -> float:
 
 def test_drafts_are_cut_while_more_slots_generate(strong_conv_pair, start_server):
     """Patch 0021 (--spec-draft-n-max-by-slots 2:2): while more than 2 slots are busy, drafts are cut
-    to 2 tokens (n_max 6); a request alone drafts 6 again; output stays the plain server's."""
-    common, work, alone, want = wave_then_alone(strong_conv_pair, start_server, seed=13, first=60)
+    to 2 tokens (n_max 6); a request alone drafts 6 again; output stays the plain server's. The wave's
+    answers are all 64 tokens: with the workload's 8-72, a loaded machine let the short ones end
+    early and the rest run on with 2 busy slots or fewer, uncut (4.18 drafted a step once)."""
+    common, work, alone, want = wave_then_alone(strong_conv_pair, start_server, seed=13, first=60, answer=64)
     spec = start_server(draft=strong_conv_pair.draft, draft_n_max=6, draft_n_max_by_slots=[(2, 2)], **common)
     got = serve_all(spec, work)
     last = serve_all(spec, [alone])[0]
