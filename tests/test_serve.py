@@ -561,6 +561,28 @@ def test_serve_port_zero_picks_a_free_port(small_pair, dspark_engine):
         assert client.health()["status"] == "ok"
 
 
+def test_a_picked_port_another_server_binds_first_is_picked_again(small_pair, start_server, tmp_path, monkeypatch):
+    """The race a free port has between picking and binding (a CI run of 3 workers lost it once):
+    another llama-server takes the port first. /health on that port answers 200, but from the other
+    server; the start must not take it for its own, and picks another port."""
+    from ggufdspark.runners import server as server_mod
+    from ggufdspark.runners.server import ServerProcess, ServerSettings
+
+    other = start_server(model=small_pair.target, spec_type=None)
+    taken = other.settings.port
+    picks = iter([taken])
+    real = server_mod.free_port
+    monkeypatch.setattr(server_mod, "free_port", lambda host="127.0.0.1": next(picks, None) or real(host))
+    settings = ServerSettings(server=other.settings.server, model=small_pair.target, spec_type=None, port=0)
+    with ServerProcess(settings, log_path=tmp_path / "second.log", start_timeout=120) as srv:
+        assert srv.settings.port not in (0, taken)
+        log = srv.log_text()
+        assert "couldn't bind HTTP server socket" in log and f"port: {taken}" in log, log[-2000:]
+        assert f"listening on http://127.0.0.1:{srv.settings.port}" in log
+        assert len(srv.client().complete([40, 41, 42], n_predict=2).tokens) == 2
+    assert other.health() == 200  # the first server was left alone
+
+
 @pytest.mark.engine
 def test_serve_missing_and_non_gguf_files(ggufdspark_cli, small_pair, tmp_path):
     junk = tmp_path / "draft.gguf"

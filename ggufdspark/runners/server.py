@@ -234,6 +234,9 @@ def _split_key_args(extra: list[str]) -> tuple[list[str], list[str]]:
     return rest, keys
 
 
+_PORT_TRIES = 3  # starts on a freshly picked port before a lost race is an error
+
+
 class ServerProcess:
     """One llama-server process. Use as a context manager; ``stop()`` is always safe to call."""
 
@@ -274,13 +277,33 @@ class ServerProcess:
                 or was not healthy within ``start_timeout``.
         """
         s = self.settings
-        keys = s.api_keys()
-        if s.port == 0:
-            s.pick_port()
-        elif port_in_use(s.host, s.port):
-            raise PortInUseError(f"port {s.port} on {s.host} is already in use (use --port 0 to pick a free one)")
+        picked = s.port == 0
         if self.proc is not None:
             self.stop()  # a restart: reap the last one and dismiss its lifeline
+        if not picked and port_in_use(s.host, s.port):
+            raise PortInUseError(f"port {s.port} on {s.host} is already in use (use --port 0 to pick a free one)")
+        for attempt in range(1, _PORT_TRIES + 1):
+            if picked:
+                s.port = 0
+                s.pick_port()
+            try:
+                return self._start_once()
+            except ServerStartError as e:
+                # A picked port is free when picked, not when bound: another process (a second
+                # server started at the same moment) may bind it first. Pick again.
+                if not (picked and attempt < _PORT_TRIES and self._lost_port_race(str(e))):
+                    raise
+                log.info("port %d was taken before llama-server bound it; picking another", s.port)
+                self._failed = False
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _lost_port_race(message: str) -> bool:
+        return "port already in use" in message
+
+    def _start_once(self) -> "ServerProcess":
+        s = self.settings
+        keys = s.api_keys()
         log.debug("starting: %s", " ".join(s.redacted()))
         fd = logfiles.open_log(self.log_path)
         key_dir = _write_key_file(keys) if keys else None
@@ -319,10 +342,21 @@ class ServerProcess:
                 raise ServerStartError(
                     f"llama-server {exit_cause(rc)} during start ({explain_failure(text)}); "
                     f"log: {self.log_path}\n--- last log lines ---\n{tail}")
-            if self.health() == 200:
+            if self.health() == 200 and self._bound_here():
                 return
             time.sleep(0.1)
         raise ServerStartError(f"llama-server was not healthy after {self.start_timeout:.0f}s; log: {self.log_path}")
+
+    def _bound_here(self) -> bool:
+        """Whether this process, not another that holds the same port, answered ``/health``: its log
+        says it listens on the port. A log that cannot say (``--log-disable``, ``--log-file``)
+        is taken on trust."""
+        args = self.settings.args()
+        if any(a in ("--log-disable", "--log-file") or a.startswith("--log-file=") for a in args):
+            return True
+        if os.environ.get("LLAMA_ARG_LOG_FILE"):
+            return True
+        return re.search(rf"listening on \S+:{self.settings.port}\b", self.run_log_text()) is not None
 
     def run_log_text(self) -> str:
         """The log from where this start began (a log given by the user may hold earlier runs)."""
