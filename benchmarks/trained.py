@@ -15,6 +15,7 @@ the generated pairs have only the synthetic one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
-from ggufdspark import timings as tm  # noqa: E402
+from ggufdspark import launch, timings as tm  # noqa: E402
 from ggufdspark.engine import find_engine  # noqa: E402
 from ggufdspark.quantize import quantize  # noqa: E402
 from ggufdspark.runners.client import Client  # noqa: E402
@@ -80,12 +81,13 @@ def prompts(pair: Path, n: int) -> list[str]:
 
 def run_level(args, clients: int, texts: list[str], ref, *, cut: str | None = None,
               lengths: list[int] | None = None, label: str = "") -> dict:
-    settings = ServerSettings(server=args.server, model=args.m, draft=args.md, draft_n_max=args.draft,
-                              parallel=clients, ctx_size=clients * args.slot_ctx, extra_args=["-v"],
-                              n_gpu_layers=99 if args.gpu else None, n_gpu_layers_draft=99 if args.gpu else None,
-                              flash_attn="on" if args.gpu else None,
-                              draft_n_max_by_slots=[tuple(int(x) for x in cut.split(":"))] if cut else None,
-                              env=dict(e.split("=", 1) for e in args.env))
+    # the server as serve starts it on this backend (offload, token table, drafter n_ubatch), at this
+    # level's fixed draft length and cut
+    base = harness.base_settings(args.server, args.m, gpu=args.gpu, parallel=clients, ctx_per_slot=args.slot_ctx,
+                                 extra_args=["-v"])
+    cuts = [tuple(int(x) for x in cut.split(":"))] if cut else None
+    settings = dataclasses.replace(launch.with_draft(base, args.md, args.draft, cut=cuts),
+                                   env=dict(e.split("=", 1) for e in args.env))
     log_path = Path(args.log_dir) / f"level-{label or clients}.log"
     results: list[dict] = []
     lock = threading.Lock()
@@ -184,7 +186,7 @@ def acceptance_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pause", default=None, help="S:N: S requests on S slots, drafting paused above N busy")
     ap.add_argument("--env", action="append", default=[], help="K=V for the engine (an engine switch)")
     ap.add_argument("--no-reference", action="store_true", help="do not replay the steps on the torch checkpoints")
-    ap.add_argument("--gpu", action="store_true", help="offload everything (-ngl 99 -ngld 99 -fa on)")
+    ap.add_argument("--gpu", action="store_true", help="the CUDA row of serve's table (everything offloaded, flash attention, the token table on CUDA0)")
     ap.add_argument("--log-dir", default="/tmp/trained-acceptance", help="where the engines' -v logs go")
     ap.add_argument("--json", default=None, help="write the whole report here")
 

@@ -229,6 +229,62 @@ def test_server_turns_cuda_graphs_off_above_16_slots(small_pair, start_server, m
     assert said not in log_of(17, GGML_CUDA_DISABLE_GRAPHS="1")
 
 
+def test_slow_step_lines_say_what_a_step_a_prompt_joins_spends(small_pair, start_server, tmp_path):
+    """Patch 0072: with LLAMA_SPEC_PROFILE_SLOW=0 the server prints a line for every step: its batch
+    (prompt rows, generating slots and their rows, drafted tokens) and the step profile's phases.
+    One slot generates while a prompt joins on the other: that step is a "join" whose rows the
+    target decodes and the drafter takes in, and ``serving.py steps`` reads the lines back. A
+    threshold no step reaches prints none; a plain server's steps have no drafter phases."""
+    import threading
+
+    from ggufdspark.timings.steps import parse_steps, summarize_steps
+
+    prompt = [40 + i % 50 for i in range(300)]
+    srv = start_server(model=small_pair.target, draft=small_pair.draft, parallel=2, ctx_size=2 * 4096,
+                       env={"LLAMA_SPEC_PROFILE_SLOW": "0"})
+    client = srv.client(timeout=300)
+    long = threading.Thread(target=client.complete, args=([40, 41, 42],), kwargs={"n_predict": 3000, "ignore_eos": True})
+    long.start()
+    try:
+        srv.wait_for_log(r"spec slow step: .* 0 prompt rows, 1 generating slots", timeout=60)
+        joined = client.complete(prompt, n_predict=4)
+    finally:
+        long.join()
+    assert len(joined.tokens) == 4
+    lines = srv.wait_for_log(r"spec slow step: .* other host -?[\d.]+$", count=3)
+    steps = parse_steps(srv.log_text())
+    assert len(steps) >= len(lines) > 0, lines[:3]
+    joins = [s for s in steps if s.kind == "join" and s.prompt_rows == len(prompt)]
+    assert joins, [(s.kind, s.prompt_rows, s.generating_slots) for s in steps if s.prompt_rows]
+    for s in joins:
+        assert s.generating_slots == 1 and s.target_rows == s.prompt_rows + s.generating_rows, s
+        assert s.injection_rows >= s.prompt_rows, s  # the drafter takes in the joining prompt's rows
+        assert s.wall_ms >= max(s.phases_ms[p] for p in s.phases_ms if p != "other_host"), s
+    gen = [s for s in steps if s.kind == "generate"]
+    assert any(s.drafted > 0 and s.draft_rows > 0 for s in gen), gen[:3]
+    assert all(s.drafted == s.generating_rows - s.generating_slots for s in gen)
+    assert set(summarize_steps(steps)) >= {"join", "generate"}
+    srv.stop()
+
+    out = tmp_path / "steps.json"
+    p = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "serving.py"), "steps",
+                        str(srv.log_path), "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"^join\s+\d+", p.stdout, re.M) and re.search(r"^generate\s+\d+", p.stdout, re.M), p.stdout
+    import json
+    assert json.loads(out.read_text())["summary"]["join"]["count"] == len([s for s in steps if s.kind == "join"])
+
+    quiet = start_server(model=small_pair.target, draft=small_pair.draft, env={"LLAMA_SPEC_PROFILE_SLOW": "600000"})
+    quiet.client().complete([40, 41, 42], n_predict=16)
+    quiet.wait_for_log(r"stop processing")
+    assert "spec slow step" not in quiet.log_text()
+
+    plain = start_server(model=small_pair.target, spec_type=None, env={"LLAMA_SPEC_PROFILE_SLOW": "0"})
+    plain.client().complete([40, 41, 42], n_predict=8)
+    plain_steps = parse_steps("\n".join(plain.wait_for_log(r"spec slow step: .* other host -?[\d.]+$", count=8)))
+    assert plain_steps and all(s.injection_rows == 0 and s.draft_rows == 0 and s.drafted == 0 for s in plain_steps)
+
+
 def _one_slot_greedy(srv, prompts: list[list[int]], n_predict: int) -> tuple[list[tuple[list[int], int, int]], str]:
     """``prompts`` one after another on the drafted server ``srv``, greedy: each answer's (tokens,
     drafted, accepted), then the server's log; ``srv`` is stopped."""
@@ -266,14 +322,13 @@ def test_greedy_draft_without_a_confidence_cut_leaves_the_head_out(small_pair, s
 
 
 def test_drafter_schedulers_and_one_op_markov_chain_draft_as_their_switches_off(small_pair, start_server, monkeypatch):
-    """Patches 0063-0065 are on by default: a re-created scheduler keeps its input events (no events
-    on the CPU: nothing to see here), the drafter's graphs with and without outputs keep a scheduler
-    each (0064) and a one-block greedy chain is one op (0065); the `-v` log says the last two. With their
-    switches off (LLAMA_SCHED_EVENTS_KEEP=0, LLAMA_GRAPH_SCHEDS=1, LLAMA_DSPARK_MARKOV_FUSED=0) the
-    log says neither, and one slot answers four greedy requests with the same tokens, drafted and
-    accepted counts, request by request."""
+    """Patches 0064 and 0065 are on by default: the drafter's graphs with and without outputs keep a
+    scheduler each (0064) and a one-block greedy chain is one op (0065); the `-v` log says both. With
+    their switches off (LLAMA_GRAPH_SCHEDS=1, LLAMA_DSPARK_MARKOV_FUSED=0) the log says neither, and
+    one slot answers four greedy requests with the same tokens, drafted and accepted counts, request
+    by request. (0061's kept input events, formerly 0063, have no switch and no events on the CPU.)"""
     said = ("outputs keep a scheduler of their own", "the greedy Markov chain is one op")
-    switches = {"LLAMA_SCHED_EVENTS_KEEP": "0", "LLAMA_GRAPH_SCHEDS": "1", "LLAMA_DSPARK_MARKOV_FUSED": "0"}
+    switches = {"LLAMA_GRAPH_SCHEDS": "1", "LLAMA_DSPARK_MARKOV_FUSED": "0"}
     prompts = [[60 + 7 * i + k for k in range(10 + 5 * i)] for i in range(4)]
 
     def serve(off: bool) -> tuple[list[tuple[list[int], int, int]], str]:

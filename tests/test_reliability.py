@@ -414,15 +414,15 @@ def test_dry_run_masks_a_key_given_to_the_engine(ggufdspark_cli, small_pair):
 
 
 def test_key_file_holds_the_keys_privately():
-    from ggufdspark.runners.server import _remove_key_file, _write_key_file
+    from ggufdspark.runners.keyfile import remove_key_file, write_key_file
 
-    d = _write_key_file(["a", "b"])
+    d = write_key_file(["a", "b"])
     try:
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
         assert stat.S_IMODE((d / "api-key").stat().st_mode) == 0o600
         assert (d / "api-key").read_text() == "a\nb\n"
     finally:
-        _remove_key_file(d)
+        remove_key_file(d)
     assert not d.exists()
 
 

@@ -17,7 +17,6 @@ import re
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from pathlib import Path
 from ggufdspark import logfiles
 from ggufdspark.errors import EngineError, InvalidArgumentError, LogWaitTimeoutError, PortInUseError, ServerStartError
 from ggufdspark.runners import lifeline
+from ggufdspark.runners.keyfile import KEY_FILE_PLACEHOLDER, remove_key_file, split_key_args, write_key_file
 from ggufdspark.runners.deaths import exit_cause, explain_failure  # noqa: F401 (also public here)
 from ggufdspark.runners.client import Client, urlopen_direct
 from ggufdspark.runners.engine_env import dropped_warnings, engine_environment, env_api_keys
@@ -114,7 +114,7 @@ class ServerSettings:
         Raises:
             InvalidArgumentError: a key the engine's key file cannot carry (a line break, a leading '#').
         """
-        keys = ([k for k in (self.api_key or "").split(",") if k] + _split_key_args(self.extra_args)[1]
+        keys = ([k for k in (self.api_key or "").split(",") if k] + split_key_args(self.extra_args)[1]
                 + env_api_keys())
         for k in keys:
             if any(c in k for c in "\r\n\0") or k.startswith("#"):
@@ -180,7 +180,7 @@ class ServerSettings:
             a += ["--api-key-file", str(key_file or KEY_FILE_PLACEHOLDER)]
         if network:
             a += ["--host", self.host, "--port", str(self.port)]
-        a += _split_key_args(self.extra_args)[0]
+        a += split_key_args(self.extra_args)[0]
         if self.token_table_device and not overrides_token_table(self.extra_args + self.env_overrides()):
             a = with_token_table(a, self.token_table_device)  # after extra_args': the first match wins
         return a
@@ -212,26 +212,8 @@ class ServerSettings:
         d = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
         del d["api_key"]
         d["api_key_file"] = KEY_FILE_PLACEHOLDER if self.api_keys() else None
-        d["extra_args"] = _split_key_args(self.extra_args)[0]
+        d["extra_args"] = split_key_args(self.extra_args)[0]
         return d
-
-
-KEY_FILE_PLACEHOLDER = "<api-key-file>"
-
-
-def _split_key_args(extra: list[str]) -> tuple[list[str], list[str]]:
-    """``extra`` without ``--api-key K`` / ``--api-key=K``, and the keys those held."""
-    rest: list[str] = []
-    keys: list[str] = []
-    it = iter(extra)
-    for a in it:
-        if a == "--api-key":
-            keys += [k for k in next(it, "").split(",") if k]
-        elif a.startswith("--api-key="):
-            keys += [k for k in a.split("=", 1)[1].split(",") if k]
-        else:
-            rest.append(a)
-    return rest, keys
 
 
 _PORT_TRIES = 3  # starts on a freshly picked port before a lost race is an error
@@ -306,7 +288,7 @@ class ServerProcess:
         keys = s.api_keys()
         log.debug("starting: %s", " ".join(s.redacted()))
         fd = logfiles.open_log(self.log_path)
-        key_dir = _write_key_file(keys) if keys else None
+        key_dir = write_key_file(keys) if keys else None
         try:
             self._log_start = os.fstat(fd).st_size
             args = s.args(key_file=key_dir / "api-key" if key_dir else None)
@@ -328,7 +310,7 @@ class ServerProcess:
                 raise
         finally:
             if key_dir:  # read by the engine while parsing its arguments, long before /health
-                _remove_key_file(key_dir)
+                remove_key_file(key_dir)
         return self
 
     def _wait_healthy(self) -> None:
@@ -456,25 +438,3 @@ class ServerProcess:
         self.stop()
         if self._own_log and not self.keep_log and not self._failed:
             self.log_path.unlink(missing_ok=True)
-
-
-def _write_key_file(keys: list[str]) -> Path:
-    """A private directory (0700, unpredictable name) holding ``api-key`` (0600), one key a line."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    d = Path(tempfile.mkdtemp(prefix="ggufdspark-key-", dir=base if base and os.path.isdir(base) else None))
-    try:
-        fd = os.open(d / "api-key", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("".join(k + "\n" for k in keys))
-    except BaseException:
-        _remove_key_file(d)
-        raise
-    return d
-
-
-def _remove_key_file(d: Path) -> None:
-    (d / "api-key").unlink(missing_ok=True)
-    try:
-        d.rmdir()
-    except OSError as e:  # pragma: no cover - nothing else is ever written there
-        log.warning("could not remove the API key directory %s: %s", d, e)
