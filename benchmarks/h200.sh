@@ -25,7 +25,7 @@
 #   table     serving.py table over OUT/tune-*.json, then bench --load with that table; load-table.json
 #   arms      serving.py arms: LOAD_ARMS ("NAME=N_MAX [CUT] [KEY=VALUE ...];..."), CLIENTS, ANSWERS,
 #             ROUNDS, TEMPERATURE, NOISE_FLOOR=1, CONVERSATIONS=1; arms-TAG.json, arms-TAG-profile.txt;
-#             an arm with LLAMA_SPEC_PROFILE_SLOW=MS: its steps by kind (serving.py steps), steps-TAG-LOG.json
+#             an arm with LLAMA_SPEC_PROFILE_SLOW=MS: its steps by kind (stall.py steps), steps-TAG-LOG.json
 #   prefill   speed.py prefill: PREFILL_TOKENS (4096), 8 at once, PREFILL_ARMS; prefill-TAG.json
 #   sampling  costs.py sampling: N_MAX (7), TRIALS (3), GRAPH_TOPK; sampling.json
 #   layout    costs.py layout: LAYOUT_SLOTS (16), LAYOUT_REQUESTS (4); layout-TAG.json
@@ -205,7 +205,7 @@ arms)
     profile "$W/arms-$TAG" "$OUT/arms-$TAG-profile.txt"
     for f in "$W/arms-$TAG"/*.log; do  # arms with LLAMA_SPEC_PROFILE_SLOW=MS (patch 0072): their steps
         grep -q "spec slow step" "$f" 2>/dev/null || continue
-        echo "== slow steps: $(basename "$f")"; $py benchmarks/serving.py steps "$f" --json "$OUT/steps-$TAG-$(basename "$f" .log).json"
+        echo "== slow steps: $(basename "$f")"; $py benchmarks/stall.py steps "$f" --json "$OUT/steps-$TAG-$(basename "$f" .log).json"
     done ;;
 layout)
     pair; run "layout-$TAG" 16 $py benchmarks/costs.py layout "${P[@]}" --slots "${LAYOUT_SLOTS:-16}" --requests "${LAYOUT_REQUESTS:-4}" ;;

@@ -6,14 +6,11 @@
 * ``table``: several ``tune --load --json`` results merged into one load table, its recommendation
   as ``DRAFT_N_MAX CUT`` (``h200.sh table`` serves it);
 * ``first``: the first request after ``ggufdspark serve`` says ready, with serve's warm-up against
-  without and the plain server's (``h200.sh first``);
-* ``steps``: where a server's steps went, from the engine's slow-step lines (patch 0072,
-  ``LLAMA_SPEC_PROFILE_SLOW=MS``): steps a prompt joined against the others, phase by phase.
+  without and the plain server's (``h200.sh first``).
 
     python benchmarks/serving.py arms -m T.gguf -md D.gguf --clients 16,32 --arm "table=7 16:0" [--json out.json]
     python benchmarks/serving.py table tune-a.json tune-b.json [--json merged.json]
     python benchmarks/serving.py first -m T.gguf -md D.gguf [--runs 3] [--json out.json]
-    python benchmarks/serving.py steps server.log [more.log ...] [--top 5] [--json out.json]
 
 ``python benchmarks/serving.py COMMAND --help`` says the rest.
 """
@@ -31,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
@@ -47,7 +43,6 @@ from ggufdspark.runners import lifeline  # noqa: E402
 from ggufdspark.runners.client import Client  # noqa: E402
 from ggufdspark.runners.server import free_port  # noqa: E402
 from ggufdspark.serve_checks import ServingOptions  # noqa: E402
-from ggufdspark.timings import steps as tsteps  # noqa: E402
 from ggufdspark.warmup import WARMUP_TOKENS  # noqa: E402
 
 ARMS_DOC = """Several drafted servers against one plain server under ``bench --load``'s traffic, side by side.
@@ -361,60 +356,10 @@ def first(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     return 0
 
 
-STEPS_DOC = """Where a server's steps went: the engine's slow-step lines (patch 0072; start the server with
-``LLAMA_SPEC_PROFILE_SLOW=MS``, 0 for every step) read from its logs. Steps are grouped by kind:
-``join`` (prompt rows beside generating slots: what a streaming request waits through when a prompt
-joins), ``prompt`` (prompt rows only) and ``generate``. For each kind: the count, the wall time's
-p50 / p95 / max, the mean prompt rows, injection rows and target decodes, and each phase's mean
-(target launch / wait / sample, injection launch / wait, draft block launch / wait / read, other
-host). The profile synchronises each phase: compare phases and kinds, not the wall time with an
-unprofiled server's.
-
-    python benchmarks/serving.py steps server.log [more.log ...] [--top 5] [--json out.json]
-"""
-
-
-def steps_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("logs", nargs="+", type=Path, help="llama-server logs holding 'spec slow step' lines")
-    ap.add_argument("--top", type=int, default=5, help="also print the N longest steps")
-    ap.add_argument("--json", type=Path, help="write the summary and every step here")
-
-
-def steps(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    found = []
-    for path in a.logs:
-        try:
-            found += tsteps.parse_steps(path.read_text(errors="replace"))
-        except OSError as e:
-            ap.error(f"{path}: {e.strerror}")
-    if not found:
-        print(f"steps: no 'spec slow step' lines in {', '.join(map(str, a.logs))} "
-              "(the engine needs patch 0072 and LLAMA_SPEC_PROFILE_SLOW set)", file=sys.stderr)
-        return 1
-    sums = tsteps.summarize_steps(found)
-    print(f"{len(found)} steps; ms, means per step except the wall time")
-    head = f"{'kind':<10}{'steps':>6}{'wall p50':>9}{'p95':>8}{'max':>8}{'prompt':>8}{'inj rows':>9}{'tgt dec':>8}"
-    print(head + "".join(f"{p:>11}" for p in tsteps.PHASES))
-    for kind, s in sums.items():
-        print(f"{kind:<10}{s.count:>6}{s.wall_p50_ms:>9.2f}{s.wall_p95_ms:>8.2f}{s.wall_max_ms:>8.2f}"
-              f"{s.prompt_rows_mean:>8.0f}{s.injection_rows_mean:>9.0f}{s.target_decodes_mean:>8.2f}"
-              + "".join(f"{s.phase_means_ms[p]:>11.3f}" for p in tsteps.PHASES))
-    for s in sorted(found, key=lambda s: -s.wall_ms)[:a.top]:
-        parts = ", ".join(f"{p} {v:.2f}" for p, v in s.phases_ms.items())
-        print(f"  {s.wall_ms:.2f} ms ({s.kind}: {s.prompt_rows} prompt rows, {s.generating_slots} generating slots, "
-              f"{s.injection_rows} injected rows): {parts}")
-    if a.json:
-        a.json.write_text(json.dumps({"logs": [str(p) for p in a.logs],
-                                      "summary": {k: asdict(v) for k, v in sums.items()},
-                                      "steps": [asdict(s) | {"kind": s.kind} for s in found]}, indent=2))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     return harness.run_commands(__doc__, {"arms": (ARMS_DOC, arms_arguments, arms),
                                           "table": (TABLE_DOC, table_arguments, table),
-                                          "first": (FIRST_DOC, first_arguments, first),
-                                          "steps": (STEPS_DOC, steps_arguments, steps)}, argv)
+                                          "first": (FIRST_DOC, first_arguments, first)}, argv)
 
 
 if __name__ == "__main__":

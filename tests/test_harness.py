@@ -454,3 +454,28 @@ def test_device_script_takes_every_llama_server_command_line_from_serve():
     assert uses and all(re.search(r"(--server |dirname |GGUFDSPARK_SERVER=)$", u) for u in uses), uses
     assert re.search(r'line=\$\(\$py -m ggufdspark serve -m "\$T" -md "\$D" --server "\$\(BIN\)" .*--dry-run -- -v\)', code)
     assert 'eval "argv=($line)"' in code and '"${argv[@]}" > "$W/verbose.log"' in code
+
+
+def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair, isolated, tmp_path):
+    """stall.py join: both arms started as serve starts them, a round each in turn; each round's
+    join TTFT and the streams' longest wait across the join (at least the join step itself: the
+    profiled join steps say how long that was), the ratios, and with --profile the join steps'
+    phases (the drafted arm's hold the drafter's injection, the plain arm's none)."""
+    out = tmp_path / "stall.json"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
+                        "-md", str(small_pair.draft), "--streams", "2", "--join-tokens", "400", "--answer", "1500",
+                        "--rounds", "2", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert set(rep["rounds"]) == {"plain", "drafted"} and all(len(r) == 2 for r in rep["rounds"].values())
+    for arm, rounds in rep["rounds"].items():
+        for r in rounds:
+            assert r["ttft_s"] > 0 and r["stall_s"] > 0 and all(n >= 32 for n in r["stream_tokens"]), (arm, r)
+    assert rep["settings"]["drafted"]["draft"] and not rep["settings"]["plain"]["draft"]
+    assert rep["settings"]["drafted"]["env"]["LLAMA_SPEC_PROFILE_SLOW"] == "0"
+    assert set(rep["ratios"]) == {"ttft_s", "stall_s"} and "drafted / plain: ttft" in p.stdout
+    steps = rep["join_steps"]
+    assert steps["drafted"]["phase_means_ms"]["inj_launch"] > 0 and steps["plain"]["injection_rows_mean"] == 0
+    for arm, s in steps.items():  # a stream waited through the whole join step, at least
+        assert max(r["stall_s"] for r in rep["rounds"][arm]) * 1000 >= s["wall_p50_ms"] * 0.9, (arm, s, rep["rounds"][arm])
