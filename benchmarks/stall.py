@@ -62,7 +62,7 @@ def join_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--synthetic-rates", help="per-position acceptance rates (comma-separated) for the draft; "
                     "default: real acceptance")
     ap.add_argument("--profile", action="store_true", help="LLAMA_SPEC_PROFILE_SLOW=0 on both servers; the join steps' phases")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the random-token prompts' seed")
     ap.add_argument("--log-dir", type=Path, help="keep the server logs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="write every round and the summary here")
 
