@@ -1,4 +1,4 @@
-// Host emulation of developer patch 0071's mul_mat_vec_q4_K_mma, _q6_K_mma and _q8_0_mma
+// Host emulation of developer patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma
 // (GGML_CUDA_MMVQ_MMA=1): the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
 // layout the PTX ISA gives (A rows g, g + 8 at ints t, t + 4; B column g at ints t, t + 4; C rows g,
 // g + 8 x columns 2t, 2t + 1, lane = 4 g + t), the activations quantized to q8_1 as ggml-cuda's
@@ -18,10 +18,12 @@
 #define QK_K 256
 #define QK8_1 32
 struct block_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K/2]; };
+struct block_q5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K/8]; uint8_t qs[QK_K/2]; };
 struct block_q8_1 { uint16_t d, s; int8_t qs[QK8_1]; };
 struct block_q8_0 { uint16_t d; int8_t qs[32]; };
 struct block_q6_K { uint8_t ql[QK_K/2]; uint8_t qh[QK_K/4]; int8_t scales[QK_K/16]; uint16_t d; };
 static_assert(sizeof(block_q4_K) == 144, "q4_K");
+static_assert(sizeof(block_q5_K) == 176, "q5_K");
 static_assert(sizeof(block_q8_1) == 36, "q8_1");
 static_assert(sizeof(block_q8_0) == 34, "q8_0");
 static_assert(sizeof(block_q6_K) == 210, "q6_K");
@@ -73,9 +75,9 @@ int main() {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     int fails = 0;
-    for (const ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
+    for (const ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
     for (int M : {16, 40, 64}) for (int K : {256, 768}) for (int N : {2, 3, 5, 8}) for (int nwarps : {1, 4}) {
-        const bool q4 = type == GGML_TYPE_Q4_K, q6 = type == GGML_TYPE_Q6_K;
+        const bool q5 = type == GGML_TYPE_Q5_K, q4 = type == GGML_TYPE_Q4_K || q5, q6 = type == GGML_TYPE_Q6_K;  // q4: Q4_K's path (Q5_K too)
         const int qk = q4 || q6 ? QK_K : 32, nb = K / qk;
         std::vector<float> W((size_t) M*K), X((size_t) N*K);
         for (auto & v : W) v = nd(rng);
@@ -85,6 +87,7 @@ int main() {
         std::vector<float> Wd((size_t) M*K);
         ggml_get_type_traits(type)->to_float(xq.data(), Wd.data(), (int64_t) M*K);
         const block_q4_K * x4 = (const block_q4_K *) xq.data();
+        const block_q5_K * x5 = (const block_q5_K *) xq.data();
         const block_q8_0 * x8 = (const block_q8_0 *) xq.data();
         const block_q6_K * x6 = (const block_q6_K *) xq.data();
         // q8_1 as quantize_q8_1 (CUDA) makes it: d = amax/127, q = round(x/d), ds = (d, sum x)
@@ -115,7 +118,16 @@ int main() {
                             const bool ok0 = row0 < M, ok1 = row1 < M, okb = g < ncols_dst;
                             const size_t i0 = (size_t) (ok0 ? row0 : 0)*stride_row_x + kb;
                             const size_t i1 = (size_t) (ok1 ? row1 : 0)*stride_row_x + kb;
-                            if (q4) {
+                            if (q5) {  // Q4_K's nibbles with the fifth bit: bit s of qh's ints t, t + 4
+                                const int * q0 = (const int *) x5[i0].qs + 8*j;
+                                const int * q1 = (const int *) x5[i1].qs + 8*j;
+                                const int * h0 = (const int *) x5[i0].qh;
+                                const int * h1 = (const int *) x5[i1].qh;
+                                a[lane][0] = ((q0[t] >> (4*nib)) & 0x0F0F0F0F) | (((h0[t] >> s) & 0x01010101) << 4);
+                                a[lane][1] = ((q1[t] >> (4*nib)) & 0x0F0F0F0F) | (((h1[t] >> s) & 0x01010101) << 4);
+                                a[lane][2] = ((q0[t + 4] >> (4*nib)) & 0x0F0F0F0F) | (((h0[t + 4] >> s) & 0x01010101) << 4);
+                                a[lane][3] = ((q1[t + 4] >> (4*nib)) & 0x0F0F0F0F) | (((h1[t + 4] >> s) & 0x01010101) << 4);
+                            } else if (q4) {
                                 const int * q0 = (const int *) x4[i0].qs + 8*j;
                                 const int * q1 = (const int *) x4[i1].qs + 8*j;
                                 a[lane][0] = (q0[t] >> (4*nib)) & 0x0F0F0F0F;
@@ -162,10 +174,14 @@ int main() {
                             if (c0 < ncols_dst) { ds0x = ggml_fp16_to_fp32(y[(size_t) c0*stride_col_y + kby].d); ds0y = ggml_fp16_to_fp32(y[(size_t) c0*stride_col_y + kby].s); }
                             if (c1 < ncols_dst) { ds1x = ggml_fp16_to_fp32(y[(size_t) c1*stride_col_y + kby].d); ds1y = ggml_fp16_to_fp32(y[(size_t) c1*stride_col_y + kby].s); }
                             float * acc = accs[w][lane];
-                            if (q4) {
+                            if (q4) {  // Q4_K and Q5_K: the same scales, mins and sums
                                 float d0[8], m0[8], d1[8], m1[8];
-                                scales(x4[i0].scales, ok0 ? ggml_fp16_to_fp32(x4[i0].d) : 0, ok0 ? ggml_fp16_to_fp32(x4[i0].dmin) : 0, d0, m0);
-                                scales(x4[i1].scales, ok1 ? ggml_fp16_to_fp32(x4[i1].d) : 0, ok1 ? ggml_fp16_to_fp32(x4[i1].dmin) : 0, d1, m1);
+                                const uint8_t * sc0 = q5 ? x5[i0].scales : x4[i0].scales;
+                                const uint8_t * sc1 = q5 ? x5[i1].scales : x4[i1].scales;
+                                const uint16_t dd0 = q5 ? x5[i0].d : x4[i0].d, dm0 = q5 ? x5[i0].dmin : x4[i0].dmin;
+                                const uint16_t dd1 = q5 ? x5[i1].d : x4[i1].d, dm1 = q5 ? x5[i1].dmin : x4[i1].dmin;
+                                scales(sc0, ok0 ? ggml_fp16_to_fp32(dd0) : 0, ok0 ? ggml_fp16_to_fp32(dm0) : 0, d0, m0);
+                                scales(sc1, ok1 ? ggml_fp16_to_fp32(dd1) : 0, ok1 ? ggml_fp16_to_fp32(dm1) : 0, d1, m1);
                                 acc[0] += d0[s]*ds0x*dot[lane][0] - m0[s]*ds0y;
                                 acc[1] += d0[s]*ds1x*dot[lane][1] - m0[s]*ds1y;
                                 acc[2] += d1[s]*ds0x*dot[lane][2] - m1[s]*ds0y;
