@@ -24,7 +24,7 @@
 #   tune      `ggufdspark tune --load`: TUNE_LENGTHS (0,3,5,7), CLIENTS, REQUESTS_PER_CLIENT (2); tune-TAG.json
 #   table     serving.py table over OUT/tune-*.json, then bench --load with that table; load-table.json
 #   arms      serving.py arms: LOAD_ARMS ("NAME=N_MAX [CUT] [KEY=VALUE ...];..."), CLIENTS, ANSWERS,
-#             ROUNDS, TEMPERATURE, NOISE_FLOOR=1, CONVERSATIONS=1; arms-TAG.json, arms-TAG-profile.txt;
+#             ROUNDS, TEMPERATURE, NOISE_FLOOR=1, CONVERSATIONS=1, PROMPT_SCALE; arms-TAG.json, arms-TAG-profile.txt;
 #             an arm with LLAMA_SPEC_PROFILE_SLOW=MS: its steps by kind (stall.py steps), steps-TAG-LOG.json
 #   stall     stall.py join: STREAMS (3) generating, a JOIN-token (2000) prompt joins, ROUNDS (6), PROFILE=1 (patch
 #             0072's join-step phases); stall-TAG.json
@@ -203,7 +203,7 @@ arms)
     run "arms-$TAG" 40 $py benchmarks/serving.py arms -m "$T" -md "$D" --server "$(BIN)" "${ARMS_ARGS[@]}" \
         --clients "${CLIENTS:-1,2,4,8,16,32,64}" --requests-per-client "${REQUESTS_PER_CLIENT:-3}" --answer-tokens "${ANSWERS:-256}" \
         ${ROUNDS:+--rounds "$ROUNDS"} ${TEMPERATURE:+--temperature "$TEMPERATURE"} ${NOISE_FLOOR:+--noise-floor} \
-        ${CONVERSATIONS:+--conversations}
+        ${CONVERSATIONS:+--conversations} ${PROMPT_SCALE:+--prompt-scale "$PROMPT_SCALE"}
     profile "$W/arms-$TAG" "$OUT/arms-$TAG-profile.txt"
     for f in "$W/arms-$TAG"/*.log; do  # arms with LLAMA_SPEC_PROFILE_SLOW=MS (patch 0072): their steps
         grep -q "spec slow step" "$f" 2>/dev/null || continue

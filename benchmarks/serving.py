@@ -149,6 +149,8 @@ def arms_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--noise-floor", action="store_true",
                     help="a second plain server (plain2, the same command as plain) beside the arms: the run's own "
                          "noise band (bench --load --noise-floor)")
+    ap.add_argument("--prompt-scale", type=int, default=1,
+                    help="every prompt this many times as long (bench --load --prompt-scale: 2 for prompts twice as long)")
     ap.add_argument("--conversations", action="store_true",
                     help="each client one conversation through the prompt cache (bench --load --conversations)")
     ap.add_argument("--real", action="store_true", help="real acceptance instead of the published profile")
@@ -173,7 +175,7 @@ def arms(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         plan = loadplan.plan_load(opts, clients=clients, requests_per_client=a.requests_per_client,
                                   answer_tokens=a.answer_tokens, synthetic_rates=rates, draft_arms=named,
                                   rounds=a.rounds, temperature=a.temperature, noise_floor=a.noise_floor,
-                                  conversation=a.conversations)
+                                  conversation=a.conversations, prompt_scale=a.prompt_scale)
         report = loadbench.run_load(plan, log_dir=a.log_dir, command=" ".join(
             ["serving.py", *sys.argv[1:]]))
     except GgufdsparkError as e:

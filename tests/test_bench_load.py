@@ -266,6 +266,29 @@ def test_load_sampled_requests(small_pair, ggufdspark_cli, isolated):
     assert bad.returncode == 2 and "--temperature -1" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
+def test_load_prompt_scale_sends_prompts_twice_as_long(small_pair, ggufdspark_cli, isolated):
+    """--prompt-scale 2: the same traffic with each prompt after the next one of the set, said in the
+    traffic's description and shape; the set's rendered sizes about double (the JSON's
+    prompt_tokens) and the requests' prompts, as the engine counted them, are those sizes."""
+    runs = {}
+    for scale in ("1", "2"):
+        p = ggufdspark_cli(*_args(small_pair, "--clients", "1", "--answer-tokens", "4", "--requests-per-client", "2",
+                                  "--draft-n-max", "3", "--prompt-scale", scale, "--json"), env=isolated)
+        assert p.returncode == 0, p.stderr
+        runs[scale] = json.loads(p.stdout)
+    one, two = runs["1"]["traffic"], runs["2"]["traffic"]
+    assert two["shape"]["prompt_scale"] == 2 and one["shape"]["prompt_scale"] == 1
+    assert "prompts 2 times as long" in two["shape"]["describe"] and "times as long" not in one["shape"]["describe"]
+    assert "--prompt-scale 2" in two["prompts"] and "--prompt-scale" not in one["prompts"]
+    assert 1.7 <= two["prompt_tokens"]["median"] / one["prompt_tokens"]["median"] <= 2.5, (one, two)
+    for lv in runs["2"]["arms"]["plain"] + runs["2"]["arms"]["drafted"]:
+        _check_level(lv, 2, 4)
+        assert all(r["prompt_n"] == r["prompt_tokens"] for r in lv["records"])
+    first = {r["prompt"]: r["prompt_tokens"] for r in runs["1"]["arms"]["plain"][0]["records"]}
+    for r in runs["2"]["arms"]["plain"][0]["records"]:  # the same prompt order, each now longer
+        assert r["prompt"] in first and r["prompt_tokens"] > first[r["prompt"]], (r, first)
+
+
 def test_load_inter_token_latency_plain_and_drafted(small_pair, ggufdspark_cli, isolated, tmp_path):
     """ITL (every wait between two streamed chunks, pooled over a level's requests), TPOT and the
     p99s on a real plain / drafted run: in every level of both arms, ordered, their ratios drafted /
@@ -391,6 +414,8 @@ BAD = [
     (["--image-share", "0.5"], "--image-share 0.5: image requests need the vision projector (--mmproj FILE)"),
     (["--image-share", "1.5"], "--image-share 1.5: expected a fraction of the requests in [0, 1]"),
     (["--image-share", "-0.1"], "--image-share -0.1"),
+    (["--prompt-scale", "0"], "--prompt-scale 0: expected 1 (the set as it is) to 8"),
+    (["--prompt-scale", "9"], "--prompt-scale 9"),
 ]
 
 

@@ -108,6 +108,29 @@ def test_prompt_set_length_spread_on_the_real_tokenizer(small_pair, start_server
     assert kinds == {"document"}, kinds
 
 
+def test_scaled_prompt_set_is_twice_as_long_on_the_real_tokenizer(small_pair, start_server):
+    """--prompt-scale 2 (the goals' "prompts twice as long"): each item's last user message is the next
+    item's text, then its own; ids, categories and order kept; on the real tokenizer every prompt
+    grows and the set's median about doubles; the context bound still holds."""
+    items = tr.traffic_items()
+    assert tr.scaled_items(items, 1) == items
+    two = tr.scaled_items(items, 2)
+    assert [(i.id, i.category) for i in two] == [(i.id, i.category) for i in items]
+    for i, (a, b) in enumerate(zip(items, two)):
+        last = [m for m in b.messages if m["role"] == "user"][-1]["content"]
+        assert last.endswith([m for m in a.messages if m["role"] == "user"][-1]["content"]), a.id
+        nxt = items[(i + 1) % len(items)]
+        assert last.startswith([m for m in nxt.messages if m["role"] == "user"][0]["content"]), a.id
+    assert items[0].messages != two[0].messages and tr.traffic_items()[0].messages == items[0].messages  # a copy
+    srv = start_server(model=small_pair.target, ctx_size=16384)
+    base = [p.n_tokens for p in tr.render_all(srv.client(), items)]
+    scaled = [p.n_tokens for p in tr.render_all(srv.client(), two)]
+    assert all(s > b for s, b in zip(scaled, base))
+    ratio = tr.length_stats(scaled)["median"] / tr.length_stats(base)["median"]
+    assert 1.7 <= ratio <= 2.5, ratio
+    assert all(n <= tr.max_prompt_bytes([it]) for n, it in zip(scaled, two))
+
+
 def test_streamed_completion_matches_the_plain_one_and_times_the_first_token(small_pair, start_server):
     srv = start_server(model=small_pair.target, ctx_size=4096)
     c = srv.client()

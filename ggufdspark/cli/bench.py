@@ -78,6 +78,9 @@ from ggufdspark.serve_checks import ServingOptions
 @click.option("--image-share", type=float, default=0.0, show_default=True,
               help="--load: this fraction (0-1) of the requests carry a drawn picture (three sizes), the same "
                    "requests on every arm; needs --mmproj.")
+@click.option("--prompt-scale", type=int, default=1, show_default=True,
+              help="--load: every prompt this many times as long (its text after the next N-1 prompts' of the set), "
+                   "the rest of the traffic the same: 2 for 'prompts twice as long'.")
 @click.option("--noise-floor", is_flag=True,
               help="--load: a second plain server (plain2) beside the first, the same command: plain2 / plain is "
                    "the run's own noise, printed as a band a drafted / plain ratio must leave to mean anything.")
@@ -136,7 +139,8 @@ SAMPLING_OPTIONS = ("samples", "temperature", "top_k", "alpha", "sampling_prompt
 def _bench(ctx: click.Context, opts: ServingOptions, p: dict, json_file: str | None) -> None:
     """``bench``: refuses --load's options, runs, reports; exit 3 on a gate defect, 5 on a noisy machine."""
     given = given_options(ctx, ("clients", "rate", "answer_tokens", "requests_per_client", "requests", "seed",
-                                "rounds", "noise_floor", "draft_cut", "sequential", "conversations", "image_share"))
+                                "rounds", "noise_floor", "draft_cut", "sequential", "conversations", "image_share",
+                                "prompt_scale"))
     if given:
         raise InvalidArgumentError(f"bench: {given[0]} needs --load")
     if json_file:
@@ -167,7 +171,7 @@ def _load(ctx: click.Context, opts: ServingOptions, p: dict, json_file: str | No
         opts, clients=p["clients"], rate=p["rate"], answer_tokens=p["answer_tokens"],
         requests_per_client=p["requests_per_client"], requests=p["requests"], seed=p["seed"],
         interleave=not p["sequential"], temperature=temperature, rounds=p["rounds"], noise_floor=p["noise_floor"],
-        conversation=p["conversations"], image_share=p["image_share"], p_min=p["p_min"],
+        conversation=p["conversations"], image_share=p["image_share"], prompt_scale=p["prompt_scale"], p_min=p["p_min"],
         synthetic_len=p["synthetic_len"], synthetic_rates=p["synthetic_rates"])
     report = loadbench.run_load(plan, log_dir=p["log_dir"], command=redacted_command("ggufdspark", sys.argv[1:]),
                                 progress=ProgressLine("bench --load"))

@@ -194,8 +194,10 @@ def load_report(plan: LoadPlan, measured: Measured, arms: dict[str, list[LevelRe
     shape, drafted, drawn = plan.shape, plan.drafted, measured.drawn
     sizes = [p.n_tokens for p in measured.prompts]
     temperature, answer_tokens = shape.temperature, shape.answer_tokens
+    scaled = (f", each after the next {shape.prompt_scale - 1} of the set (--prompt-scale {shape.prompt_scale})"
+              if shape.prompt_scale > 1 else "")
     traffic = {"shape": shape.to_dict(), "prompts": "built-in set (text-only) + data/traffic.jsonl + composed "
-               "documents (ggufdspark.measuring.traffic)", "prompt_tokens": tr.length_stats(sizes),
+               f"documents (ggufdspark.measuring.traffic){scaled}", "prompt_tokens": tr.length_stats(sizes),
                "prompt_ids": [p.id for p in measured.prompts],
                "warmup": f"one {WARMUP_TOKENS}-token request, then the longest prompt ({max(sizes)} tokens, "
                          f"{WARMUP_TOKENS} tokens)" + (", then it with the largest picture" if drawn else "")

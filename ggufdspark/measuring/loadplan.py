@@ -55,20 +55,25 @@ MAX_CLIENTS = 256
 # The longest answer a request asks for: 32768 tokens, beyond any standard shape (256, 1024) and the
 # trained context of the models served here; 10^8 ran about 14 minutes an arm before anything failed.
 MAX_ANSWER_TOKENS = 32768
+# --prompt-scale: the set's longest prompt (2705 tokens) 8 times over still fits a 32k-token slot
+MAX_PROMPT_SCALE = 8
 
 
 def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_tokens: int,
                requests_per_client: int | None, requests: int | None, seed: int, backend: str,
                temperature: float = 0.0, rounds: int = 1, conversation: bool = False,
-               image_share: float = 0.0, mmproj: str | Path | None = None) -> tr.Shape:
+               image_share: float = 0.0, mmproj: str | Path | None = None, prompt_scale: int = 1) -> tr.Shape:
     """The traffic asked for, validated.
 
     Raises:
         InvalidArgumentError: a level below 1 client or above ``MAX_CLIENTS``, a rate <= 0, both
             ``clients`` and ``rate`` as levels, an option of the other mode, counts below 1,
             answers longer than ``MAX_ANSWER_TOKENS``, or an image share outside [0, 1], above 0
-            without ``mmproj`` or with ``conversation``.
+            without ``mmproj`` or with ``conversation``, a prompt scale outside 1..``MAX_PROMPT_SCALE``.
     """
+    if not 1 <= prompt_scale <= MAX_PROMPT_SCALE:
+        raise InvalidArgumentError(f"--prompt-scale {prompt_scale}: expected 1 (the set as it is) to "
+                                   f"{MAX_PROMPT_SCALE}")
     if not 0 <= image_share <= 1:  # false for NaN too
         raise InvalidArgumentError(f"--image-share {image_share:g}: expected a fraction of the requests in [0, 1]")
     if image_share > 0 and not mmproj:
@@ -105,7 +110,7 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
             raise InvalidArgumentError(f"--clients {cap}: expected at least 1 request in flight")
         return tr.Shape("poisson", tuple(sorted(set(rate))), answer_tokens, requests=n, temperature=temperature,
                         max_in_flight=cap if cap is not None else min(n, 64), seed=seed, rounds=rounds,
-                        image_share=image_share)
+                        image_share=image_share, prompt_scale=prompt_scale)
     if requests is not None:
         raise InvalidArgumentError("--requests is for --rate; closed-loop clients take --requests-per-client")
     levels = sorted(set(clients or tr.CLIENTS_DEFAULTS.get(backend, tr.OTHER_CLIENTS)))
@@ -115,7 +120,8 @@ def load_shape(*, clients: list[int] | None, rate: list[float] | None, answer_to
     if per < 1:
         raise InvalidArgumentError(f"--requests-per-client {per}: expected at least 1")
     return tr.Shape("closed", tuple(levels), answer_tokens, requests_per_client=per, seed=seed,
-                    temperature=temperature, rounds=rounds, conversation=conversation, image_share=image_share)
+                    temperature=temperature, rounds=rounds, conversation=conversation, image_share=image_share,
+                    prompt_scale=prompt_scale)
 
 
 def synthetic_acceptance(synthetic_len: float | None, synthetic_rates: list[float] | None,
@@ -167,7 +173,7 @@ def plan_load(opts: ServingOptions, *, clients: list[int] | None = None, rate: l
               synthetic_len: float | None = None, synthetic_rates: list[float] | None = None,
               draft_arms: list[DraftArm] | None = None, interleave: bool = True, temperature: float = 0.0,
               rounds: int = 1, noise_floor: bool = False, conversation: bool = False,
-              image_share: float = 0.0) -> LoadPlan:
+              image_share: float = 0.0, prompt_scale: int = 1) -> LoadPlan:
     """Decide a load run: plain and drafted arms under the same traffic (``loadbench.run_load``
     runs it); nothing is started.
 
@@ -205,6 +211,9 @@ def plan_load(opts: ServingOptions, *, clients: list[int] | None = None, rate: l
         image_share: this fraction of each level's requests carry a drawn picture (three kinds and
             sizes, ``traffic.draw_pictures``) before their text; the same requests on every arm
             (seeded); needs ``mmproj``.
+        prompt_scale: every prompt this many times as long (``traffic.scaled_items``: its text
+            preceded by the next ``prompt_scale - 1`` prompts' of the set), the rest of the traffic
+            the same.
 
     Raises:
         InvalidArgumentError: bad traffic options (before anything is loaded).
@@ -218,14 +227,14 @@ def plan_load(opts: ServingOptions, *, clients: list[int] | None = None, rate: l
     # the options are checked before anything loads; the default levels need the backend, known after
     shape = load_shape(clients=clients, rate=rate, answer_tokens=answer_tokens, requests_per_client=requests_per_client,
                        requests=requests, seed=seed, backend="cpu", temperature=temperature, rounds=rounds,
-                       conversation=conversation, image_share=image_share, mmproj=mmproj)
+                       conversation=conversation, image_share=image_share, mmproj=mmproj, prompt_scale=prompt_scale)
     devices = None
     if not clients and not rate:  # the default levels are the backend's
         devices = hardware.detect(eng.find_engine(opts.server))
         shape = load_shape(clients=None, rate=None, answer_tokens=answer_tokens,
                            requests_per_client=requests_per_client, requests=None, seed=seed,
                            backend=devices.backend or "cpu", temperature=temperature, rounds=rounds,
-                           conversation=conversation, image_share=image_share, mmproj=mmproj)
+                           conversation=conversation, image_share=image_share, mmproj=mmproj, prompt_scale=prompt_scale)
     # the decision serve would make at -np shape.slots (launch.decide: the load cut included)
     given_cut = launch.parse_draft_cut(draft_cut) if draft_cut and draft_cut.strip().lower() != "off" else None
     info, devices, decision, limits = prepare(opts, concurrency=[shape.slots], devices=devices)
@@ -242,7 +251,7 @@ def plan_load(opts: ServingOptions, *, clients: list[int] | None = None, rate: l
     if noise_floor and any(a.name in ("plain", NOISE_ARM) for a in draft_arms or []):
         raise InvalidArgumentError(f"noise floor: an arm is already named {NOISE_ARM!r} or 'plain'")
     synthetic = synthetic_acceptance(synthetic_len, synthetic_rates, n_max)
-    items = tr.traffic_items()
+    items = tr.scaled_items(tr.traffic_items(), shape.prompt_scale)
     per_slot = opts.ctx_per_slot or tr.max_prompt_bytes(items) + answer_tokens + 16
     image_ctx = tr.IMAGE_TOKENS_MAX if image_share > 0 else 0  # context one picture takes
     if not opts.ctx_per_slot:

@@ -86,6 +86,24 @@ def traffic_items() -> list[pr.PromptItem]:
     return items
 
 
+def scaled_items(items: list[pr.PromptItem], scale: int) -> list[pr.PromptItem]:
+    """``items`` with prompts ``scale`` times as long (the same traffic with longer prompts): item
+    i's last user message is preceded by the text of the next ``scale - 1`` items of the set (their
+    messages' contents, cycling, in order; neighbours are of a kind and of similar length), so that
+    each prompt grows by about its own length each time and no two prompts share a prefix."""
+    if scale <= 1:
+        return list(items)
+    out = []
+    for i, it in enumerate(items):
+        extra = ["\n\n".join(str(m["content"]) for m in items[(i + k) % len(items)].messages if m["role"] == "user")
+                 for k in range(1, scale)]
+        msgs = [dict(m) for m in it.messages]
+        last = max(j for j, m in enumerate(msgs) if m["role"] == "user")
+        msgs[last]["content"] = "\n\n".join([*extra, str(msgs[last]["content"])])
+        out.append(pr.PromptItem(it.id, it.category, msgs, it.source))
+    return out
+
+
 def max_prompt_bytes(items: list[pr.PromptItem]) -> int:
     """An upper bound of any item's rendered token count, before a server can tokenize: its
     UTF-8 bytes plus the chat template's few tokens per message (a byte-level BPE token covers at
@@ -138,6 +156,7 @@ class Shape:
     conversation: bool = False
     context: int = 0
     image_share: float = 0.0  # this share of a level's requests carry an image (ImageTraffic)
+    prompt_scale: int = 1  # each prompt this many times as long (``scaled_items``)
 
     def n_requests(self, level: float) -> int:
         return int(level) * self.requests_per_client if self.mode == "closed" else self.requests
@@ -154,6 +173,8 @@ class Shape:
                                                        if self.temperature > 0 else "")
         if self.image_share > 0:
             ans += f", {self.image_share:g} of the requests with an image"
+        if self.prompt_scale > 1:
+            ans += f", prompts {self.prompt_scale} times as long (each after the next {self.prompt_scale - 1} of the set)"
         if self.mode == "closed":
             lv = ",".join(str(int(v)) for v in self.levels)
             talk = (", each client one conversation (its next prompt: the conversation so far and a new message, "
