@@ -217,6 +217,7 @@ class ServerSettings:
 
 
 _PORT_TRIES = 3  # starts on a freshly picked port before a lost race is an error
+_FOREIGN_HEALTH_S = 5.0  # /health answering this long without our log's 'listening on': taken as ours
 
 
 class ServerProcess:
@@ -316,6 +317,7 @@ class ServerProcess:
     def _wait_healthy(self) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + self.start_timeout
+        healthy_since = None
         while time.monotonic() < deadline:
             rc = self.proc.poll()
             if rc is not None:
@@ -324,8 +326,14 @@ class ServerProcess:
                 raise ServerStartError(
                     f"llama-server {exit_cause(rc)} during start ({explain_failure(text)}); "
                     f"log: {self.log_path}\n--- last log lines ---\n{tail}")
-            if self.health() == 200 and self._bound_here():
-                return
+            if self.health() == 200:
+                healthy_since = healthy_since or time.monotonic()
+                # ours once its log says so; a build that logs otherwise, once it has outlived the
+                # second or so in which a server that lost the port exits
+                if self._bound_here() or time.monotonic() - healthy_since > _FOREIGN_HEALTH_S:
+                    return
+            else:
+                healthy_since = None
             time.sleep(0.1)
         raise ServerStartError(f"llama-server was not healthy after {self.start_timeout:.0f}s; log: {self.log_path}")
 
