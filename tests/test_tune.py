@@ -266,8 +266,16 @@ def test_tune_load_writes_a_profile_that_serve_uses(small_pair, ggufdspark_cli, 
     assert s.returncode == 0 and " -md " not in s.stdout and "stops paying above 2" in s.stderr, s.stderr
     show = ggufdspark_cli("tune", *pair, "--show", env=isolated)
     assert show.returncode == 0 and f"RECOMMENDATION: draft length {n} at 1 client(s)" in show.stdout, show.stderr
+    long = ggufdspark_cli("tune", *pair, "--load", "--draft-lengths", "1", "--clients", "1", "--answer-tokens", "4",
+                          "--requests-per-client", "1", "--prompt-scale", "2", "--no-save", "--json", env=isolated)
+    assert long.returncode == 0, long.stderr[-3000:]
+    traffic = json.loads(long.stdout)["traffic"]
+    assert "prompts 2 times as long" in traffic["shape"] and traffic["prompt_tokens"]["median"] > 1.7 * json.loads(
+        p.stdout)["traffic"]["prompt_tokens"]["median"], traffic
     for args, said in ((["--clients", "1,2"], "tune: --clients needs --load"),
                        (["--rounds", "2"], "tune: --rounds needs --load"),
+                       (["--prompt-scale", "2"], "tune: --prompt-scale needs --load"),
+                       (["--load", "--prompt-scale", "0"], "--prompt-scale 0: expected 1"),
                        (["--load", "--concurrency", "1,2"], "tune --load: --concurrency belongs to the lock-step"),
                        (["--load", "--draft-lengths", "99"], "--draft-lengths: 99 is not a length"),
                        (["--load", "--draft-lengths", "0"], "give at least one length above 0")):

@@ -53,6 +53,9 @@ from ggufdspark.serve_checks import ServingOptions
               help="With --load: one server at a time (default: every arm's server up, levels interleaved).")
 @click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
               help="With --load: run every level this many times; each length chosen on the ratios over all rounds.")
+@click.option("--prompt-scale", type=int, default=1, show_default=True,
+              help="With --load: every prompt this many times as long (bench --load --prompt-scale), for traffic "
+                   "of long prompts.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(**params):
     """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile.
@@ -76,7 +79,8 @@ def command(**params):
         _tune_load(opts, p)
         return
     for name, v in (("--clients", p["clients"]), ("--requests-per-client", p["requests_per_client"]),
-                    ("--sequential", p["sequential"]), ("--rounds", p["rounds"] != 1)):
+                    ("--sequential", p["sequential"]), ("--rounds", p["rounds"] != 1),
+                    ("--prompt-scale", p["prompt_scale"] != 1)):
         if v:
             raise InvalidArgumentError(f"tune: {name} needs --load")
     result = tune_lib.run_tune(
@@ -115,5 +119,5 @@ def _tune_load(opts: ServingOptions, p: dict) -> None:
         opts, draft_lengths=p["draft_lengths"], clients=p["clients"], answer_tokens=p["answer_tokens"],
         requests_per_client=p["requests_per_client"], synthetic_rates=rates, log_dir=p["log_dir"],
         save=not p["no_save"], min_gain=p["min_gain"], interleave=not p["sequential"], rounds=p["rounds"],
-        progress=ProgressLine("tune --load"))
+        prompt_scale=p["prompt_scale"], progress=ProgressLine("tune --load"))
     echo_json(result.to_dict()) if p["as_json"] else click.echo(result.text())

@@ -129,12 +129,13 @@ class TuneLoadResult:
 def run_tune_load(opts: ServingOptions, *, draft_lengths: list[int] | None = None, clients: list[int] | None = None,
                   answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS, requests_per_client: int | None = None,
                   synthetic_rates: list[float] | None = None, log_dir: str | Path | None = None, save: bool = True,
-                  min_gain: float = MIN_GAIN, interleave: bool = True, rounds: int = 1,
+                  min_gain: float = MIN_GAIN, interleave: bool = True, rounds: int = 1, prompt_scale: int = 1,
                   progress: Progress | None = None) -> TuneLoadResult:
     """One ``bench --load`` run with an arm per draft length (0: paused); recommend a length per
     load; save the profile. Default lengths: 1..the draft's longest, and 0 where the engine can pause.
     ``rounds``: every level that many times (``loadplan.plan_load``), the choice made on the ratios
-    over all rounds. ``opts``: the pair, the engine and the server's options as ``run_load`` takes
+    over all rounds; ``prompt_scale``: every prompt that many times as long (the traffic a
+    profile is tuned for: long documents, say). ``opts``: the pair, the engine and the server's options as ``run_load`` takes
     them, less the draft length and its load cut, which this measures (refused when given).
 
     Raises:
@@ -170,7 +171,8 @@ def run_tune_load(opts: ServingOptions, *, draft_lengths: list[int] | None = Non
     plan = loadplan.plan_load(replace(opts, draft_n_max=max(drafting)), clients=clients, answer_tokens=answer_tokens,
                               requests_per_client=requests_per_client,
                               synthetic_rates=list(synthetic_rates) if synthetic_rates else None,
-                              draft_arms=list(arms.values()), interleave=interleave, rounds=rounds)
+                              draft_arms=list(arms.values()), interleave=interleave, rounds=rounds,
+                              prompt_scale=prompt_scale)
     rep = loadbench.run_load(plan, log_dir=log_dir, progress=progress)
     ratios = {n: {int(r["level"]): r["aggregate_tps"] or 0.0 for r in rep.ratios_of(arm.name)}
               for n, arm in arms.items()}
