@@ -33,7 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
+from ggufdspark.errors import BenchError  # noqa: E402
 from ggufdspark.measuring import measure as ms  # noqa: E402
+from ggufdspark.runners.client import CHUNK_JOIN_S  # noqa: E402
 from ggufdspark.timings import steps as tsteps  # noqa: E402
 
 JOIN_DOC = """A prompt joining generating streams, plain against drafted.
@@ -116,19 +118,23 @@ def one_round(client, rng: random.Random, n_vocab: int, a: argparse.Namespace) -
     try:
         for s in streams:
             if not s.wait_tokens(a.warm, 600):
-                raise RuntimeError(f"a stream sent {len(s.times)} tokens of {a.warm} ({s.error or 'ended early'})")
+                raise BenchError(f"a stream sent {len(s.times)} tokens of {a.warm} ({s.error or 'ended early'})")
         join = _Stream(client, tokens(a.join_tokens), 4)
         join.wait_tokens(4, 600)
         join.stop()
         if join.error or not join.times:
-            raise RuntimeError(f"the joining request failed: {join.error or 'no token'}")
+            raise BenchError(f"the joining request failed: {join.error or 'no token'}")
     finally:
         for s in streams:
             s.stop()
     first = join.times[0]
+    if any(not s.times or s.times[-1] <= first for s in streams):
+        raise BenchError(f"a stream ended before the joining prompt's first token: give --answer more than {a.answer}")
     across, usual = [], []
     for s in streams:
-        for t0, t1 in zip(s.times, s.times[1:]):
+        # a step's tokens reach the client as events within a millisecond: one chunk, one wait
+        chunks = [x for i, x in enumerate(s.times) if i == 0 or x - s.times[i - 1] > CHUNK_JOIN_S]
+        for t0, t1 in zip(chunks, chunks[1:]):
             (across if t0 < first and t1 > join.sent else usual).append(t1 - t0)
     return {"ttft_s": first - join.sent, "stall_s": max(across) if across else 0.0,
             "usual_wait_s": statistics.median(usual) if usual else None, "stream_tokens": [len(s.times) for s in streams]}

@@ -479,3 +479,11 @@ def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair
     assert steps["drafted"]["phase_means_ms"]["inj_launch"] > 0 and steps["plain"]["injection_rows_mean"] == 0
     for arm, s in steps.items():  # a stream waited through the whole join step, at least
         assert max(r["stall_s"] for r in rep["rounds"][arm]) * 1000 >= s["wall_p50_ms"] * 0.9, (arm, s, rep["rounds"][arm])
+
+    # streams that end before the prompt joins measure nothing: one line, exit 1
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
+                        "-md", str(small_pair.draft), "--streams", "1", "--join-tokens", "64", "--answer", "32",
+                        "--rounds", "1", "--log-dir", str(tmp_path / "short")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith("a stream ended before the joining prompt's first token: "
+                                                      "give --answer more than 32"), p.stderr
