@@ -132,10 +132,11 @@ def one_round(client, rng: random.Random, n_vocab: int, a: argparse.Namespace) -
         raise BenchError(f"a stream ended before the joining prompt's first token: give --answer more than {a.answer}")
     across, usual = [], []
     for s in streams:
-        # a step's tokens reach the client as events within a millisecond: one chunk, one wait
-        chunks = [x for i, x in enumerate(s.times) if i == 0 or x - s.times[i - 1] > CHUNK_JOIN_S]
-        for t0, t1 in zip(chunks, chunks[1:]):
-            (across if t0 < first and t1 > join.sent else usual).append(t1 - t0)
+        # a step's tokens reach the client as events within a millisecond: one chunk, and the wait
+        # before the next chunk runs from its last event (as bench --load counts them)
+        for t0, t1 in zip(s.times, s.times[1:]):
+            if t1 - t0 > CHUNK_JOIN_S:
+                (across if t0 < first and t1 > join.sent else usual).append(t1 - t0)
     return {"ttft_s": first - join.sent, "stall_s": max(across) if across else 0.0,
             "usual_wait_s": statistics.median(usual) if usual else None, "stream_tokens": [len(s.times) for s in streams]}
 
@@ -150,10 +151,12 @@ def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="stall-join-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     n_vocab = harness.n_vocab(a.server, a.target, log_dir, gpu=a.gpu)
+    logs = {k: log_dir / f"{k}.log" for k in arms}
+    log_start = {k: f.stat().st_size if f.exists() else 0 for k, f in logs.items()}  # a log is appended to
     rng = random.Random(a.seed)
     rounds: dict[str, list[dict]] = {k: [] for k in arms}
     with ExitStack() as stack:
-        clients = {k: stack.enter_context(ms.running(s, log_dir / f"{k}.log")) for k, s in arms.items()}
+        clients = {k: stack.enter_context(ms.running(s, logs[k])) for k, s in arms.items()}
         for r in range(a.rounds):
             for k, c in clients.items():
                 got = one_round(c, rng, n_vocab, a)
@@ -172,8 +175,10 @@ def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     phases = {}
     if a.profile:
         for k in arms:
-            joined = [s for s in tsteps.parse_steps((log_dir / f"{k}.log").read_text(errors="replace"))
-                      if s.kind == "join" and s.prompt_rows >= a.join_tokens // 2]
+            with open(logs[k], "rb") as f:
+                f.seek(log_start[k])
+                text = f.read().decode(errors="replace")
+            joined = [s for s in tsteps.parse_steps(text) if s.kind == "join" and s.prompt_rows >= a.join_tokens // 2]
             sums = tsteps.summarize_steps(joined).get("join")
             if sums:
                 phases[k] = asdict(sums)
