@@ -270,7 +270,7 @@ mma)
     B=$(dirname "$L"); tbo_build "$B" || continue
     GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
     echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
-    verify_perf "$B" q4_K,q5_K,q6_K,q8_0 "-;GGML_CUDA_MMVQ_MMA=1" | tee "$OUT/kernels-mma.txt" ;;
+    verify_perf "$B" q4_K,q5_K,q6_K,q8_0 "-;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4;GGML_CUDA_MMVQ_MMA=8" | tee "$OUT/kernels-mma.txt" ;;
 lossless)
     # shellcheck disable=SC2086  # pytest arguments
     GGUFDSPARK_SERVER="$(BIN)" $py -m pytest -q -p no:cacheprovider \
