@@ -135,8 +135,9 @@ def run_tune_load(opts: ServingOptions, *, draft_lengths: list[int] | None = Non
     load; save the profile. Default lengths: 1..the draft's longest, and 0 where the engine can pause.
     ``rounds``: every level that many times (``loadplan.plan_load``), the choice made on the ratios
     over all rounds; ``prompt_scale``: every prompt that many times as long (the traffic a
-    profile is tuned for: long documents, say). ``opts``: the pair, the engine and the server's options as ``run_load`` takes
-    them, less the draft length and its load cut, which this measures (refused when given).
+    profile is tuned for: long documents, say). ``opts``: the pair, the engine and the server's
+    options as ``run_load`` takes them, less the draft length and its load cut, which this measures
+    (refused when given).
 
     Raises:
         BenchOptionError: a draft length the draft cannot make, or 0 with an engine that cannot pause.

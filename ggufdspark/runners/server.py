@@ -265,7 +265,8 @@ class ServerProcess:
             self.stop()  # a restart: reap the last one and dismiss its lifeline
         if not picked and port_in_use(s.host, s.port):
             raise PortInUseError(f"port {s.port} on {s.host} is already in use (use --port 0 to pick a free one)")
-        for attempt in range(1, _PORT_TRIES + 1):
+        tries = 1
+        while True:
             if picked:
                 s.port = 0
                 s.pick_port()
@@ -274,15 +275,11 @@ class ServerProcess:
             except ServerStartError as e:
                 # A picked port is free when picked, not when bound: another process (a second
                 # server started at the same moment) may bind it first. Pick again.
-                if not (picked and attempt < _PORT_TRIES and self._lost_port_race(str(e))):
+                if not (picked and tries < _PORT_TRIES and "port already in use" in str(e)):
                     raise
                 log.info("port %d was taken before llama-server bound it; picking another", s.port)
                 self._failed = False
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def _lost_port_race(message: str) -> bool:
-        return "port already in use" in message
+                tries += 1
 
     def _start_once(self) -> "ServerProcess":
         s = self.settings
@@ -317,6 +314,7 @@ class ServerProcess:
     def _wait_healthy(self) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + self.start_timeout
+        log_elsewhere = self._log_elsewhere()
         healthy_since = None
         while time.monotonic() < deadline:
             rc = self.proc.poll()
@@ -330,22 +328,23 @@ class ServerProcess:
                 healthy_since = healthy_since or time.monotonic()
                 # ours once its log says so; a build that logs otherwise, once it has outlived the
                 # second or so in which a server that lost the port exits
-                if self._bound_here() or time.monotonic() - healthy_since > _FOREIGN_HEALTH_S:
+                if log_elsewhere or self._bound_here() or time.monotonic() - healthy_since > _FOREIGN_HEALTH_S:
                     return
             else:
                 healthy_since = None
             time.sleep(0.1)
         raise ServerStartError(f"llama-server was not healthy after {self.start_timeout:.0f}s; log: {self.log_path}")
 
+    def _log_elsewhere(self) -> bool:
+        """The engine's log does not reach ``log_path`` (``--log-disable``, ``--log-file``): a start is
+        then taken on ``/health`` alone."""
+        args = self.settings.args()
+        return (any(a in ("--log-disable", "--log-file") or a.startswith("--log-file=") for a in args)
+                or bool(os.environ.get("LLAMA_ARG_LOG_FILE")))
+
     def _bound_here(self) -> bool:
         """Whether this process, not another that holds the same port, answered ``/health``: its log
-        says it listens on the port. A log that cannot say (``--log-disable``, ``--log-file``)
-        is taken on trust."""
-        args = self.settings.args()
-        if any(a in ("--log-disable", "--log-file") or a.startswith("--log-file=") for a in args):
-            return True
-        if os.environ.get("LLAMA_ARG_LOG_FILE"):
-            return True
+        says it listens on the port."""
         return re.search(rf"listening on \S+:{self.settings.port}\b", self.run_log_text()) is not None
 
     def run_log_text(self) -> str:
