@@ -27,7 +27,7 @@
 #             ROUNDS, TEMPERATURE, NOISE_FLOOR=1, CONVERSATIONS=1, PROMPT_SCALE; arms-TAG.json, arms-TAG-profile.txt;
 #             an arm with LLAMA_SPEC_PROFILE_SLOW=MS: its steps by kind (stall.py steps), steps-TAG-LOG.json
 #   stall     stall.py join: STREAMS (3) generating, a JOIN-token (2000) prompt joins, ROUNDS (6), PROFILE=1 (patch
-#             0072's join-step phases); stall-TAG.json
+#             0072's join-step phases), STALL_ENVS (';'-separated: a drafted arm under each); stall-TAG.json
 #   prefill   speed.py prefill: PREFILL_TOKENS (4096), 8 at once, PREFILL_ARMS; prefill-TAG.json
 #   sampling  costs.py sampling: N_MAX (7), TRIALS (3), GRAPH_TOPK; sampling.json
 #   layout    costs.py layout: LAYOUT_SLOTS (16), LAYOUT_REQUESTS (4); layout-TAG.json
@@ -213,7 +213,7 @@ stall)
     # a long prompt joining generating streams, plain against drafted (synthetic acceptance at the
     # published profile), the join steps' phases with PROFILE=1
     pair; run "stall-$TAG" 20 $py benchmarks/stall.py join "${P[@]}" --streams "${STREAMS:-3}" --join-tokens "${JOIN:-2000}" \
-        --rounds "${ROUNDS:-6}" --synthetic-rates "$(rates)" ${PROFILE:+--profile} ;;
+        --rounds "${ROUNDS:-6}" --synthetic-rates "$(rates)" ${PROFILE:+--profile} ${STALL_ENVS:+--drafted-envs "$STALL_ENVS"} ;;
 layout)
     pair; run "layout-$TAG" 16 $py benchmarks/costs.py layout "${P[@]}" --slots "${LAYOUT_SLOTS:-16}" --requests "${LAYOUT_REQUESTS:-4}" ;;
 prefill)

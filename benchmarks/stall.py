@@ -63,7 +63,10 @@ def join_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=6, help="rounds an arm")
     ap.add_argument("--synthetic-rates", help="per-position acceptance rates (comma-separated) for the draft; "
                     "default: real acceptance")
-    ap.add_argument("--profile", action="store_true", help="LLAMA_SPEC_PROFILE_SLOW=0 on both servers; the join steps' phases")
+    ap.add_argument("--profile", action="store_true", help="LLAMA_SPEC_PROFILE_SLOW=0 on every server; the join steps' phases")
+    ap.add_argument("--drafted-envs", default="",
+                    help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each one more drafted "
+                         "arm beside plain (e.g. 'LLAMA_SPEC_INJECT_LATE=1')")
     ap.add_argument("--seed", type=int, default=0, help="the random-token prompts' seed")
     ap.add_argument("--log-dir", type=Path, help="keep the server logs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="write every round and the summary here")
@@ -145,13 +148,21 @@ def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     rates = [float(x) for x in a.synthetic_rates.split(",")] if a.synthetic_rates else None
     slot_ctx = a.join_tokens + a.answer + 64
     base = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=a.streams + 1, ctx_per_slot=slot_ctx)
-    arms = {"plain": base, "drafted": harness.serve_drafted(base, a.draft, gpu=a.gpu, rates=rates)}
+    drafted = harness.serve_drafted(base, a.draft, gpu=a.gpu, rates=rates)
+    arms = {"plain": base, "drafted": drafted}
+    for group in (g.strip() for g in a.drafted_envs.split(";")):
+        if group:
+            try:
+                env = harness.parse_env(group)
+            except ValueError as e:
+                ap.error(f"--drafted-envs: {e}")
+            arms["drafted " + group] = replace(drafted, env={**drafted.env, **env})
     if a.profile:
         arms = {k: replace(s, env={**s.env, "LLAMA_SPEC_PROFILE_SLOW": "0"}) for k, s in arms.items()}
     log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="stall-join-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     n_vocab = harness.n_vocab(a.server, a.target, log_dir, gpu=a.gpu)
-    logs = {k: log_dir / f"{k}.log" for k in arms}
+    logs = {k: log_dir / f"{k.replace(' ', '-').replace(',', '-')}.log" for k in arms}
     log_start = {k: f.stat().st_size if f.exists() else 0 for k, f in logs.items()}  # a log is appended to
     rng = random.Random(a.seed)
     rounds: dict[str, list[dict]] = {k: [] for k in arms}
@@ -167,11 +178,15 @@ def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     summary = {k: {m: statistics.median(x[m] for x in rs) for m in ("ttft_s", "stall_s")} for k, rs in rounds.items()}
     print(f"\n{a.streams} streams, a {a.join_tokens}-token prompt joining, {a.rounds} rounds an arm (medians; "
           f"logs: {log_dir})")
-    print(f"{'arm':<10}{'stall ms':>10}{'join TTFT ms':>14}")
+    width = max(10, *(len(k) + 2 for k in arms))
+    print(f"{'arm':<{width}}{'stall ms':>10}{'join TTFT ms':>14}")
     for k, s in summary.items():
-        print(f"{k:<10}{1000 * s['stall_s']:>10.1f}{1000 * s['ttft_s']:>14.1f}")
-    ratios = {m: summary["drafted"][m] / summary["plain"][m] for m in ("ttft_s", "stall_s") if summary["plain"][m]}
-    print("drafted / plain: " + ", ".join(f"{m[:-2]} {v:.2f}x" for m, v in ratios.items()))
+        print(f"{k:<{width}}{1000 * s['stall_s']:>10.1f}{1000 * s['ttft_s']:>14.1f}")
+    by_arm = {k: {m: summary[k][m] / summary["plain"][m] for m in ("ttft_s", "stall_s") if summary["plain"][m]}
+              for k in arms if k != "plain"}
+    for k, r in by_arm.items():
+        print(f"{k} / plain: " + ", ".join(f"{m[:-2]} {v:.2f}x" for m, v in r.items()))
+    ratios = by_arm["drafted"]
     phases = {}
     if a.profile:
         for k in arms:
@@ -188,7 +203,8 @@ def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         a.json.write_text(json.dumps({"command": sys.argv, "args": {k: str(v) if isinstance(v, Path) else v
                                                                      for k, v in vars(a).items()},
                                       "settings": {k: s.redacted_dict() for k, s in arms.items()},
-                                      "rounds": rounds, "summary": summary, "ratios": ratios, "join_steps": phases},
+                                      "rounds": rounds, "summary": summary, "ratios": ratios,
+                                      "ratios_by_arm": by_arm, "join_steps": phases},
                                      indent=2))
     return 0
 

@@ -481,13 +481,21 @@ def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair
         assert max(r["stall_s"] for r in rep["rounds"][arm]) * 1000 >= s["wall_p50_ms"] * 0.9, (arm, s, rep["rounds"][arm])
 
     assert all(s["count"] == 2 for s in steps.values()), steps  # one join step a round (a 400-row prompt)
-    # a second run into the same logs (appended to) counts its own steps only
+    # a second run into the same logs (appended to) counts its own steps only; --drafted-envs adds a
+    # drafted arm under an engine switch (here the injection launched after the target's decode)
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
                         "-md", str(small_pair.draft), "--streams", "2", "--join-tokens", "400", "--answer", "1500",
-                        "--rounds", "1", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
-                       capture_output=True, text=True, timeout=600)
+                        "--rounds", "1", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
+                        "--drafted-envs", "LLAMA_SPEC_INJECT_LATE=1"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert all(s["count"] == 1 for s in json.loads(out.read_text())["join_steps"].values())
+    rep = json.loads(out.read_text())
+    late = "drafted LLAMA_SPEC_INJECT_LATE=1"
+    assert set(rep["join_steps"]) == {"plain", "drafted", late}, rep["join_steps"]
+    assert all(s["count"] == 1 for s in rep["join_steps"].values())
+    assert rep["settings"][late]["env"]["LLAMA_SPEC_INJECT_LATE"] == "1" and rep["settings"][late]["draft"]
+    assert "LLAMA_SPEC_INJECT_LATE" not in rep["settings"]["drafted"]["env"]
+    assert set(rep["ratios_by_arm"]) == {"drafted", late} and f"{late} / plain: ttft" in p.stdout
+    assert (tmp_path / "logs" / "drafted-LLAMA_SPEC_INJECT_LATE=1.log").stat().st_size > 0
 
     # streams that end before the prompt joins measure nothing: one line, exit 1
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
