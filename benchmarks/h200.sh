@@ -41,7 +41,8 @@
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
 #   mma       developer 0071's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
-#             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf
+#             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf in each
+#             of MMA_ENVS ('-;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4;GGML_CUDA_MMVQ_MMA=8')
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
@@ -270,7 +271,7 @@ mma)
     B=$(dirname "$L"); tbo_build "$B" || continue
     GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
     echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
-    verify_perf "$B" q4_K,q5_K,q6_K,q8_0 "-;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4;GGML_CUDA_MMVQ_MMA=8" | tee "$OUT/kernels-mma.txt" ;;
+    verify_perf "$B" q4_K,q5_K,q6_K,q8_0 "${MMA_ENVS:--;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4;GGML_CUDA_MMVQ_MMA=8}" | tee "$OUT/kernels-mma.txt" ;;
 lossless)
     # shellcheck disable=SC2086  # pytest arguments
     GGUFDSPARK_SERVER="$(BIN)" $py -m pytest -q -p no:cacheprovider \
