@@ -303,3 +303,70 @@ def test_serve_applies_a_tune_load_cut(small_pair, ggufdspark_cli, isolated, dsp
     assert "--spec-draft-n-max 2" in s.stdout and "--spec-draft-n-max-by-slots" not in s.stdout, s.stdout
     s = ggufdspark_cli("serve", *pair, "-np", "1", env=isolated)
     assert "--spec-draft-n-max-by-slots" not in s.stdout and "WARNING" not in s.stderr, s.stderr
+
+
+@pytest.fixture(scope="module")
+def vl_pair(tmp_path_factory):
+    """The small generated VL target (language tower + its real mmproj) and its DSpark draft, F16."""
+    from ggufdspark.convert.drafter import convert_drafter
+    from ggufdspark.convert.target import convert_target
+    from ggufdspark.synthetic import synth, synth_vl
+
+    root = tmp_path_factory.mktemp("tune-vl")
+    target_dir = synth_vl.make_vl_target(root / "tiny-lfm2-vl", layout="published")
+    drafter_dir = synth.make_drafter(root / "tiny-lfm2-vl-DSpark", target_dir)
+    out = root / "gguf"
+    out.mkdir()
+    r = convert_target(target_dir, output=out)
+    draft = convert_drafter(drafter_dir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
+    return {"tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
+
+
+def test_tune_load_with_image_share_measures_image_traffic(vl_pair, ggufdspark_cli, isolated):
+    """tune --load --mmproj M --image-share 0.5 on the VL pair: every arm's server (plain, paused,
+    drafted) gets the projector and answers the same requests, half of them with a drawn picture;
+    the JSON's traffic and the stored profile (tune --show) say the lengths were measured so."""
+    pair = ["-m", str(vl_pair["tower"]), "-md", str(vl_pair["draft"])]
+    p = ggufdspark_cli("tune", *pair, "--load", "--mmproj", str(vl_pair["mmproj"]), "--image-share", "0.5",
+                       "--draft-lengths", "0,2", "--clients", "2", "--answer-tokens", "8", "--requests-per-client", "2",
+                       "--min-gain", "0", "--json", env=isolated)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout)
+    traffic = res["traffic"]
+    assert traffic["image_share"] == 0.5 and "0.5 of the requests with an image" in traffic["shape"], traffic
+    assert traffic["images"]["mmproj"] == str(vl_pair["mmproj"]) and len(traffic["images"]["pictures"]) == 3
+    rep = res["load"]
+    assert rep["settings"]["mmproj"] == str(vl_pair["mmproj"])
+    assert all("--mmproj" in rep["settings"][k] for k in ("plain_command", "drafted_command"))
+    assert set(rep["arms"]) == {"plain", "n2", "n0"} and set(res["ratios"]) == {"0", "2"}, rep["arms"].keys()
+    key = lambda r: (r["index"], r["client"], r["prompt"], r["image"])  # noqa: E731
+    for arm, levels in rep["arms"].items():
+        (lv,) = levels
+        assert lv["requests"] == 4 and lv["image_requests"] == 2 and lv["failed"] == 0, (arm, lv)
+        assert all(r["error"] is None and r["output_tokens"] == 8 for r in lv["records"]), arm
+        # the same requests, with the same pictures, on every arm
+        assert [key(r) for r in lv["records"]] == [key(r) for r in rep["arms"]["plain"][0]["records"]], arm
+    assert res["profile"]
+    show = ggufdspark_cli("tune", *pair, "--show", "--json", env=isolated)
+    assert show.returncode == 0, show.stderr
+    prof = json.loads(show.stdout)
+    assert prof["load"]["image_share"] == 0.5 and "0.5 of the requests with an image" in prof["load"]["traffic"]
+    assert "0.5 of the requests with an image" in prof["recommendation"]["measured_with"]
+    show = ggufdspark_cli("tune", *pair, "--show", env=isolated)
+    assert show.returncode == 0 and "0.5 of the requests with an image" in show.stdout, show.stdout
+
+
+def test_tune_image_options_need_load_and_mmproj(small_pair, mmproj, ggufdspark_cli, isolated):
+    """--mmproj and --image-share belong to tune --load; --image-share there needs --mmproj: one line
+    on stderr each, exit 2, nothing started."""
+    pair = ["-m", str(small_pair.target), "-md", str(small_pair.draft)]
+    for args, said in ((["--image-share", "0.5"], "tune: --image-share needs --load"),
+                       (["--mmproj", str(mmproj)], "tune: --mmproj needs --load"),
+                       (["--load", "--image-share", "0.5"],
+                        "--image-share 0.5: image requests need the vision projector (--mmproj FILE)"),
+                       (["--load", "--mmproj", str(mmproj), "--image-share", "1.5"],
+                        "--image-share 1.5: expected a fraction of the requests in [0, 1]")):
+        p = ggufdspark_cli("tune", *pair, *args, env=isolated)
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert p.returncode == 2 and len(lines) == 1 and said in lines[0], (args, p.stderr)
+        assert "Traceback" not in p.stderr and p.stdout == "", (args, p.stdout)

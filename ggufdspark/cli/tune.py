@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, number_list, serving_options,
-                                    target_option)
+from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, mmproj_option, number_list,
+                                    serving_options, target_option)
 from ggufdspark.errors import InvalidArgumentError
 from ggufdspark.measuring import bench as bench_lib
 from ggufdspark.measuring import tune as tune_lib
@@ -15,6 +15,7 @@ from ggufdspark.serve_checks import ServingOptions
 @click.command(name="tune")
 @target_option(required=True, hub_aliases=True)
 @draft_option(required=True, hub_aliases=True)
+@mmproj_option("With --load: vision projector, given to every arm's server (for --image-share).")
 @click.option("--show", is_flag=True, help="Print the stored profile of this pair on this machine and exit.")
 @click.option("--acceptance", default="measure", show_default=True,
               help="Acceptance profile to hold fixed: 'measure' (this pair, built-in prompts) or "
@@ -56,14 +57,24 @@ from ggufdspark.serve_checks import ServingOptions
 @click.option("--prompt-scale", type=int, default=1, show_default=True,
               help="With --load: every prompt this many times as long (bench --load --prompt-scale), for traffic "
                    "of long prompts.")
+@click.option("--image-share", type=float, default=0.0, show_default=True,
+              help="With --load: this fraction (0-1) of the requests carry a drawn picture (bench --load "
+                   "--image-share), for servers of image traffic; needs --mmproj.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(**params):
     """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile.
 
-    TARGET and DRAFT may be Hub references ORG/NAME[:QUANT] (downloaded first); the profile is the
-    downloaded files', so serve finds it for the same references."""
-    opts = serving_options(params, TUNE_OPTIONS, hub=True)
+    TARGET, DRAFT and --mmproj may be Hub references ORG/NAME[:QUANT] (downloaded first); the profile
+    is the downloaded files', so serve finds it for the same references."""
     p = params
+    if not p["load"] and not p["show"]:  # before a Hub reference is downloaded
+        for name, v in (("--clients", p["clients"]), ("--requests-per-client", p["requests_per_client"]),
+                        ("--sequential", p["sequential"]), ("--rounds", p["rounds"] != 1),
+                        ("--prompt-scale", p["prompt_scale"] != 1), ("--mmproj", p["mmproj"]),
+                        ("--image-share", p["image_share"] != 0)):
+            if v:
+                raise InvalidArgumentError(f"tune: {name} needs --load")
+    opts = serving_options(params, TUNE_OPTIONS, hub=True)
     if p["show"]:
         prof = tune_lib.show_profile(opts)
         if p["as_json"]:
@@ -78,11 +89,6 @@ def command(**params):
     if p["load"]:
         _tune_load(opts, p)
         return
-    for name, v in (("--clients", p["clients"]), ("--requests-per-client", p["requests_per_client"]),
-                    ("--sequential", p["sequential"]), ("--rounds", p["rounds"] != 1),
-                    ("--prompt-scale", p["prompt_scale"] != 1)):
-        if v:
-            raise InvalidArgumentError(f"tune: {name} needs --load")
     result = tune_lib.run_tune(
         opts, rates=p["rates"], acceptance=p["acceptance"], from_bench=p["from_bench"],
         draft_lengths=p["draft_lengths"], p_mins=p["p_mins"], concurrency=p["concurrency"], n_predict=p["n_predict"],
@@ -98,7 +104,7 @@ def command(**params):
 
 
 # tune's options that are the server's (their click names): one ServingOptions, built once
-TUNE_OPTIONS = ("model", "draft", "server", "threads", "server_args")
+TUNE_OPTIONS = ("model", "draft", "mmproj", "server", "threads", "server_args")
 
 
 def _tune_load(opts: ServingOptions, p: dict) -> None:
@@ -119,5 +125,5 @@ def _tune_load(opts: ServingOptions, p: dict) -> None:
         opts, draft_lengths=p["draft_lengths"], clients=p["clients"], answer_tokens=p["answer_tokens"],
         requests_per_client=p["requests_per_client"], synthetic_rates=rates, log_dir=p["log_dir"],
         save=not p["no_save"], min_gain=p["min_gain"], interleave=not p["sequential"], rounds=p["rounds"],
-        prompt_scale=p["prompt_scale"], progress=ProgressLine("tune --load"))
+        prompt_scale=p["prompt_scale"], image_share=p["image_share"], progress=ProgressLine("tune --load"))
     echo_json(result.to_dict()) if p["as_json"] else click.echo(result.text())

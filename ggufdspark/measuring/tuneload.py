@@ -19,6 +19,8 @@ arms carry the drafter: the choice the engine makes step by step). The profile
   and leaves the draft to the quiet moments.
 
 Ratios are within one run (every arm beside the same plain arm), so a noisy machine moves all alike.
+With ``image_share`` (and ``opts.mmproj``, given to every arm's server) that share of the requests
+carry a drawn picture, as in ``bench --load --image-share``; the traffic record and the profile say so.
 """
 
 from __future__ import annotations
@@ -130,22 +132,29 @@ def run_tune_load(opts: ServingOptions, *, draft_lengths: list[int] | None = Non
                   answer_tokens: int = tr.DEFAULT_ANSWER_TOKENS, requests_per_client: int | None = None,
                   synthetic_rates: list[float] | None = None, log_dir: str | Path | None = None, save: bool = True,
                   min_gain: float = MIN_GAIN, interleave: bool = True, rounds: int = 1, prompt_scale: int = 1,
-                  progress: Progress | None = None) -> TuneLoadResult:
+                  image_share: float = 0.0, progress: Progress | None = None) -> TuneLoadResult:
     """One ``bench --load`` run with an arm per draft length (0: paused); recommend a length per
     load; save the profile. Default lengths: 1..the draft's longest, and 0 where the engine can pause.
     ``rounds``: every level that many times (``loadplan.plan_load``), the choice made on the ratios
     over all rounds; ``prompt_scale``: every prompt that many times as long (the traffic a
-    profile is tuned for: long documents, say). ``opts``: the pair, the engine and the server's
-    options as ``run_load`` takes them, less the draft length and its load cut, which this measures
-    (refused when given).
+    profile is tuned for: long documents, say); ``image_share``: that fraction of the requests carry
+    a drawn picture (``loadplan.plan_load``; needs ``opts.mmproj``, which every arm's server gets).
+    ``opts``: the pair, the engine and the server's options as ``run_load`` takes them, less the
+    draft length and its load cut, which this measures (refused when given).
 
     Raises:
         BenchOptionError: a draft length the draft cannot make, or 0 with an engine that cannot pause.
+        InvalidArgumentError: bad traffic options (``image_share`` outside [0, 1], or above 0 without
+            ``opts.mmproj``), before anything is loaded.
         BenchError, InputNotFoundError, PairMismatchError, EngineError: as ``loadplan.plan_load`` and
             ``loadbench.run_load``.
     """
     target, draft = opts.model, opts.draft
     opts.check_measured("tune --load", "draft_n_max", "draft_n_max_by_slots")
+    # the traffic options refused before the draft is read (plan_load checks them again, with the backend)
+    loadplan.load_shape(clients=clients, rate=None, answer_tokens=answer_tokens,
+                        requests_per_client=requests_per_client, requests=None, seed=tr.DEFAULT_SEED, backend="cpu",
+                        rounds=rounds, image_share=image_share, mmproj=opts.mmproj, prompt_scale=prompt_scale)
     limits = draft_limits(draft)
     engine = eng.find_engine(opts.server)
     can_pause = engine.draft_pause
@@ -173,18 +182,20 @@ def run_tune_load(opts: ServingOptions, *, draft_lengths: list[int] | None = Non
                               requests_per_client=requests_per_client,
                               synthetic_rates=list(synthetic_rates) if synthetic_rates else None,
                               draft_arms=list(arms.values()), interleave=interleave, rounds=rounds,
-                              prompt_scale=prompt_scale)
+                              prompt_scale=prompt_scale, image_share=image_share)
     rep = loadbench.run_load(plan, log_dir=log_dir, progress=progress)
     ratios = {n: {int(r["level"]): r["aggregate_tps"] or 0.0 for r in rep.ratios_of(arm.name)}
               for n, arm in arms.items()}
     traffic = rep.traffic
+    share = plan.shape.image_share  # the shape's text says it too ("0.5 of the requests with an image")
     rec = recommend_load(ratios, min_gain=min_gain)
-    result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic)}, reports=[rep.to_dict()],
-                            pair=rep.pair)
+    result = TuneLoadResult(rec, ratios, {**traffic, "shape": _shape_text(traffic), "image_share": share},
+                            reports=[rep.to_dict()], pair=rep.pair)
     if save:
         devices = hardware.detect(engine)  # the pair and engine were checked by run_load
-        data = {"recommendation": {**rec, "measured_with": "tune --load (bench --load traffic)"},
-                "load": {"ratios": result.to_dict()["ratios"], "traffic": _shape_text(traffic)}}
+        with_images = f", {share:g} of the requests with an image" if share else ""
+        data = {"recommendation": {**rec, "measured_with": f"tune --load (bench --load traffic{with_images})"},
+                "load": {"ratios": result.to_dict()["ratios"], "traffic": _shape_text(traffic), "image_share": share}}
         result.profile_path = str(profiles.save_profile(devices, target, draft, data))
     return result
 
