@@ -40,9 +40,9 @@
 #             e.g. q4_K,q6_K,q8_0: perf only) in each of ENVS (';'-separated NAME=VALUE); kernels-TAG.txt
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
-#   mma       developer 0071's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
+#   mma       patch 0071's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
 #             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf in each
-#             of MMA_ENVS ('-;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4;GGML_CUDA_MMVQ_MMA=8')
+#             of MMA_ENVS ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps)
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
@@ -259,19 +259,21 @@ topk)
         && "$W/topk_cuda" --json "$OUT/topk.json" | tee "$OUT/topk.txt"
     echo "topk rc=${PIPESTATUS[0]}" ;;
 mma)
-    # developer 0071 (GGML_CUDA_MMVQ_MMA=1): its host emulation against the engine's ggml, then on a CUDA
-    # build test-backend-ops MUL_MAT q4_K, q5_K, q6_K and q8_0 against the CPU with it on, and perf beside MMVQ
+    # patch 0071 (GGML_CUDA_MMVQ_MMA=1: all four types): its host emulation against the engine's ggml, then on a
+    # CUDA build test-backend-ops MUL_MAT q4_K, q5_K, q6_K and q8_0 against the CPU with it on, and perf beside MMVQ
     S=$(dirname "$(dirname "$(dirname "$(BIN)")")")/src L=$(dirname "$(BIN)")
     if [ ! -f "$S/ggml/include/ggml.h" ]; then echo "stage mma: no ggml.h under $S (the engine cache: KEY/src)"; continue; fi
     g++ -O2 -std=c++17 -I "$S/ggml/include" benchmarks/cuda/mmvq_mma_emu.cpp -L "$L" -lggml-base -lggml \
         -Wl,-rpath,"$L" -o "$W/mmvq_mma_emu" && "$W/mmvq_mma_emu" > "$OUT/mma-emu.txt"
     echo "mma emulation rc=$?"; tail -n 1 "$OUT/mma-emu.txt"
     if ! grep -q "GGML_CUDA_MMVQ_MMA" "$S/ggml/src/ggml-cuda/mmvq.cu" 2>/dev/null; then
-        echo "stage mma: the engine has no developer patch 0071 (DEV=1 builds it)"; continue; fi
+        echo "stage mma: the engine has no patch 0071 (product-46 and later have it)"; continue; fi
+    if ! compgen -G "$L/libggml-cuda.so*" > /dev/null; then
+        echo "stage mma: $L has no libggml-cuda.so: not a CUDA build, so nothing to run on a GPU"; continue; fi
     B=$(dirname "$L"); tbo_build "$B" || continue
     GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
     echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
-    verify_perf "$B" q4_K,q5_K,q6_K,q8_0 "${MMA_ENVS:--;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4;GGML_CUDA_MMVQ_MMA=8}" | tee "$OUT/kernels-mma.txt" ;;
+    verify_perf "$B" q4_K,q5_K,q6_K,q8_0 "${MMA_ENVS:-GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4}" | tee "$OUT/kernels-mma.txt" ;;
 lossless)
     # shellcheck disable=SC2086  # pytest arguments
     GGUFDSPARK_SERVER="$(BIN)" $py -m pytest -q -p no:cacheprovider \

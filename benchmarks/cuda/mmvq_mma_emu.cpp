@@ -1,5 +1,5 @@
-// Host emulation of developer patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma
-// (GGML_CUDA_MMVQ_MMA=1): the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
+// Host emulation of patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma
+// (Q4_K, Q5_K, Q6_K by default; Q8_0 with GGML_CUDA_MMVQ_MMA=1): the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
 // layout the PTX ISA gives (A rows g, g + 8 at ints t, t + 4; B column g at ints t, t + 4; C rows g,
 // g + 8 x columns 2t, 2t + 1, lane = 4 g + t), the activations quantized to q8_1 as ggml-cuda's
 // quantize_q8_1 does; the result against the float product of ggml's own dequantized weights.
