@@ -877,6 +877,8 @@ def test_a_slot_near_its_answers_end_drafts_full_length_beside_busy_slots(strong
         out: dict[str, dict] = {}
         b = threading.Thread(target=lambda: out.update(b=request(srv, b_prompt, b_n, 1)))
         b.start()
+        # A only once B holds slot 1 (else, on a loaded machine, A may run alone: nothing beside it)
+        srv.wait_for_log(r"launch_slot_: id +1 \| task \d+", timeout=120)
         out["a"] = request(srv, a_prompt, a_n, 0)
         b.join()
         assert "tokens" in out["a"], out["a"].get("error", out["a"])
