@@ -28,6 +28,8 @@
 #             an arm with LLAMA_SPEC_PROFILE_SLOW=MS: its steps by kind (stall.py steps), steps-TAG-LOG.json
 #   stall     stall.py join: STREAMS (3) generating, a JOIN-token (2000) prompt joins, ROUNDS (6), PROFILE=1 (patch
 #             0072's join-step phases), STALL_ENVS (';'-separated: a drafted arm under each); stall-TAG.json
+#   firstwait stall.py first: one request at a time, FIRST_PROMPT (800) tokens, FIRST_ANSWER (64), ROUNDS (8), SLOTS (1),
+#             PROFILE=1 (the first generating step's phases), STALL_ENVS; firstwait-TAG.json
 #   prefill   speed.py prefill: PREFILL_TOKENS (4096), 8 at once, PREFILL_ARMS; prefill-TAG.json
 #   sampling  costs.py sampling: N_MAX (7), TRIALS (3), GRAPH_TOPK; sampling.json
 #   layout    costs.py layout: LAYOUT_SLOTS (16), LAYOUT_REQUESTS (4); layout-TAG.json
@@ -215,6 +217,11 @@ stall)
     # published profile), the join steps' phases with PROFILE=1
     pair; run "stall-$TAG" 20 $py benchmarks/stall.py join "${P[@]}" --streams "${STREAMS:-3}" --join-tokens "${JOIN:-2000}" \
         --rounds "${ROUNDS:-6}" --synthetic-rates "$(rates)" ${PROFILE:+--profile} ${STALL_ENVS:+--drafted-envs "$STALL_ENVS"} ;;
+firstwait)
+    # the wait after a request's first token, alone on the server (bench --load's longest at one client)
+    pair; run "firstwait-$TAG" 20 $py benchmarks/stall.py first "${P[@]}" --prompt-tokens "${FIRST_PROMPT:-800}" \
+        --answer "${FIRST_ANSWER:-64}" --rounds "${ROUNDS:-8}" --slots "${SLOTS:-1}" --synthetic-rates "$(rates)" \
+        ${PROFILE:+--profile} ${STALL_ENVS:+--drafted-envs "$STALL_ENVS"} ;;
 layout)
     pair; run "layout-$TAG" 16 $py benchmarks/costs.py layout "${P[@]}" --slots "${LAYOUT_SLOTS:-16}" --requests "${LAYOUT_REQUESTS:-4}" ;;
 prefill)
@@ -340,6 +347,6 @@ train)
     echo "train rc=$?"; grep -v -i "warning\|losses.append\|detach()" "$OUT/train.log" | tail -n 40
     cp "$tw"/pair/target/model*.safetensors "$OUT/"; cp "$tw/pair/drafter/model.safetensors" "$OUT/drafter.safetensors"
     tar -C "$tw/pair" --exclude='*.safetensors' -czf "$OUT/pair-small.tar.gz" . && ls -la "$OUT" ;;
-*) echo "unknown stage $stage (carry train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first stall lossless verbose bench kernels markov topk mma timeline trained train)" ;;
+*) echo "unknown stage $stage (carry train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first firstwait stall lossless verbose bench kernels markov topk mma timeline trained train)" ;;
 esac
 done

@@ -5,10 +5,13 @@
   ``serve`` runs it), round after round, the two servers taking turns; each round's longest wait of
   the streams across the join, the joining request's time to first token, and the streams' usual
   wait outside it;
+* ``first``: the wait after a request's first token, alone on the server, plain against drafted:
+  the longest wait of every request ``bench --load`` sent at one client;
 * ``steps``: where a server's steps went, from the engine's slow-step lines (patch 0072,
   ``LLAMA_SPEC_PROFILE_SLOW=MS``): steps a prompt joined against the others, phase by phase.
 
     python benchmarks/stall.py join -m T.gguf -md D.gguf [--gpu] [--rounds 6] [--profile] [--json out.json]
+    python benchmarks/stall.py first -m T.gguf -md D.gguf [--gpu] [--rounds 8] [--profile] [--json out.json]
     python benchmarks/stall.py steps server.log [more.log ...] [--top 5] [--json out.json]
 
 ``bench --load`` reports the same stall as a percentile of each request's longest wait, which
@@ -61,15 +64,69 @@ def join_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--answer", type=int, default=2048, help="each stream's answer tokens (it is closed after the join)")
     ap.add_argument("--warm", type=int, default=32, help="tokens every stream has sent before the prompt joins")
     ap.add_argument("--rounds", type=int, default=6, help="rounds an arm")
+    arm_arguments(ap)
+
+
+def arm_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options ``join`` and ``first`` share: acceptance, profile, extra drafted arms, output."""
     ap.add_argument("--synthetic-rates", help="per-position acceptance rates (comma-separated) for the draft; "
                     "default: real acceptance")
-    ap.add_argument("--profile", action="store_true", help="LLAMA_SPEC_PROFILE_SLOW=0 on every server; the join steps' phases")
+    ap.add_argument("--profile", action="store_true",
+                    help="LLAMA_SPEC_PROFILE_SLOW=0 on every server; the measured steps' phases")
     ap.add_argument("--drafted-envs", default="",
                     help="semicolon-separated NAME=VALUE[,NAME=VALUE] engine environments, each one more drafted "
                          "arm beside plain (e.g. 'LLAMA_SPEC_INJECT_LATE=1')")
     ap.add_argument("--seed", type=int, default=0, help="the random-token prompts' seed")
     ap.add_argument("--log-dir", type=Path, help="keep the server logs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="write every round and the summary here")
+
+
+def make_arms(a: argparse.Namespace, ap: argparse.ArgumentParser, *, parallel: int, slot_ctx: int) -> dict:
+    """plain, drafted (as ``serve`` runs them on this backend) and a drafted arm per ``--drafted-envs``
+    environment; with ``--profile`` every one prints each step (patch 0072)."""
+    rates = [float(x) for x in a.synthetic_rates.split(",")] if a.synthetic_rates else None
+    base = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=parallel, ctx_per_slot=slot_ctx)
+    drafted = harness.serve_drafted(base, a.draft, gpu=a.gpu, rates=rates)
+    arms = {"plain": base, "drafted": drafted}
+    for group in (g.strip() for g in a.drafted_envs.split(";")):
+        if group:
+            try:
+                env = harness.parse_env(group)
+            except ValueError as e:
+                ap.error(f"--drafted-envs: {e}")
+            arms["drafted " + group] = replace(drafted, env={**drafted.env, **env})
+    if a.profile:
+        arms = {k: replace(s, env={**s.env, "LLAMA_SPEC_PROFILE_SLOW": "0"}) for k, s in arms.items()}
+    return arms
+
+
+def arm_logs(arms: dict, log_dir: Path) -> tuple[dict[str, Path], dict[str, int]]:
+    """Each arm's log and where this run starts in it (a log is appended to)."""
+    logs = {k: log_dir / f"{k.replace(' ', '-').replace(',', '-')}.log" for k in arms}
+    return logs, {k: f.stat().st_size if f.exists() else 0 for k, f in logs.items()}
+
+
+def new_steps(log: Path, start: int) -> list:
+    """The slow-step lines (patch 0072) the log gained after byte ``start``."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        return tsteps.parse_steps(f.read().decode(errors="replace"))
+
+
+def ratios_by_arm(summary: dict[str, dict[str, float]], metrics: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Every arm's medians over plain's, printed a line an arm."""
+    out = {k: {m: summary[k][m] / summary["plain"][m] for m in metrics if summary["plain"][m]}
+           for k in summary if k != "plain"}
+    for k, r in out.items():
+        print(f"{k} / plain: " + ", ".join(f"{m[:-2]} {v:.2f}x" for m, v in r.items()))
+    return out
+
+
+def write_report(a: argparse.Namespace, arms: dict, **parts) -> None:
+    if a.json:
+        a.json.write_text(json.dumps({"command": sys.argv, "args": {k: str(v) if isinstance(v, Path) else v
+                                                                     for k, v in vars(a).items()},
+                                      "settings": {k: s.redacted_dict() for k, s in arms.items()}, **parts}, indent=2))
 
 
 class _Stream:
@@ -145,25 +202,11 @@ def one_round(client, rng: random.Random, n_vocab: int, a: argparse.Namespace) -
 
 
 def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    rates = [float(x) for x in a.synthetic_rates.split(",")] if a.synthetic_rates else None
-    slot_ctx = a.join_tokens + a.answer + 64
-    base = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=a.streams + 1, ctx_per_slot=slot_ctx)
-    drafted = harness.serve_drafted(base, a.draft, gpu=a.gpu, rates=rates)
-    arms = {"plain": base, "drafted": drafted}
-    for group in (g.strip() for g in a.drafted_envs.split(";")):
-        if group:
-            try:
-                env = harness.parse_env(group)
-            except ValueError as e:
-                ap.error(f"--drafted-envs: {e}")
-            arms["drafted " + group] = replace(drafted, env={**drafted.env, **env})
-    if a.profile:
-        arms = {k: replace(s, env={**s.env, "LLAMA_SPEC_PROFILE_SLOW": "0"}) for k, s in arms.items()}
+    arms = make_arms(a, ap, parallel=a.streams + 1, slot_ctx=a.join_tokens + a.answer + 64)
     log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="stall-join-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     n_vocab = harness.n_vocab(a.server, a.target, log_dir, gpu=a.gpu)
-    logs = {k: log_dir / f"{k.replace(' ', '-').replace(',', '-')}.log" for k in arms}
-    log_start = {k: f.stat().st_size if f.exists() else 0 for k, f in logs.items()}  # a log is appended to
+    logs, log_start = arm_logs(arms, log_dir)
     rng = random.Random(a.seed)
     rounds: dict[str, list[dict]] = {k: [] for k in arms}
     with ExitStack() as stack:
@@ -182,30 +225,116 @@ def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     print(f"{'arm':<{width}}{'stall ms':>10}{'join TTFT ms':>14}")
     for k, s in summary.items():
         print(f"{k:<{width}}{1000 * s['stall_s']:>10.1f}{1000 * s['ttft_s']:>14.1f}")
-    by_arm = {k: {m: summary[k][m] / summary["plain"][m] for m in ("ttft_s", "stall_s") if summary["plain"][m]}
-              for k in arms if k != "plain"}
-    for k, r in by_arm.items():
-        print(f"{k} / plain: " + ", ".join(f"{m[:-2]} {v:.2f}x" for m, v in r.items()))
+    by_arm = ratios_by_arm(summary, ("ttft_s", "stall_s"))
     ratios = by_arm["drafted"]
     phases = {}
     if a.profile:
         for k in arms:
-            with open(logs[k], "rb") as f:
-                f.seek(log_start[k])
-                text = f.read().decode(errors="replace")
-            joined = [s for s in tsteps.parse_steps(text) if s.kind == "join" and s.prompt_rows >= a.join_tokens // 2]
+            joined = [s for s in new_steps(logs[k], log_start[k])
+                      if s.kind == "join" and s.prompt_rows >= a.join_tokens // 2]
             sums = tsteps.summarize_steps(joined).get("join")
             if sums:
                 phases[k] = asdict(sums)
                 print(f"{k} join steps ({sums.count}): wall p50 {sums.wall_p50_ms:.1f} ms; "
                       + ", ".join(f"{p} {v:.2f}" for p, v in sums.phase_means_ms.items()))
-    if a.json:
-        a.json.write_text(json.dumps({"command": sys.argv, "args": {k: str(v) if isinstance(v, Path) else v
-                                                                     for k, v in vars(a).items()},
-                                      "settings": {k: s.redacted_dict() for k, s in arms.items()},
-                                      "rounds": rounds, "summary": summary, "ratios": ratios,
-                                      "ratios_by_arm": by_arm, "join_steps": phases},
-                                     indent=2))
+    write_report(a, arms, rounds=rounds, summary=summary, ratios=ratios, ratios_by_arm=by_arm, join_steps=phases)
+    return 0
+
+
+FIRST_DOC = """The wait after a request's first token, plain against drafted, each request alone on its
+server.
+
+Both servers (``--slots`` slots, as ``serve`` starts them on this backend; the drafted one at serve's
+draft length and cut, real acceptance unless ``--synthetic-rates``) run at once and take turns, one
+request each in turn: a greedy stream of ``--answer`` tokens after a random-token prompt of
+``--prompt-tokens`` (no prompt cache), after one untimed request an arm (a fresh server's first
+requests pay for its warm-up). Per request: its time to first token, its first wait (first
+token to the next chunk), its longest later wait and the median of its later waits; the table gives
+each arm's medians over rounds and drafted / plain. With ``--profile`` (``LLAMA_SPEC_PROFILE_SLOW=0``,
+patch 0072) the phases of each request's first generating step follow beside those of its later
+ones (the profile's synchronisations slow both servers: compare arms and steps).
+"""
+
+
+def first_arguments(ap: argparse.ArgumentParser) -> None:
+    harness.add_pair_arguments(ap)
+    ap.add_argument("--prompt-tokens", type=int, default=800, help="each request's prompt tokens")
+    ap.add_argument("--answer", type=int, default=64, help="each request's answer tokens")
+    ap.add_argument("--slots", type=int, default=1, help="the servers' slots (-np; bench --load's: 64)")
+    ap.add_argument("--rounds", type=int, default=8, help="requests an arm")
+    arm_arguments(ap)
+
+
+def first_wait(client, prompt: list[int], n_predict: int) -> dict:
+    s = _Stream(client, prompt, n_predict)
+    s.wait_tokens(n_predict, 600)
+    s.stop()
+    waits = [t1 - t0 for t0, t1 in zip(s.times, s.times[1:]) if t1 - t0 > CHUNK_JOIN_S]
+    if s.error or len(waits) < 2:
+        raise BenchError(f"a request sent {len(s.times)} token events, {len(waits)} of them more than "
+                         f"{1000 * CHUNK_JOIN_S:g} ms after the one before ({s.error or 'too few waits to measure'}): "
+                         f"give --answer more than {n_predict}")
+    return {"ttft_s": s.times[0] - s.sent, "first_wait_s": waits[0], "longest_later_s": max(waits[1:]),
+            "usual_wait_s": statistics.median(waits[1:]), "chunks": len(s.times)}
+
+
+def first_steps(steps: list, skip: int = 0) -> tuple[list, list]:
+    """A server's generating steps split into each request's first one (after a prompt step) and the
+    rest, the first ``skip`` requests' steps left out (one request at a time)."""
+    firsts, later, after_prompt, requests = [], [], False, 0
+    for s in steps:
+        if s.kind == "generate":
+            requests += after_prompt
+            if requests > skip:
+                (firsts if after_prompt else later).append(s)
+        after_prompt = s.prompt_rows > 0
+    return firsts, later
+
+
+def first(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    arms = make_arms(a, ap, parallel=a.slots, slot_ctx=a.prompt_tokens + a.answer + 64)
+    log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="stall-first-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    n_vocab = harness.n_vocab(a.server, a.target, log_dir, gpu=a.gpu)
+    logs, log_start = arm_logs(arms, log_dir)
+    rng = random.Random(a.seed)
+    rounds: dict[str, list[dict]] = {k: [] for k in arms}
+    with ExitStack() as stack:
+        clients = {k: stack.enter_context(ms.running(s, logs[k])) for k, s in arms.items()}
+        warm = [rng.randrange(100, n_vocab - 1) for _ in range(a.prompt_tokens)]
+        for c in clients.values():
+            first_wait(c, warm, a.answer)
+        for r in range(a.rounds):
+            prompt = [rng.randrange(100, n_vocab - 1) for _ in range(a.prompt_tokens)]
+            for k, c in clients.items():
+                got = first_wait(c, prompt, a.answer)
+                rounds[k].append(got)
+                print(f"round {r + 1}/{a.rounds} {k:<8} TTFT {1000 * got['ttft_s']:7.1f} ms, first wait "
+                      f"{1000 * got['first_wait_s']:6.1f} ms, longest later {1000 * got['longest_later_s']:6.1f} ms, "
+                      f"usual {1000 * got['usual_wait_s']:5.1f} ms", flush=True)
+    metrics = ("ttft_s", "first_wait_s", "longest_later_s", "usual_wait_s")
+    summary = {k: {m: statistics.median(x[m] for x in rs) for m in metrics} for k, rs in rounds.items()}
+    print(f"\none request at a time, {a.prompt_tokens}-token prompts, {a.answer}-token answers, {a.rounds} rounds an "
+          f"arm, {a.slots}-slot servers (medians; logs: {log_dir})")
+    width = max(10, *(len(k) + 2 for k in arms))
+    print(f"{'arm':<{width}}{'TTFT ms':>10}{'first wait':>12}{'longest later':>15}{'usual':>8}")
+    for k, s in summary.items():
+        print(f"{k:<{width}}{1000 * s['ttft_s']:>10.1f}{1000 * s['first_wait_s']:>12.1f}"
+              f"{1000 * s['longest_later_s']:>15.1f}{1000 * s['usual_wait_s']:>8.1f}")
+    by_arm = ratios_by_arm(summary, metrics)
+    phases = {}
+    if a.profile:
+        for k in arms:
+            firsts, later = first_steps(new_steps(logs[k], log_start[k]), skip=1)  # the untimed one
+            phases[k] = {}
+            for name, group in (("first", firsts), ("later", later)):
+                if group:
+                    sums = tsteps.summarize_steps(group)["generate"]
+                    phases[k][name] = asdict(sums)
+                    print(f"{k} {name} generating steps ({sums.count}): wall p50 {sums.wall_p50_ms:.2f} ms; "
+                          + ", ".join(f"{p} {v:.2f}" for p, v in sums.phase_means_ms.items()))
+    write_report(a, arms, rounds=rounds, summary=summary, ratios=by_arm["drafted"], ratios_by_arm=by_arm,
+                 first_steps=phases)
     return 0
 
 
@@ -260,6 +389,7 @@ def steps(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return harness.run_commands(__doc__, {"join": (JOIN_DOC, join_arguments, join),
+                                          "first": (FIRST_DOC, first_arguments, first),
                                           "steps": (STEPS_DOC, steps_arguments, steps)}, argv)
 
 

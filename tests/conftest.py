@@ -149,6 +149,18 @@ def small_pair(pairs_root):
 
 
 @pytest.fixture(scope="session")
+def trained_pair(pairs_root):
+    """The trained pair that ships here (``generate --trained``), converted to F16 GGUF: a drafter
+    that really predicts, and a target slow enough on this CPU for a step to take over a millisecond."""
+    from ggufdspark.synthetic.pairs import build_trained_pair
+    from ggufdspark.trained import shipped
+
+    if not shipped.available():
+        pytest.fail(f"{shipped.DATA}: the trained pair is missing from this checkout")
+    return build_trained_pair(pairs_root)
+
+
+@pytest.fixture(scope="session")
 def strong_conv_pair(pairs_root):
     """The small pair with conv layers as strong as the rest (``TargetSpec.conv_std``): a wrong
     conv state after a verify changes its output, which the small pair's weak conv layers hide."""

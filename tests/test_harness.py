@@ -224,6 +224,38 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     assert not (out / "mma-test.txt").exists()
 
 
+def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair, isolated, tmp_path):
+    """stall.py first: one request at a time on each arm (after an untimed one), plain and drafted
+    taking turns; each request's TTFT, first wait, longest later and usual wait, the ratios, and
+    with --profile the phases of each request's first generating step (one a timed request: the
+    untimed request's steps left out) beside its later ones; the drafted arm's hold the draft block."""
+    out = tmp_path / "first.json"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "first", "-m", str(trained_pair.target),
+                        "-md", str(trained_pair.draft), "--prompt-tokens", "200", "--answer", "40", "--rounds", "3",
+                        "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert set(rep["rounds"]) == {"plain", "drafted"} and all(len(r) == 3 for r in rep["rounds"].values())
+    for arm, rounds in rep["rounds"].items():
+        for r in rounds:
+            assert r["ttft_s"] > 0 and r["first_wait_s"] > 0 and r["usual_wait_s"] > 0, (arm, r)
+            assert r["longest_later_s"] >= r["usual_wait_s"], (arm, r)
+    assert set(rep["ratios"]) == {"ttft_s", "first_wait_s", "longest_later_s", "usual_wait_s"}
+    assert "drafted / plain: ttft" in p.stdout
+    steps = rep["first_steps"]
+    assert all(steps[arm]["first"]["count"] == 3 for arm in ("plain", "drafted")), steps
+    assert steps["drafted"]["first"]["phase_means_ms"]["dft_launch"] > 0
+    assert steps["plain"]["later"]["phase_means_ms"]["dft_launch"] == 0
+
+    # an answer of one chunk has no wait to measure: one line, exit 1
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "first", "-m", str(trained_pair.target),
+                        "-md", str(trained_pair.draft), "--prompt-tokens", "16", "--answer", "1", "--rounds", "1",
+                        "--log-dir", str(tmp_path / "short")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith("give --answer more than 1"), p.stderr
+
+
 def test_graph_topk_switch_check_passes_on_the_engine(dspark_engine, engine_src, isolated, tmp_path):
     """benchmarks/cuda/probes.py topk-switch checks patch 0052 (the graph's top-k only for a step whose
     sampler can use it) from the engine's own log, with LLAMA_OUTPUT_TOPK=64, with 0 and unset (on a

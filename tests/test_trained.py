@@ -24,15 +24,6 @@ MIN_FIDELITY = 0.95
 
 
 @pytest.fixture(scope="session")
-def trained_pair(pairs_root):
-    from ggufdspark.synthetic.pairs import build_trained_pair
-
-    if not shipped.available():
-        pytest.fail(f"{shipped.DATA}: the trained pair is missing from this checkout")
-    return build_trained_pair(pairs_root)
-
-
-@pytest.fixture(scope="session")
 def torch_pair():
     """The shipped checkpoints in torch (float32): the reference the engine is held to."""
     import torch
