@@ -100,10 +100,15 @@ def make_arms(a: argparse.Namespace, ap: argparse.ArgumentParser, *, parallel: i
     return arms
 
 
-def arm_logs(arms: dict, log_dir: Path) -> tuple[dict[str, Path], dict[str, int]]:
-    """Each arm's log and where this run starts in it (a log is appended to)."""
+def prepare(a: argparse.Namespace, ap: argparse.ArgumentParser, *, parallel: int, slot_ctx: int, name: str):
+    """The arms (``make_arms``), the log folder, the target's vocabulary size, each arm's log and
+    where this run starts in it (a log is appended to)."""
+    arms = make_arms(a, ap, parallel=parallel, slot_ctx=slot_ctx)
+    log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix=f"stall-{name}-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    n_vocab = harness.n_vocab(a.server, a.target, log_dir, gpu=a.gpu)
     logs = {k: log_dir / f"{k.replace(' ', '-').replace(',', '-')}.log" for k in arms}
-    return logs, {k: f.stat().st_size if f.exists() else 0 for k, f in logs.items()}
+    return arms, log_dir, n_vocab, logs, {k: f.stat().st_size if f.exists() else 0 for k, f in logs.items()}
 
 
 def new_steps(log: Path, start: int) -> list:
@@ -202,11 +207,8 @@ def one_round(client, rng: random.Random, n_vocab: int, a: argparse.Namespace) -
 
 
 def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    arms = make_arms(a, ap, parallel=a.streams + 1, slot_ctx=a.join_tokens + a.answer + 64)
-    log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="stall-join-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    n_vocab = harness.n_vocab(a.server, a.target, log_dir, gpu=a.gpu)
-    logs, log_start = arm_logs(arms, log_dir)
+    arms, log_dir, n_vocab, logs, log_start = prepare(a, ap, parallel=a.streams + 1,
+                                                      slot_ctx=a.join_tokens + a.answer + 64, name="join")
     rng = random.Random(a.seed)
     rounds: dict[str, list[dict]] = {k: [] for k in arms}
     with ExitStack() as stack:
@@ -292,11 +294,8 @@ def first_steps(steps: list, skip: int = 0) -> tuple[list, list]:
 
 
 def first(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    arms = make_arms(a, ap, parallel=a.slots, slot_ctx=a.prompt_tokens + a.answer + 64)
-    log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="stall-first-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    n_vocab = harness.n_vocab(a.server, a.target, log_dir, gpu=a.gpu)
-    logs, log_start = arm_logs(arms, log_dir)
+    arms, log_dir, n_vocab, logs, log_start = prepare(a, ap, parallel=a.slots,
+                                                      slot_ctx=a.prompt_tokens + a.answer + 64, name="first")
     rng = random.Random(a.seed)
     rounds: dict[str, list[dict]] = {k: [] for k in arms}
     with ExitStack() as stack:

@@ -161,6 +161,24 @@ def trained_pair(pairs_root):
 
 
 @pytest.fixture(scope="session")
+def vl_pair(pairs_root):
+    """The small generated VL target (its language tower and its real mmproj) and its DSpark draft,
+    F16: ``{"dir", "tower", "mmproj", "draft"}``."""
+    from ggufdspark.convert.drafter import convert_drafter
+    from ggufdspark.convert.target import convert_target
+    from ggufdspark.synthetic import synth, synth_vl
+
+    root = pairs_root / "vl-pair"
+    target_dir = synth_vl.make_vl_target(root / "tiny-lfm2-vl", layout="published")
+    drafter_dir = synth.make_drafter(root / "tiny-lfm2-vl-DSpark", target_dir)
+    out = root / "gguf"
+    out.mkdir()
+    r = convert_target(target_dir, output=out)
+    draft = convert_drafter(drafter_dir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
+    return {"dir": target_dir, "tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
+
+
+@pytest.fixture(scope="session")
 def strong_conv_pair(pairs_root):
     """The small pair with conv layers as strong as the rest (``TargetSpec.conv_std``): a wrong
     conv state after a verify changes its output, which the small pair's weak conv layers hide."""

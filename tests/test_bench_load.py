@@ -320,23 +320,6 @@ def test_load_inter_token_latency_plain_and_drafted(small_pair, ggufdspark_cli, 
     assert "Requests: answered, with an image" not in p.stdout  # no image, no failure: no such table
 
 
-@pytest.fixture(scope="module")
-def vl_pair(tmp_path_factory):
-    """The small generated VL target (language tower + its real mmproj) and its DSpark draft, F16."""
-    from ggufdspark.convert.drafter import convert_drafter
-    from ggufdspark.convert.target import convert_target
-    from ggufdspark.synthetic import synth, synth_vl
-
-    root = tmp_path_factory.mktemp("load-vl")
-    target_dir = synth_vl.make_vl_target(root / "tiny-lfm2-vl", layout="published")
-    drafter_dir = synth.make_drafter(root / "tiny-lfm2-vl-DSpark", target_dir)
-    out = root / "gguf"
-    out.mkdir()
-    r = convert_target(target_dir, output=out)
-    draft = convert_drafter(drafter_dir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
-    return {"tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
-
-
 def test_load_image_share_sends_the_same_image_requests_to_both_arms(vl_pair, ggufdspark_cli, isolated, tmp_path):
     """--image-share 0.5 on the VL pair with its mmproj: half of each level's requests carry a drawn
     picture (seeded: the same requests and pictures on both arms), every one answered, the engine's

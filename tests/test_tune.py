@@ -305,23 +305,6 @@ def test_serve_applies_a_tune_load_cut(small_pair, ggufdspark_cli, isolated, dsp
     assert "--spec-draft-n-max-by-slots" not in s.stdout and "WARNING" not in s.stderr, s.stderr
 
 
-@pytest.fixture(scope="module")
-def vl_pair(tmp_path_factory):
-    """The small generated VL target (language tower + its real mmproj) and its DSpark draft, F16."""
-    from ggufdspark.convert.drafter import convert_drafter
-    from ggufdspark.convert.target import convert_target
-    from ggufdspark.synthetic import synth, synth_vl
-
-    root = tmp_path_factory.mktemp("tune-vl")
-    target_dir = synth_vl.make_vl_target(root / "tiny-lfm2-vl", layout="published")
-    drafter_dir = synth.make_drafter(root / "tiny-lfm2-vl-DSpark", target_dir)
-    out = root / "gguf"
-    out.mkdir()
-    r = convert_target(target_dir, output=out)
-    draft = convert_drafter(drafter_dir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
-    return {"tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
-
-
 def test_tune_load_with_image_share_measures_image_traffic(vl_pair, ggufdspark_cli, isolated):
     """tune --load --mmproj M --image-share 0.5 on the VL pair: every arm's server (plain, paused,
     drafted) gets the projector and answers the same requests, half of them with a drawn picture;

@@ -30,9 +30,6 @@ import pytest
 
 from ggufdspark import images, webui
 from ggufdspark import timings as tm
-from ggufdspark.convert.drafter import convert_drafter
-from ggufdspark.convert.target import convert_target
-from ggufdspark.synthetic import synth, synth_vl
 
 REPO = Path(__file__).resolve().parent.parent
 N_PREDICT = 24  # the server's default answer length (-n): the page asks for no limit of its own
@@ -63,19 +60,6 @@ def chat_ui() -> Path:
         why = webui.node_problem() or "node and npm are here: run it"
         pytest.fail(f"no chat UI in {webui.ui_root()}: 'ggufdspark build-engine' builds it ({why})")
     return d
-
-
-@pytest.fixture(scope="module")
-def vl_pair(tmp_path_factory):
-    """The small generated VL target (language tower + mmproj) and its DSpark draft, F16."""
-    root = tmp_path_factory.mktemp("webui-vl")
-    target_dir = synth_vl.make_vl_target(root / "tiny-lfm2-vl", layout="published")
-    drafter_dir = synth.make_drafter(root / "tiny-lfm2-vl-DSpark", target_dir)
-    out = root / "gguf"
-    out.mkdir()
-    r = convert_target(target_dir, output=out)
-    draft = convert_drafter(drafter_dir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
-    return {"dir": target_dir, "tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
 
 
 def _newline_token(target_dir: Path) -> int:
