@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
+from benchmarks.provenance import provenance  # noqa: E402
 from ggufdspark import engine  # noqa: E402
 from ggufdspark.errors import GgufdsparkError  # noqa: E402
 from ggufdspark.measuring import measure as ms  # noqa: E402
@@ -217,7 +218,7 @@ def sampling(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if a.json:
         a.json.write_text(json.dumps({"command": sys.argv, "temperature": a.temperature, "trials": a.trials,
                                       "n_predict": a.n_predict, "n_max": a.n_max, "arms": results,
-                                      "same_tokens": same_all}, indent=1))
+                                      "same_tokens": same_all, "provenance": provenance(a.server)}, indent=1))
     if not same_all:
         print("costs.py sampling: the paths sampled different tokens", file=sys.stderr)
         return 1
@@ -304,7 +305,8 @@ def layout(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if a.json:
         a.json.write_text(json.dumps({"command": sys.argv, "slots": a.slots, "requests": a.requests,
                                       "n_predict": a.n_predict, "trials": a.trials, "arms": rows,
-                                      "pooled_vs_divided_scattered": summary}, indent=2))
+                                      "pooled_vs_divided_scattered": summary, "provenance": provenance(a.server)},
+                                     indent=2))
     return 0
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
+from benchmarks.provenance import provenance  # noqa: E402
 from ggufdspark import engine, hardware  # noqa: E402
 from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.measuring.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
@@ -249,8 +250,8 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                 v = r[f"aggregate_tps_c{c}"]
                 row += f"{v:>14.1f}{v / load[0][f'aggregate_tps_c{c}']:>9.2f}x"
             print(row)
-    args.json.write_text(json.dumps({"rates": rates, "results": results, "load": load,
-                                     "server": server, "args": vars(args)}, indent=2, default=str))
+    args.json.write_text(json.dumps({"rates": rates, "results": results, "load": load, "server": server,
+                                     "args": vars(args), "provenance": provenance(args.server)}, indent=2, default=str))
     return 0
 
 
@@ -379,7 +380,7 @@ def prefill(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if a.json:
         a.json.write_text(json.dumps({"command": sys.argv, "prompt_tokens": a.prompt_tokens,
                                       "concurrency": a.concurrency, "trials": a.trials, "draft_n_max": n_max,
-                                      "arms": rows, "ratio": ratio}, indent=2))
+                                      "arms": rows, "ratio": ratio, "provenance": provenance(a.server)}, indent=2))
     return 0
 
 

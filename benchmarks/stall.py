@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
+from benchmarks.provenance import provenance  # noqa: E402
 from ggufdspark.errors import BenchError  # noqa: E402
 from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.runners.client import CHUNK_JOIN_S  # noqa: E402
@@ -131,7 +132,8 @@ def write_report(a: argparse.Namespace, arms: dict, **parts) -> None:
     if a.json:
         a.json.write_text(json.dumps({"command": sys.argv, "args": {k: str(v) if isinstance(v, Path) else v
                                                                      for k, v in vars(a).items()},
-                                      "settings": {k: s.redacted_dict() for k, s in arms.items()}, **parts}, indent=2))
+                                      "settings": {k: s.redacted_dict() for k, s in arms.items()},
+                                      "provenance": provenance(a.server), **parts}, indent=2))
 
 
 class _Stream:

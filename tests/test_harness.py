@@ -229,6 +229,8 @@ def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair
     taking turns; each request's TTFT, first wait, longest later and usual wait, the ratios, and
     with --profile the phases of each request's first generating step (one a timed request: the
     untimed request's steps left out) beside its later ones; the drafted arm's hold the draft block."""
+    from ggufdspark import engine
+
     out = tmp_path / "first.json"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "first", "-m", str(trained_pair.target),
                         "-md", str(trained_pair.draft), "--prompt-tokens", "200", "--answer", "40", "--rounds", "3",
@@ -242,6 +244,13 @@ def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair
             assert r["ttft_s"] > 0 and r["first_wait_s"] > 0 and r["usual_wait_s"] > 0, (arm, r)
             assert r["longest_later_s"] >= r["usual_wait_s"], (arm, r)
     assert set(rep["ratios"]) == {"ttft_s", "first_wait_s", "longest_later_s", "usual_wait_s"}
+    # what the figure came from: the command, this checkout, the engine build and the device it saw
+    prov = rep["provenance"]
+    assert prov["command"][:2] == [str(REPO / "benchmarks" / "stall.py"), "first"], prov["command"]
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    assert prov["checkout"].removesuffix("+dirty") == head.stdout.strip(), prov["checkout"]
+    assert prov["engine"]["patches"] == len(engine.patch_files()) and prov["engine"]["commit"] == "0c1e570", prov
+    assert any(d.startswith("CPU: ") for d in prov["devices"]), prov["devices"]
     assert "drafted / plain: ttft" in p.stdout
     steps = rep["first_steps"]
     assert all(steps[arm]["first"]["count"] == 3 for arm in ("plain", "drafted")), steps
