@@ -163,7 +163,7 @@ def trained_pair(pairs_root):
 @pytest.fixture(scope="session")
 def vl_pair(pairs_root):
     """The small generated VL target (its language tower and its real mmproj) and its DSpark draft,
-    F16: ``{"dir", "tower", "mmproj", "draft"}``."""
+    F16: ``{"dir", "drafter_dir", "tower", "mmproj", "draft"}``."""
     from ggufdspark.convert.drafter import convert_drafter
     from ggufdspark.convert.target import convert_target
     from ggufdspark.synthetic import synth, synth_vl
@@ -175,7 +175,7 @@ def vl_pair(pairs_root):
     out.mkdir()
     r = convert_target(target_dir, output=out)
     draft = convert_drafter(drafter_dir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
-    return {"dir": target_dir, "tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
+    return {"dir": target_dir, "drafter_dir": drafter_dir, "tower": r.path, "mmproj": r.mmproj.path, "draft": draft}
 
 
 @pytest.fixture(scope="session")

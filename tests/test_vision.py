@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from ggufdspark.check import check_pair
-from ggufdspark.convert.drafter import convert_drafter
 from ggufdspark.convert.mmproj import convert_mmproj
 from ggufdspark.convert.target import convert_target
 from ggufdspark.errors import OutputExistsError, PairMismatchError, UnsupportedModelError
@@ -36,18 +35,11 @@ TEXT_PROMPTS = ["Question: {img} what is shown here? Answer: the", "The model dr
 
 
 @pytest.fixture(scope="module")
-def vl(tmp_path_factory):
-    """The small VL target in both tower layouts, its drafter, and our conversions (F16)."""
-    root = tmp_path_factory.mktemp("vl")
-    pub = synth_vl.make_vl_target(root / "tiny-lfm2-vl", layout="published")
-    tf = synth_vl.make_vl_target(root / "tiny-lfm2-vl-tf5", layout="transformers")
-    ddir = synth.make_drafter(root / "tiny-lfm2-vl-DSpark", pub)
-    out = root / "gguf"
-    out.mkdir()
-    r = convert_target(pub, output=out)
-    draft = convert_drafter(ddir, r.path, output=out / "dspark-tiny-lfm2-vl-F16.gguf").path
-    return {"root": root, "pub": pub, "tf": tf, "drafter_dir": ddir, "tower": r.path, "mmproj": r.mmproj.path,
-            "draft": draft}
+def vl(vl_pair, tmp_path_factory):
+    """The small VL pair (conftest's ``vl_pair``: the published tower layout, its drafter, our F16
+    conversions) and the same target in the transformers layout (``tf``)."""
+    tf = synth_vl.make_vl_target(tmp_path_factory.mktemp("vl") / "tiny-lfm2-vl-tf5", layout="transformers")
+    return {**vl_pair, "pub": vl_pair["dir"], "tf": tf}
 
 
 @pytest.fixture(scope="module")

@@ -199,6 +199,19 @@ def mmproj_option(help_text: str):
     return click.option("--mmproj", type=click.Path(dir_okay=False), help=help_text + " A file or ORG/NAME[:QUANT].")
 
 
+def traffic_shape_options(prefix: str):
+    """``--image-share`` and ``--prompt-scale``: the shape of ``bench --load``'s traffic, which
+    ``tune --load`` takes as it is (``prefix`` starts each help text: which mode they belong to)."""
+    def decorate(f):
+        f = click.option("--prompt-scale", type=int, default=1, show_default=True,
+                         help=f"{prefix} every prompt this many times as long (its text after the next N-1 prompts' "
+                              "of the set), the rest of the traffic the same: 2 for 'prompts twice as long'.")(f)
+        return click.option("--image-share", type=float, default=0.0, show_default=True,
+                             help=f"{prefix} this fraction (0-1) of the requests carry a drawn picture (three sizes), "
+                                  "the same requests on every arm; needs --mmproj.")(f)
+    return decorate
+
+
 def from_hub(target, draft=None, mmproj=None, *, find_mmproj: bool = False, find_draft: bool = False):
     """``(target, draft, mmproj)`` with every Hub reference among them resolved to a downloaded file
     (``hubref.resolve_pair``); files pass through unchanged. Nothing is imported without a reference."""

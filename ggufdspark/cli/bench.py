@@ -8,7 +8,7 @@ import click
 
 from ggufdspark import launch
 from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, given_options, mmproj_option,
-                                    number_list, serving_options, target_option)
+                                    number_list, serving_options, target_option, traffic_shape_options)
 from ggufdspark.errors import InvalidArgumentError
 from ggufdspark.measuring import bench as bench_lib
 from ggufdspark.measuring import loadbench, loadplan
@@ -75,12 +75,7 @@ from ggufdspark.serve_checks import ServingOptions
 @click.option("--conversations", is_flag=True,
               help="--load: each closed-loop client one conversation, its next prompt the conversation so far and "
                    "a new message, sent with the prompt cache (chat traffic).")
-@click.option("--image-share", type=float, default=0.0, show_default=True,
-              help="--load: this fraction (0-1) of the requests carry a drawn picture (three sizes), the same "
-                   "requests on every arm; needs --mmproj.")
-@click.option("--prompt-scale", type=int, default=1, show_default=True,
-              help="--load: every prompt this many times as long (its text after the next N-1 prompts' of the set), "
-                   "the rest of the traffic the same: 2 for 'prompts twice as long'.")
+@traffic_shape_options("--load:")
 @click.option("--noise-floor", is_flag=True,
               help="--load: a second plain server (plain2) beside the first, the same command: plain2 / plain is "
                    "the run's own noise, printed as a band a drafted / plain ratio must leave to mean anything.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ggufdspark.cli._common import (NumberRange, ProgressLine, draft_option, echo_json, mmproj_option, number_list,
-                                    serving_options, target_option)
+                                    serving_options, target_option, traffic_shape_options)
 from ggufdspark.errors import InvalidArgumentError
 from ggufdspark.measuring import bench as bench_lib
 from ggufdspark.measuring import tune as tune_lib
@@ -54,12 +54,7 @@ from ggufdspark.serve_checks import ServingOptions
               help="With --load: one server at a time (default: every arm's server up, levels interleaved).")
 @click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
               help="With --load: run every level this many times; each length chosen on the ratios over all rounds.")
-@click.option("--prompt-scale", type=int, default=1, show_default=True,
-              help="With --load: every prompt this many times as long (bench --load --prompt-scale), for traffic "
-                   "of long prompts.")
-@click.option("--image-share", type=float, default=0.0, show_default=True,
-              help="With --load: this fraction (0-1) of the requests carry a drawn picture (bench --load "
-                   "--image-share), for servers of image traffic; needs --mmproj.")
+@traffic_shape_options("With --load:")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(**params):
     """Sweep the draft length (and p_min) and parallel load on this machine; write a serve profile.
