@@ -107,8 +107,9 @@ def arm_row(arm: harness.Arm, concurrency=(1,)) -> dict:
     return res
 
 
-def parse_env_variants(text: str) -> list[dict[str, str]]:
-    """``"A=1;A=1,B=8"`` -> ``[{"A": "1"}, {"A": "1", "B": "8"}]``."""
+def parse_env_variants(text: str, option: str = "speed.py decode: --env-variants") -> list[dict[str, str]]:
+    """``"A=1;A=1,B=8"`` -> ``[{"A": "1"}, {"A": "1", "B": "8"}]``; a malformed group ends the
+    script with one line naming ``option``."""
     out = []
     for group in (g.strip() for g in text.split(";")):
         if not group:
@@ -116,7 +117,7 @@ def parse_env_variants(text: str) -> list[dict[str, str]]:
         try:
             out.append(harness.parse_env(group))
         except ValueError as e:
-            raise SystemExit(f"speed.py decode: --env-variants: {e}") from None
+            raise SystemExit(f"{option}: {e}") from None
     return out
 
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.speed import parse_env_variants  # noqa: E402
 from ggufdspark.errors import BenchError  # noqa: E402
 from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.runners.client import CHUNK_JOIN_S  # noqa: E402
@@ -82,29 +83,24 @@ def arm_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", type=Path, help="write every round and the summary here")
 
 
-def make_arms(a: argparse.Namespace, ap: argparse.ArgumentParser, *, parallel: int, slot_ctx: int) -> dict:
+def make_arms(a: argparse.Namespace, *, parallel: int, slot_ctx: int) -> dict:
     """plain, drafted (as ``serve`` runs them on this backend) and a drafted arm per ``--drafted-envs``
     environment; with ``--profile`` every one prints each step (patch 0072)."""
     rates = [float(x) for x in a.synthetic_rates.split(",")] if a.synthetic_rates else None
     base = harness.base_settings(a.server, a.target, gpu=a.gpu, parallel=parallel, ctx_per_slot=slot_ctx)
     drafted = harness.serve_drafted(base, a.draft, gpu=a.gpu, rates=rates)
     arms = {"plain": base, "drafted": drafted}
-    for group in (g.strip() for g in a.drafted_envs.split(";")):
-        if group:
-            try:
-                env = harness.parse_env(group)
-            except ValueError as e:
-                ap.error(f"--drafted-envs: {e}")
-            arms["drafted " + group] = replace(drafted, env={**drafted.env, **env})
+    for env in parse_env_variants(a.drafted_envs, f"stall.py {a.command}: --drafted-envs"):
+        arms["drafted " + ",".join(f"{k}={v}" for k, v in env.items())] = replace(drafted, env={**drafted.env, **env})
     if a.profile:
         arms = {k: replace(s, env={**s.env, "LLAMA_SPEC_PROFILE_SLOW": "0"}) for k, s in arms.items()}
     return arms
 
 
-def prepare(a: argparse.Namespace, ap: argparse.ArgumentParser, *, parallel: int, slot_ctx: int, name: str):
+def prepare(a: argparse.Namespace, *, parallel: int, slot_ctx: int, name: str):
     """The arms (``make_arms``), the log folder, the target's vocabulary size, each arm's log and
     where this run starts in it (a log is appended to)."""
-    arms = make_arms(a, ap, parallel=parallel, slot_ctx=slot_ctx)
+    arms = make_arms(a, parallel=parallel, slot_ctx=slot_ctx)
     log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix=f"stall-{name}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     n_vocab = harness.n_vocab(a.server, a.target, log_dir, gpu=a.gpu)
@@ -209,7 +205,7 @@ def one_round(client, rng: random.Random, n_vocab: int, a: argparse.Namespace) -
 
 
 def join(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    arms, log_dir, n_vocab, logs, log_start = prepare(a, ap, parallel=a.streams + 1,
+    arms, log_dir, n_vocab, logs, log_start = prepare(a, parallel=a.streams + 1,
                                                       slot_ctx=a.join_tokens + a.answer + 64, name="join")
     rng = random.Random(a.seed)
     rounds: dict[str, list[dict]] = {k: [] for k in arms}
@@ -296,7 +292,7 @@ def first_steps(steps: list, skip: int = 0) -> tuple[list, list]:
 
 
 def first(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    arms, log_dir, n_vocab, logs, log_start = prepare(a, ap, parallel=a.slots,
+    arms, log_dir, n_vocab, logs, log_start = prepare(a, parallel=a.slots,
                                                       slot_ctx=a.prompt_tokens + a.answer + 64, name="first")
     rng = random.Random(a.seed)
     rounds: dict[str, list[dict]] = {k: [] for k in arms}

@@ -540,6 +540,15 @@ def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair
     assert set(rep["ratios_by_arm"]) == {"drafted", late} and f"{late} / plain: ttft" in p.stdout
     assert (tmp_path / "logs" / "drafted-LLAMA_SPEC_INJECT_LATE=1.log").stat().st_size > 0
 
+    # a --drafted-envs group that is not NAME=VALUE: one line naming the option and the item, exit 1,
+    # no server started
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
+                        "-md", str(small_pair.draft), "--drafted-envs", "LLAMA_SPEC_INJECT_LATE=1;LATE",
+                        "--log-dir", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip() == "stall.py join: --drafted-envs: 'LATE' is not NAME=VALUE", p.stderr
+    assert not list((tmp_path / "bad").glob("*.log")), list((tmp_path / "bad").iterdir())
+
     # streams that end before the prompt joins measure nothing: one line, exit 1
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
                         "-md", str(small_pair.draft), "--streams", "1", "--join-tokens", "64", "--answer", "32",
