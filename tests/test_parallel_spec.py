@@ -308,6 +308,8 @@ def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
     # an environment group's switches separated by commas or spaces (SPEED_ENVS as LOAD_ARMS writes them)
     import pytest
 
+    if str(bench.parent) not in sys.path:  # benchmarks/ is a checkout's package (run alone, nothing added it)
+        sys.path.insert(0, str(bench.parent))
     from benchmarks.harness import parse_env
 
     assert parse_env("A=1 B=8,C=x") == {"A": "1", "B": "8", "C": "x"}
