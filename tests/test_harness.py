@@ -266,6 +266,30 @@ def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair
     assert p.stderr.strip().splitlines()[-1].endswith("give --answer more than 1"), p.stderr
 
 
+def test_device_stall_stages_run_their_scripts_with_the_device_settings(trained_pair, dspark_engine, isolated,
+                                                                         tmp_path):
+    """benchmarks/h200.sh stall and firstwait on CPU with the trained pair: their own command lines
+    (the published profile as synthetic acceptance, PROFILE=1 as --profile, STALL_ENVS as one more
+    drafted arm), each JSON in OUT under its stage's name."""
+    import os
+
+    out = tmp_path / "out"
+    env = {**os.environ, **isolated, "TARGET": str(trained_pair.target), "DRAFT": str(trained_pair.draft),
+           "SERVER": dspark_engine.path, "GPU": "", "OUT": str(out), "WORK": str(tmp_path / "work"),
+           "PYTHON": sys.executable, "ROUNDS": "1", "PROFILE": "1", "STALL_ENVS": "LLAMA_SPEC_INJECT_LATE=1",
+           "STREAMS": "1", "JOIN": "200", "FIRST_PROMPT": "100", "FIRST_ANSWER": "160"}
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "stall", "firstwait"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    late = "drafted LLAMA_SPEC_INJECT_LATE=1"
+    for name, key in (("stall-a", "join_steps"), ("firstwait-a", "first_steps")):
+        rep = json.loads((out / f"{name}.json").read_text())
+        assert set(rep["rounds"]) == {"plain", "drafted", late}, (name, rep["rounds"].keys())
+        assert rep["args"]["synthetic_rates"].startswith("0.7838"), rep["args"]  # the published profile
+        assert rep["settings"][late]["env"]["LLAMA_SPEC_PROFILE_SLOW"] == "0" and rep[key], (name, rep[key])
+    assert json.loads((out / "firstwait-a.json").read_text())["args"]["prompt_tokens"] == 100
+
+
 def test_graph_topk_switch_check_passes_on_the_engine(dspark_engine, engine_src, isolated, tmp_path):
     """benchmarks/cuda/probes.py topk-switch checks patch 0052 (the graph's top-k only for a step whose
     sampler can use it) from the engine's own log, with LLAMA_OUTPUT_TOPK=64, with 0 and unset (on a
