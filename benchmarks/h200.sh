@@ -28,7 +28,7 @@
 #             an arm with LLAMA_SPEC_PROFILE_SLOW=MS: its steps by kind (stall.py steps), steps-TAG-LOG.json
 #   stall     stall.py join: STREAMS (3) generating, a JOIN-token (2000) prompt joins, ROUNDS (6), PROFILE=1 (patch
 #             0072's join-step phases), STALL_ENVS (';'-separated: a drafted arm under each); stall-TAG.json
-#   firstwait stall.py first: one request at a time, FIRST_PROMPT (800) tokens, FIRST_ANSWER (64), ROUNDS (8), SLOTS (1),
+#   firstwait stall.py first: one request at a time, FIRST_PROMPT (800; LO-HI) tokens, FIRST_ANSWER (64), FIRST_CTX (a slot's), ROUNDS (8), SLOTS (1),
 #             PROFILE=1 (the first generating step's phases), STALL_ENVS; firstwait-TAG.json
 #   prefill   speed.py prefill: PREFILL_TOKENS (4096), 8 at once, PREFILL_ARMS; prefill-TAG.json
 #   sampling  costs.py sampling: N_MAX (7), TRIALS (3), GRAPH_TOPK; sampling.json
@@ -226,7 +226,7 @@ stall)
 firstwait)
     # the wait after a request's first token, alone on the server (bench --load's longest at one client)
     pair; run "firstwait-$TAG" 20 $py benchmarks/stall.py first "${P[@]}" --prompt-tokens "${FIRST_PROMPT:-800}" \
-        --answer "${FIRST_ANSWER:-64}" --rounds "${ROUNDS:-8}" --slots "${SLOTS:-1}" --synthetic-rates "$(rates)" \
+        --answer "${FIRST_ANSWER:-64}" --rounds "${ROUNDS:-8}" --slots "${SLOTS:-1}" --slot-ctx "${FIRST_CTX:-0}" --synthetic-rates "$(rates)" \
         ${PROFILE:+--profile} ${STALL_ENVS:+--drafted-envs "$STALL_ENVS"} ;;
 layout)
     pair; run "layout-$TAG" 16 $py benchmarks/costs.py layout "${P[@]}" --slots "${LAYOUT_SLOTS:-16}" --requests "${LAYOUT_REQUESTS:-4}" ;;

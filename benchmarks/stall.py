@@ -247,8 +247,11 @@ server.
 Both servers (``--slots`` slots, as ``serve`` starts them on this backend; the drafted one at serve's
 draft length and cut, real acceptance unless ``--synthetic-rates``) run at once and take turns, one
 request each in turn: a greedy stream of ``--answer`` tokens after a random-token prompt of
-``--prompt-tokens`` (no prompt cache), after one untimed request an arm (a fresh server's first
-requests pay for its warm-up). Per request: its time to first token, its first wait (first
+``--prompt-tokens`` (no prompt cache; ``LO-HI``: a length drawn a round), after one untimed request
+an arm (a fresh server's first requests pay for its warm-up). Each slot's context holds just the
+longest prompt and its answer unless ``--slot-ctx``: with more, the cells a graph attends to (padded
+to 256) take another shape with a prompt of another length, as in ``bench --load``'s servers (4096
+a slot). Per request: its time to first token, its first wait (first
 token to the next chunk), its longest later wait and the median of its later waits; the table gives
 each arm's medians over rounds and drafted / plain. With ``--profile`` (``LLAMA_SPEC_PROFILE_SLOW=0``,
 patch 0072) the phases of each request's first generating step follow beside those of its later
@@ -258,11 +261,27 @@ ones (the profile's synchronisations slow both servers: compare arms and steps).
 
 def first_arguments(ap: argparse.ArgumentParser) -> None:
     harness.add_pair_arguments(ap)
-    ap.add_argument("--prompt-tokens", type=int, default=800, help="each request's prompt tokens")
+    ap.add_argument("--prompt-tokens", type=token_range, default=(800, 800), metavar="N|LO-HI",
+                    help="each request's prompt tokens: N, or drawn from LO-HI a round (both arms the same)")
     ap.add_argument("--answer", type=int, default=64, help="each request's answer tokens")
+    ap.add_argument("--slot-ctx", type=int, default=0,
+                    help="each slot's context (0: the longest prompt + answer + 64, so the cells a graph attends "
+                         "to keep one shape; bench --load's servers have 4096 a slot)")
     ap.add_argument("--slots", type=int, default=1, help="the servers' slots (-np; bench --load's: 64)")
     ap.add_argument("--rounds", type=int, default=8, help="requests an arm")
     arm_arguments(ap)
+
+
+def token_range(text: str) -> tuple[int, int]:
+    """``N`` or ``LO-HI`` (tokens) as (lo, hi)."""
+    lo, _, hi = text.partition("-")
+    try:
+        r = (int(lo), int(hi or lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected N or LO-HI tokens") from None
+    if not 0 < r[0] <= r[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 < LO <= HI")
+    return r
 
 
 def first_wait(client, prompt: list[int], n_predict: int) -> dict:
@@ -292,26 +311,27 @@ def first_steps(steps: list, skip: int = 0) -> tuple[list, list]:
 
 
 def first(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    arms, log_dir, n_vocab, logs, log_start = prepare(a, parallel=a.slots,
-                                                      slot_ctx=a.prompt_tokens + a.answer + 64, name="first")
+    lo, hi = a.prompt_tokens
+    arms, log_dir, n_vocab, logs, log_start = prepare(a, parallel=a.slots, slot_ctx=a.slot_ctx or hi + a.answer + 64,
+                                                      name="first")
     rng = random.Random(a.seed)
     rounds: dict[str, list[dict]] = {k: [] for k in arms}
     with ExitStack() as stack:
         clients = {k: stack.enter_context(ms.running(s, logs[k])) for k, s in arms.items()}
-        warm = [rng.randrange(100, n_vocab - 1) for _ in range(a.prompt_tokens)]
+        warm = [rng.randrange(100, n_vocab - 1) for _ in range(rng.randint(lo, hi))]
         for c in clients.values():
             first_wait(c, warm, a.answer)
         for r in range(a.rounds):
-            prompt = [rng.randrange(100, n_vocab - 1) for _ in range(a.prompt_tokens)]
+            prompt = [rng.randrange(100, n_vocab - 1) for _ in range(rng.randint(lo, hi))]
             for k, c in clients.items():
-                got = first_wait(c, prompt, a.answer)
+                got = first_wait(c, prompt, a.answer) | {"prompt_tokens": len(prompt)}
                 rounds[k].append(got)
                 print(f"round {r + 1}/{a.rounds} {k:<8} TTFT {1000 * got['ttft_s']:7.1f} ms, first wait "
                       f"{1000 * got['first_wait_s']:6.1f} ms, longest later {1000 * got['longest_later_s']:6.1f} ms, "
                       f"usual {1000 * got['usual_wait_s']:5.1f} ms", flush=True)
     metrics = ("ttft_s", "first_wait_s", "longest_later_s", "usual_wait_s")
     summary = {k: {m: statistics.median(x[m] for x in rs) for m in metrics} for k, rs in rounds.items()}
-    print(f"\none request at a time, {a.prompt_tokens}-token prompts, {a.answer}-token answers, {a.rounds} rounds an "
+    print(f"\none request at a time, {lo if lo == hi else f'{lo}-{hi}'}-token prompts, {a.answer}-token answers, {a.rounds} rounds an "
           f"arm, {a.slots}-slot servers (medians; logs: {log_dir})")
     width = max(10, *(len(k) + 2 for k in arms))
     print(f"{'arm':<{width}}{'TTFT ms':>10}{'first wait':>12}{'longest later':>15}{'usual':>8}")

@@ -234,8 +234,8 @@ def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair
 
     out = tmp_path / "first.json"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "first", "-m", str(trained_pair.target),
-                        "-md", str(trained_pair.draft), "--prompt-tokens", "200", "--answer", "160", "--rounds", "3",
-                        "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
+                        "-md", str(trained_pair.draft), "--prompt-tokens", "150-250", "--slot-ctx", "1024", "--answer", "160",
+                        "--rounds", "3", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads(out.read_text())
@@ -245,6 +245,11 @@ def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair
             assert r["ttft_s"] > 0 and r["first_wait_s"] > 0 and r["usual_wait_s"] > 0, (arm, r)
             assert r["longest_later_s"] >= r["usual_wait_s"], (arm, r)
     assert set(rep["ratios"]) == {"ttft_s", "first_wait_s", "longest_later_s", "usual_wait_s"}
+    # a prompt length drawn a round from the range, the same for both arms; the slots' context as asked
+    lengths = [r["prompt_tokens"] for r in rep["rounds"]["plain"]]
+    assert lengths == [r["prompt_tokens"] for r in rep["rounds"]["drafted"]] and len(set(lengths)) > 1, lengths
+    assert all(150 <= n <= 250 for n in lengths), lengths
+    assert "n_ctx_slot = 1024," in (tmp_path / "logs" / "plain.log").read_text(), "the plain server's slot context"
     # what the figure came from: the command, this checkout, the engine build and the device it saw
     prov = rep["provenance"]
     assert prov["command"][:2] == [str(REPO / "benchmarks" / "stall.py"), "first"], prov["command"]
@@ -264,20 +269,26 @@ def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair
                         "--log-dir", str(tmp_path / "short")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1].endswith("give --answer more than 1"), p.stderr
+    # a range upside down: refused in one line before any server starts
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "first", "-m", str(trained_pair.target),
+                        "-md", str(trained_pair.draft), "--prompt-tokens", "300-200"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "'300-200': expected 0 < LO <= HI" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_device_stall_stages_run_their_scripts_with_the_device_settings(trained_pair, dspark_engine, isolated,
                                                                          tmp_path):
     """benchmarks/h200.sh stall and firstwait on CPU with the trained pair: their own command lines
     (the published profile as synthetic acceptance, PROFILE=1 as --profile, STALL_ENVS as one more
-    drafted arm), each JSON in OUT under its stage's name."""
+    drafted arm, FIRST_PROMPT and FIRST_CTX as first's prompt range and slot context), each JSON in
+    OUT under its stage's name."""
     import os
 
     out = tmp_path / "out"
     env = {**os.environ, **isolated, "TARGET": str(trained_pair.target), "DRAFT": str(trained_pair.draft),
            "SERVER": dspark_engine.path, "GPU": "", "OUT": str(out), "WORK": str(tmp_path / "work"),
            "PYTHON": sys.executable, "ROUNDS": "1", "PROFILE": "1", "STALL_ENVS": "LLAMA_SPEC_INJECT_LATE=1",
-           "STREAMS": "1", "JOIN": "200", "FIRST_PROMPT": "100", "FIRST_ANSWER": "160"}
+           "STREAMS": "1", "JOIN": "200", "FIRST_PROMPT": "80-120", "FIRST_ANSWER": "160", "FIRST_CTX": "512"}
     p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "stall", "firstwait"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
@@ -287,7 +298,8 @@ def test_device_stall_stages_run_their_scripts_with_the_device_settings(trained_
         assert set(rep["rounds"]) == {"plain", "drafted", late}, (name, rep["rounds"].keys())
         assert rep["args"]["synthetic_rates"].startswith("0.7838"), rep["args"]  # the published profile
         assert rep["settings"][late]["env"]["LLAMA_SPEC_PROFILE_SLOW"] == "0" and rep[key], (name, rep[key])
-    assert json.loads((out / "firstwait-a.json").read_text())["args"]["prompt_tokens"] == 100
+    first = json.loads((out / "firstwait-a.json").read_text())["args"]
+    assert first["prompt_tokens"] == [80, 120] and first["slot_ctx"] == 512, first  # FIRST_PROMPT, FIRST_CTX
 
 
 def test_graph_topk_switch_check_passes_on_the_engine(dspark_engine, engine_src, isolated, tmp_path):
