@@ -263,7 +263,7 @@ timeline)
         files=("$W"/tl/"$part"-*.csv)
         if [ ! -f "${files[0]}" ]; then echo "stage timeline: $part wrote no trace (no process initialised CUDA)"; continue; fi
         $py benchmarks/cuda/probes.py timeline "${files[@]}" --json "$OUT/timeline-$part.json" > "$OUT/timeline-$part.txt" 2>&1
-        echo "timeline $part rc=$?"; head -c 6000 "$OUT/timeline-$part.txt"
+        echo "timeline $part rc=$?"; head -c 9000 "$OUT/timeline-$part.txt"
     done ;;
 topk)
     S=$(dirname "$(dirname "$(dirname "$(BIN)")")")/src  # the engine cache: KEY/build/bin/llama-server, KEY/src

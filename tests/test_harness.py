@@ -361,8 +361,8 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     between a kernel on stream 7 and one on stream 13 with the host in a stream synchronisation over
     490 us of it, so 98% of that kind of gap is spent inside CUDA; a copy's 300 us gap with no call
     over it is host work outside CUDA. The traced command line has -md: the trace is named drafted.
-    Without runtime calls recorded no share is claimed. A missing trace is one line and exit 2; a
-    trace with no device records is reported and left out."""
+    Without runtime calls recorded no share is claimed. Each stream's kernels by name and time. A
+    missing trace is one line and exit 2; a trace with no device records is reported and left out."""
     trace = tmp_path / "prefill-123.csv"
     trace.write_text(
         "#,/x/llama-server -m t.gguf -md d.gguf --port 0\n"
@@ -389,6 +389,8 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     assert math.isclose(first["span_ms"], 3.5) and math.isclose(first["busy_ms"], 2.7)
     assert math.isclose(first["idle_ms"], 0.8) and first["gaps"] == 2 and first["records"] == 5
     assert first["streams"] == {"7": {"kernel_ms": 2.0, "kernels": 2}, "13": {"kernel_ms": 0.5, "kernels": 1}}
+    assert first["kernel_names"] == {"7": {"rms_norm_f32": {"ms": 1.0, "n": 1}, "mul_mat_f": {"ms": 1.0, "n": 1}},
+                                     "13": {"cutlass": {"ms": 0.5, "n": 1}}}
     classes = first["gap_classes"]
     assert list(classes) == ["stream 7 -> stream 13", "copy HtoD 7 -> copy HtoD 13"]
     assert classes["stream 7 -> stream 13"]["n"] == 1 and math.isclose(classes["stream 7 -> stream 13"]["ms"], 0.5)
@@ -404,6 +406,10 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     assert "0      3.50      2.70      0.80  77.1%" in p.stdout, p.stdout
     assert "stream 7 -> stream 13                     0.50 ms  x1      (500 us each; 98% in runtime calls)" in p.stdout, p.stdout
     assert "copy HtoD 7 -> copy HtoD 13               0.30 ms  x1      (300 us each; 17% in runtime calls)" in p.stdout, p.stdout
+    # each stream's kernels by time, pooled over the bursts shown (k2 in the second burst)
+    assert "stream 7's kernels over these bursts by time (3.00 ms, 3 launches):" in p.stdout, p.stdout
+    assert "   k2                                            1.00 ms  x1       (1000.0 us each, 33%)" in p.stdout, p.stdout
+    assert "   cutlass                                       0.50 ms  x1       (500.0 us each, 100%)" in p.stdout, p.stdout
 
     # the same device work without runtime calls: no share claimed
     bare = tmp_path / "bare.csv"

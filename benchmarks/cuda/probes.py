@@ -178,10 +178,12 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
     busy += cur_e - cur_s
 
     streams: dict[int, list] = defaultdict(lambda: [0, 0])
+    names: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for s, e, st, what in recs:
         if not what.startswith(("copy", "memset")):
-            streams[st][0] += e - s
-            streams[st][1] += 1
+            for c in (streams[st], names[st][what]):
+                c[0] += e - s
+                c[1] += 1
 
     in_span = [h for h in host if h[1] >= t0 and h[0] <= t1]
     calls: dict[str, list] = defaultdict(lambda: [0, 0])
@@ -222,6 +224,8 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
         "gaps": len(gaps),
         "gaps_ms": sum(g[0] for g in gaps) / 1e6,
         "streams": {str(k): {"kernel_ms": v[0] / 1e6, "kernels": v[1]} for k, v in sorted(streams.items())},
+        "kernel_names": {str(k): {n: {"ms": v[0] / 1e6, "n": v[1]} for n, v in sorted(d.items(), key=lambda kv: -kv[1][0])}
+                         for k, d in sorted(names.items())},
         "gap_classes": {k: {"ms": v[0] / 1e6, "n": v[1], **({"in_calls_ms": v[2] / 1e6} if api else {})}
                         for k, v in sorted(classes.items(), key=lambda kv: -kv[1][0])},
         "host_calls": [
@@ -249,6 +253,7 @@ def timeline_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gap-us", type=float, default=20.0, help="the shortest gap counted (20)")
     ap.add_argument("--min-records", type=int, default=200, help="bursts with fewer records are not shown (200)")
     ap.add_argument("--top", type=int, default=6, help="the longest gaps shown a burst (6)")
+    ap.add_argument("--kernels", type=int, default=12, help="the kernels shown a stream, by their time (12)")
     ap.add_argument("--json", help="write the figures here too")
 
 
@@ -292,6 +297,17 @@ def timeline(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             for k, (ms, n, calls) in sorted(classes.items(), key=lambda kv: -kv[1][0])[:10]:
                 inside = "" if calls is None else f"; {calls / ms * 100:.0f}% in runtime calls"
                 print(f"   {k:<36} {ms:9.2f} ms  x{n:<6} ({ms * 1e3 / n:.0f} us each{inside})")
+        kernels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+        for b in shown:
+            for st, d in b["kernel_names"].items():
+                for n, v in d.items():
+                    kernels[st][n][0] += v["ms"]
+                    kernels[st][n][1] += v["n"]
+        for st, d in kernels.items():
+            total = sum(v[0] for v in d.values())
+            print(f"stream {st}'s kernels over these bursts by time ({total:.2f} ms, {sum(v[1] for v in d.values())} launches):")
+            for n, (ms, k) in sorted(d.items(), key=lambda kv: -kv[1][0])[:a.kernels]:
+                print(f"   {n:<40} {ms:9.2f} ms  x{k:<7} ({ms * 1e3 / k:.1f} us each, {ms / total * 100:.0f}%)")
         for i, b in enumerate(shown):
             print(f"-- burst {i}: host calls " + "; ".join(f"{c['call']} {c['ms']:.2f} ms x{c['n']}" for c in b["host_calls"][:5]))
             for g in b["longest_gaps"]:
