@@ -45,7 +45,7 @@
 #   mma       patch 0071's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
 #             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf in each
 #             of MMA_ENVS ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps)
-#   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"), read by cuda/probes.py
+#   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
 #             with PAUSE_ARMS' switches; PACK=1 packs the engine into OUT/engine for a later unpack
@@ -255,7 +255,8 @@ timeline)
         case $part in
         prefill) cmd=(benchmarks/speed.py prefill --prompt-tokens "${PREFILL_TOKENS:-4096}" --concurrency 8) ;;
         decode) cmd=(benchmarks/speed.py decode --n-predict 256 --trials "${TRIALS:-3}" --lengths "${N_MAX:-7}" --concurrency "") ;;
-        *) echo "stage timeline: TIMELINE part $part: expected prefill or decode"; continue ;;
+        decode8) cmd=(benchmarks/speed.py decode --n-predict 256 --trials 1 --lengths "${N_MAX:-7}" --concurrency 8 --load-lengths "${N_MAX:-7}") ;;
+        *) echo "stage timeline: TIMELINE part $part: expected prefill, decode or decode8"; continue ;;
         esac
         # every server the part starts is traced, one file a process (its command line names it)
         CUDA_INJECTION64_PATH="$W/libcupti_trace.so" GGUFDSPARK_CUPTI_API="${TIMELINE_API:-0}" \

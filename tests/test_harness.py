@@ -453,8 +453,9 @@ def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_trace
                                                                                   isolated, tmp_path):
     """benchmarks/h200.sh timeline builds benchmarks/cuda/cupti_trace.cpp with nvcc against CUPTI (here the
     toolkit's own, found through nvcc's dry run) into a library that exports CUDA's injection entry
-    point, then runs the prefill part with every server traced: on this CPU build no process
-    initialises CUDA, so no trace is written and the stage says so in one line. A TIMELINE part it
+    point, then runs the prefill and decode8 (8 requests at once) parts with every server traced: on
+    this CPU build no process initialises CUDA, so no trace is written and the stage says so in one
+    line each. A TIMELINE part it
     does not know is named in one line and nothing runs."""
     import os
     import shutil
@@ -464,7 +465,7 @@ def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_trace
     work, out = tmp_path / "work", tmp_path / "out"
     env = {**os.environ, **isolated, "SERVER": dspark_engine.path, "OUT": str(out), "WORK": str(work),
            "PYTHON": sys.executable, "TARGET": str(small_pair.target), "DRAFT": str(small_pair.draft), "GPU": "",
-           "TIMELINE": "prefill", "PREFILL_TOKENS": "64"}
+           "TIMELINE": "prefill decode8", "PREFILL_TOKENS": "64", "N_MAX": "3"}
     p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "timeline"], env=env, capture_output=True,
                        text=True, timeout=600)
     lib = work / "libcupti_trace.so"
@@ -473,10 +474,15 @@ def test_device_timeline_stage_builds_the_tracer_and_says_when_nothing_was_trace
     assert " T InitializeInjection" in syms, syms
     assert "stage timeline: prefill wrote no trace (no process initialised CUDA)" in p.stdout, p.stdout + p.stderr
     assert (out / "timeline-prefill-speed.json").is_file(), p.stdout  # the prefill itself ran
+    # decode8: 8 requests at once on 8-slot servers, plain and drafted
+    assert "stage timeline: decode8 wrote no trace (no process initialised CUDA)" in p.stdout, p.stdout + p.stderr
+    d8 = json.loads((out / "timeline-decode8-speed.json").read_text())
+    assert d8["provenance"]["command"][:2] == ["benchmarks/speed.py", "decode"], d8["provenance"]
+    assert d8["provenance"]["command"][d8["provenance"]["command"].index("--concurrency") + 1] == "8"
 
     bad = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "timeline"], env={**env, "TIMELINE": "warmup"},
                          capture_output=True, text=True, timeout=600)
-    assert "stage timeline: TIMELINE part warmup: expected prefill or decode" in bad.stdout, bad.stdout + bad.stderr
+    assert "stage timeline: TIMELINE part warmup: expected prefill, decode or decode8" in bad.stdout, bad.stdout + bad.stderr
     assert not list((work / "tl").glob("*.csv")) and not (out / "timeline-warmup.json").exists()
 
 
