@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
-from ggufdspark import engine, hardware  # noqa: E402
+from ggufdspark import engine, hardware, launch  # noqa: E402
 from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.measuring.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
@@ -207,7 +207,9 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         print(f"variant {v!r}: {r['decode_tps']:.1f} tok/s", file=sys.stderr)
     load = []
     if conc:
-        load_lengths = load_lengths or list(dict.fromkeys([best["draft_n_max"], args.block]))
+        # the block's length as far as this drafter drafts (a shorter drafter's block: its longest draft)
+        longest = launch.longest_draft(args.draft) or args.block
+        load_lengths = load_lengths or list(dict.fromkeys([best["draft_n_max"], min(args.block, longest)]))
         for name, n in [("plain", None)] + [(f"dspark-n{k}", k) for k in load_lengths]:
             r = run_arm(f"{name}-np{max_np}", settings(n, parallel=max_np), args, concurrency=conc,
                         log_dir=args.log_dir)
