@@ -12,7 +12,8 @@
 #   setup     build the patched CUDA engine (with llama-bench, llama-quantize) and generate the pair. ~5 min
 #   unpack    an engine an earlier call packed (trained PACK=1), from ENGINE_PACK, into the engine cache
 #   vl        the pair with its vision tower (sets M, the mmproj: LOAD_ARGS="--mmproj \$M --image-share 0.33")
-#   quant     the target quantized to QUANT (Q4_K_M), the draft to DQUANT where set (Q8_0); the stages after it serve them
+#   quant     the target quantized to QUANT (Q4_K_M), the draft to DQUANT where set (Q8_0); the stages after it serve
+#             them (a failed quantization ends the call)
 #   speed     speed.py decode: plain against LENGTHS (5,7), TRIALS (5); SPEED_ENVS (engine environments,
 #             ';'-separated), SPEED_VARIANTS (llama-server flag sets), INTERLEAVE=1, CROSS=1; profiled
 #             arms' lines in speed-profile.txt, GGML_CUDA_GRAPH_DEBUG arms' in graphdebug-ARM.txt
@@ -142,13 +143,14 @@ vl)
     T=$W/vl/target-F16.gguf D=$W/vl/dspark-F16.gguf M=$W/vl/mmproj-target-F16.gguf; echo "vl pair: $T, $D, $M" ;;
 quant)
     q=${QUANT:-Q4_K_M}; QT=${T%.gguf}-$q.gguf
+    # a pair that cannot be quantized ends the call: the stages after it would measure another pair
     [ -f "$QT" ] || $py -m ggufdspark quantize "$T" -t "$q" -o "$QT" --server "$(BIN)" > "$W/quant-$q.log" 2>&1 ||
-        { echo "stage quant: quantize failed"; tail -n 3 "$W/quant-$q.log"; continue; }
+        { echo "stage quant: quantizing the target to $q failed"; tail -n 3 "$W/quant-$q.log"; exit 1; }
     T=$QT; echo "target now $T"
     if [ -n "${DQUANT:-}" ]; then  # the draft quantized too (its Markov head kept in float by quantize)
         QD=${D%.gguf}-$DQUANT.gguf
         [ -f "$QD" ] || $py -m ggufdspark quantize "$D" -t "$DQUANT" -o "$QD" --server "$(BIN)" > "$W/quant-d$DQUANT.log" 2>&1 ||
-            { echo "stage quant: quantizing the draft failed"; tail -n 3 "$W/quant-d$DQUANT.log"; continue; }
+            { echo "stage quant: quantizing the draft to $DQUANT failed"; tail -n 3 "$W/quant-d$DQUANT.log"; exit 1; }
         D=$QD; echo "draft now $D"
     fi ;;
 setup)

@@ -829,3 +829,43 @@ def test_device_script_first_stage_measures_the_first_request_after_serve_starts
         s = rep["summary"][arm]
         assert s["first_over_warm"] == s["first_ttft_s"] / s["warm_ttft_s"], s
     assert "vs plain first" in p.stdout and len(list((tmp_path / "work" / "first").glob("*.log"))) == 8
+
+
+def test_device_quant_stage_serves_the_quantized_target_and_draft(small_pair, dspark_engine, isolated, tmp_path):
+    """benchmarks/h200.sh quant on CPU: QUANT and DQUANT quantize the target and the draft (beside
+    them) with the engine's llama-quantize, and the stage after it (speed) serves exactly those two
+    files. A draft type a DSpark draft cannot take ends the call: quantize's own reason, exit 1, and
+    no later stage runs on another pair."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ggufdspark.gguffile.reader import read_gguf
+
+    repo = Path(__file__).resolve().parent.parent
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    target, draft = (Path(shutil.copy(p, pair)) for p in (small_pair.target, small_pair.draft))
+    env = {**os.environ, **isolated, "TARGET": str(target), "DRAFT": str(draft), "SERVER": dspark_engine.path,
+           "GPU": "", "TRIALS": "1", "LENGTHS": "2", "WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
+           "QUANT": "Q8_0", "DQUANT": "Q8_0"}
+
+    p = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "quant", "speed"], env={**env, "OUT": str(tmp_path / "ok")},
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    qt, qd = pair / target.name.replace(".gguf", "-Q8_0.gguf"), pair / draft.name.replace(".gguf", "-Q8_0.gguf")
+    assert f"target now {qt}" in p.stdout and f"draft now {qd}" in p.stdout, p.stdout
+    for f in (qt, qd):
+        assert read_gguf(f).get("general.file_type") == 7, f  # LLAMA_FTYPE_MOSTLY_Q8_0
+    cmd = json.loads((tmp_path / "ok" / "speed.json").read_text())["provenance"]["command"]
+    assert cmd[cmd.index("-m") + 1] == str(qt) and cmd[cmd.index("-md") + 1] == str(qd), cmd
+
+    bad = subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "quant", "speed"],
+                         env={**env, "DQUANT": "IQ2_XXS", "OUT": str(tmp_path / "bad")}, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "stage quant: quantizing the draft to IQ2_XXS failed" in bad.stdout, bad.stdout
+    assert "IQ2_XXS" in bad.stdout.split("failed", 1)[1], bad.stdout  # quantize's own line, naming the type
+    assert not (tmp_path / "bad" / "speed.json").exists()
