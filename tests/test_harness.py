@@ -224,6 +224,12 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     assert not (out / "mma-test.txt").exists()
 
 
+def _stall(sub: str, pair, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """benchmarks/stall.py SUB on ``pair`` (its -m / -md) with ``args``, its output captured."""
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), sub, "-m", str(pair.target),
+                           "-md", str(pair.draft), *args], capture_output=True, text=True, timeout=timeout)
+
+
 def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair, isolated, tmp_path):
     """stall.py first: one request at a time on each arm (after an untimed one), plain and drafted
     taking turns (answers long enough that the trained pair's 1-2 ms plain steps, which a loaded
@@ -233,10 +239,8 @@ def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair
     from ggufdspark import engine
 
     out = tmp_path / "first.json"
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "first", "-m", str(trained_pair.target),
-                        "-md", str(trained_pair.draft), "--prompt-tokens", "150-250", "--slot-ctx", "1024", "--answer", "160",
-                        "--rounds", "3", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
-                       capture_output=True, text=True, timeout=600)
+    p = _stall("first", trained_pair, "--prompt-tokens", "150-250", "--slot-ctx", "1024", "--answer", "160",
+               "--rounds", "3", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs"), timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads(out.read_text())
     assert set(rep["rounds"]) == {"plain", "drafted"} and all(len(r) == 3 for r in rep["rounds"].values())
@@ -264,15 +268,12 @@ def test_stall_first_measures_the_wait_after_a_requests_first_token(trained_pair
     assert steps["plain"]["later"]["phase_means_ms"]["dft_launch"] == 0
 
     # an answer of one chunk has no wait to measure: one line, exit 1
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "first", "-m", str(trained_pair.target),
-                        "-md", str(trained_pair.draft), "--prompt-tokens", "16", "--answer", "1", "--rounds", "1",
-                        "--log-dir", str(tmp_path / "short")], capture_output=True, text=True, timeout=600)
+    p = _stall("first", trained_pair, "--prompt-tokens", "16", "--answer", "1", "--rounds", "1",
+               "--log-dir", str(tmp_path / "short"), timeout=600)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1].endswith("give --answer more than 1"), p.stderr
     # a range upside down: refused in one line before any server starts
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "first", "-m", str(trained_pair.target),
-                        "-md", str(trained_pair.draft), "--prompt-tokens", "300-200"], capture_output=True, text=True,
-                       timeout=60)
+    p = _stall("first", trained_pair, "--prompt-tokens", "300-200", timeout=60)
     assert p.returncode == 2 and "'300-200': expected 0 < LO <= HI" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
@@ -553,10 +554,8 @@ def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair
     profiled join steps say how long that was), the ratios, and with --profile the join steps'
     phases (the drafted arm's hold the drafter's injection, the plain arm's none)."""
     out = tmp_path / "stall.json"
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
-                        "-md", str(small_pair.draft), "--streams", "2", "--join-tokens", "400", "--answer", "1500",
-                        "--rounds", "2", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
-                       capture_output=True, text=True, timeout=600)
+    p = _stall("join", small_pair, "--streams", "2", "--join-tokens", "400", "--answer", "1500",
+               "--rounds", "2", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs"), timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads(out.read_text())
     assert set(rep["rounds"]) == {"plain", "drafted"} and all(len(r) == 2 for r in rep["rounds"].values())
@@ -574,10 +573,9 @@ def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair
     assert all(s["count"] == 2 for s in steps.values()), steps  # one join step a round (a 400-row prompt)
     # a second run into the same logs (appended to) counts its own steps only; --drafted-envs adds a
     # drafted arm under an engine switch (here the injection launched after the target's decode)
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
-                        "-md", str(small_pair.draft), "--streams", "2", "--join-tokens", "400", "--answer", "1500",
-                        "--rounds", "1", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
-                        "--drafted-envs", "LLAMA_SPEC_INJECT_LATE=1"], capture_output=True, text=True, timeout=600)
+    p = _stall("join", small_pair, "--streams", "2", "--join-tokens", "400", "--answer", "1500",
+               "--rounds", "1", "--profile", "--json", str(out), "--log-dir", str(tmp_path / "logs"),
+               "--drafted-envs", "LLAMA_SPEC_INJECT_LATE=1", timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rep = json.loads(out.read_text())
     late = "drafted LLAMA_SPEC_INJECT_LATE=1"
@@ -590,17 +588,15 @@ def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair
 
     # a --drafted-envs group that is not NAME=VALUE: one line naming the option and the item, exit 1,
     # no server started
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
-                        "-md", str(small_pair.draft), "--drafted-envs", "LLAMA_SPEC_INJECT_LATE=1;LATE",
-                        "--log-dir", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
+    p = _stall("join", small_pair, "--drafted-envs", "LLAMA_SPEC_INJECT_LATE=1;LATE",
+               "--log-dir", str(tmp_path / "bad"), timeout=120)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip() == "stall.py join: --drafted-envs: 'LATE' is not NAME=VALUE", p.stderr
     assert not list((tmp_path / "bad").glob("*.log")), list((tmp_path / "bad").iterdir())
 
     # streams that end before the prompt joins measure nothing: one line, exit 1
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stall.py"), "join", "-m", str(small_pair.target),
-                        "-md", str(small_pair.draft), "--streams", "1", "--join-tokens", "64", "--answer", "32",
-                        "--rounds", "1", "--log-dir", str(tmp_path / "short")], capture_output=True, text=True, timeout=600)
+    p = _stall("join", small_pair, "--streams", "1", "--join-tokens", "64", "--answer", "32",
+               "--rounds", "1", "--log-dir", str(tmp_path / "short"), timeout=600)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1].endswith("a stream ended before the joining prompt's first token: "
                                                       "give --answer more than 32"), p.stderr
