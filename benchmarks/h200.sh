@@ -46,6 +46,7 @@
 #   mma       patch 0071's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
 #             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf in each
 #             of MMA_ENVS ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps)
+#             (developer 0075: MUL_MAT_VEC_FUSION and MUL_MAT_ADD against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=1 and =8)
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
@@ -289,6 +290,12 @@ mma)
     B=$(dirname "$L"); tbo_build "$B" || continue
     GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
     echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
+    if grep -q "GGML_CUDA_MMVQ_MMA_FUSE" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0075: the fused products
+        for f in 1 8; do for o in MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
+            GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_FUSE=$f timeout 300 "$B/bin/test-backend-ops" test -o $o -b CUDA0 > "$OUT/mma-fuse$f-$o.txt" 2>&1
+            echo "$o against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=$f: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-fuse$f-$o.txt" | tail -n 4
+        done; done
+    fi
     verify_perf "$B" q4_K,q5_K,q6_K,q8_0 "${MMA_ENVS:-GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4}" | tee "$OUT/kernels-mma.txt" ;;
 lossless)
     # shellcheck disable=SC2086  # pytest arguments
