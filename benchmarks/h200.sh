@@ -46,7 +46,8 @@
 #   mma       patch 0071's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
 #             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf in each
 #             of MMA_ENVS ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps)
-#             (developer 0075: MUL_MAT_VEC_FUSION and MUL_MAT_ADD against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=1 and =8)
+#             (developer 0075: MUL_MAT_VEC_FUSION and MUL_MAT_ADD against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=1 and =8;
+#             0076: MUL_MAT with GGML_CUDA_MMVQ_MMA_COLS=64; perf at n 16 / 32 / 64 too)
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
@@ -113,7 +114,7 @@ verify_perf() { local e envs; IFS=';' read -ra envs <<< "$3"
     for e in "${envs[@]}"; do
         [ "$e" = - ] && e=""; echo "== perf at the verify's shapes, types $2, env '${e:--}'"
         env ${e:+"$e"} timeout 300 "$1/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
-            -p "type_a=(${2//,/|}),type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10),k=(2048|6144)," 2>&1 \
+            -p "type_a=(${2//,/|}),type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10|16|32|64),k=(2048|6144)," 2>&1 \
             | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([A-Za-z0-9_]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
     done; }
 mixed() { pair; P=(benchmarks/slots.py mixed "${P[@]}" --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}"
@@ -290,6 +291,12 @@ mma)
     B=$(dirname "$L"); tbo_build "$B" || continue
     GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
     echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
+    if grep -q "GGML_CUDA_MMVQ_MMA_COLS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0076: 9-64 columns
+        GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_COLS=64 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 \
+            -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-cols-test.txt" 2>&1
+        echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA_COLS=64: rc=$?"
+        grep -E "FAIL|tests passed" "$OUT/mma-cols-test.txt" | tail -n 4
+    fi
     if grep -q "GGML_CUDA_MMVQ_MMA_FUSE" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0075: the fused products
         for f in 1 8; do for o in MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
             GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_FUSE=$f timeout 300 "$B/bin/test-backend-ops" test -o $o -b CUDA0 > "$OUT/mma-fuse$f-$o.txt" 2>&1
