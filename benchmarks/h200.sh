@@ -41,6 +41,8 @@
 #   bench     llama-bench on the target: tg128 and prompt processing at PP (1,2,4,8,10,512)
 #   kernels   test-backend-ops MUL_MAT against the CPU, then perf at the verify's shapes for KERNEL_TYPES (f16;
 #             e.g. q4_K,q6_K,q8_0: perf only) in each of ENVS (';'-separated NAME=VALUE); kernels-TAG.txt
+#   ncu       Nsight Compute over test-backend-ops perf, one MUL_MAT case a run (NCU_CASES: TYPE:ROWS:K:COLUMNS, e.g.
+#             q4_K:6144:2048:8), NCU_KERNELS (mul_mat), in each of ENVS: duration, occupancy, throughput, stalls; ncu-TAG.txt
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
 #   mma       patch 0071's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
@@ -122,7 +124,7 @@ mixed() { pair; P=(benchmarks/slots.py mixed "${P[@]}" --n-max "${N_MAX:-0}" --p
 
 stages=("$@"); [ $# -gt 0 ] || read -ra stages <<< "${STAGES:-setup speed}"
 for stage in "${stages[@]}"; do
-case $stage in setup|unpack|vl|kernels|topk|mma|trained|train) ;; *)
+case $stage in setup|unpack|vl|kernels|topk|mma|ncu|markov|trained|train) ;; *)
     if [ ! -f "$D" ]; then
         echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
         continue
@@ -336,6 +338,28 @@ kernels)
         echo "MUL_MAT F16/BF16 against the CPU backend: rc=$?"; grep -E "FAIL|tests passed" "$OUT/tbo-test.txt" | tail -n 4
     fi
     verify_perf "$B" "$types" "${ENVS:--}" | tee "$OUT/kernels-$TAG.txt" ;;
+ncu)
+    # Nsight Compute on test-backend-ops perf, one case a run (NCU_CASES: TYPE:ROWS:K:COLUMNS ...), the kernels
+    # matching NCU_KERNELS (mul_mat) after NCU_SKIP (4) launches, NCU_COUNT (3) of them, in each of ENVS; their
+    # launch, occupancy, throughput and stall reasons by benchmarks/cuda/probes.py ncu: ncu-TAG.txt / .json
+    B=$(dirname "$(dirname "$(BIN)")"); tbo_build "$B" || continue
+    nc=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    if [ ! -x "$nc" ]; then echo "stage ncu: no ncu (Nsight Compute) on PATH or in /usr/local/cuda/bin"; continue; fi
+    rm -rf "$W/ncu" && mkdir -p "$W/ncu"; IFS=';' read -ra envs <<< "${ENVS:--}"
+    for e in "${envs[@]}"; do [ "$e" = - ] && e=""
+        for c in ${NCU_CASES:-q4_K:6144:2048:1 q4_K:6144:2048:2 q4_K:6144:2048:8 q4_K:2048:6144:8 q4_K:2048:2048:8 q4_K:512:2048:8}; do
+            IFS=: read -r ty m k n <<< "$c"; f="$W/ncu/$ty-${m}x$k-n$n${e:+-${e//=/_}}.csv"
+            env ${e:+"$e"} timeout 180 "$nc" --clock-control none --kernel-name "regex:${NCU_KERNELS:-mul_mat}" \
+                --launch-skip "${NCU_SKIP:-4}" --launch-count "${NCU_COUNT:-3}" --section SpeedOfLight --section Occupancy \
+                --section LaunchStats --section WarpStateStats \
+                --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv --page details \
+                --log-file "$f" "$B/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 -p "type_a=$ty,type_b=f32,m=$m,n=$n,k=$k," \
+                > "$f.out" 2>&1
+            echo "ncu env '${e:--}' $c: rc=$?"
+        done
+    done
+    $py benchmarks/cuda/probes.py ncu "$W"/ncu/*.csv --json "$OUT/ncu-$TAG.json" > "$OUT/ncu-$TAG.txt" 2>&1
+    echo "probes.py ncu rc=$?"; cat "$OUT/ncu-$TAG.txt" ;;
 markov)
     # the cases are built so that the CPU and CUDA must draft the same ids; perf at the 3B's vocabulary and rank
     B=$(dirname "$(dirname "$(BIN)")"); tbo_build "$B" || continue

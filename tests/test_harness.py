@@ -600,3 +600,61 @@ def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1].endswith("a stream ended before the joining prompt's first token: "
                                                       "give --answer more than 32"), p.stderr
+
+
+def test_ncu_summary_reads_nsight_computes_details_csv(tmp_path):
+    """benchmarks/cuda/probes.py ncu on a CSV in the layout of `ncu --csv --page details` (Nsight Compute cannot
+    run here; h200.sh's ncu stage writes these on the GPU): ncu's own lines before the header are skipped, each
+    launch ID's metrics are gathered, a kernel's launches give the median of each metric (durations in ns and us
+    both read as us, thousands separators read), the three stall reasons with most cycles come out in order,
+    and another kernel of the same file is its own row. A file with no launch is reported; a missing one is
+    one line and exit 2, as is a set of files none of which holds a launch."""
+    head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+            '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+
+    def rows(launch, kernel, grid, duration, unit, occupancy, stalls):
+        pre = f'"{launch}","77","test-backend-ops","h","{kernel}","1","7","(32, 8, 1)","{grid}","0","9.0",'
+        out = [pre + f'"GPU Speed Of Light Throughput","Duration","{unit}","{duration}"',
+               pre + '"GPU Speed Of Light Throughput","Memory Throughput","%","41.5"',
+               pre + '"GPU Speed Of Light Throughput","DRAM Throughput","%","30.25"',
+               pre + '"GPU Speed Of Light Throughput","Compute (SM) Throughput","%","12.0"',
+               pre + '"Launch Statistics","Registers Per Thread","register/thread","128"',
+               pre + '"Launch Statistics","Waves Per SM","","1.45"',
+               pre + '"Occupancy","Theoretical Occupancy","%","25"',
+               pre + f'"Occupancy","Achieved Occupancy","%","{occupancy}"',
+               pre + '"Warp State Statistics","Warp Cycles Per Issued Instruction","cycle","1,234.5"']
+        out += [pre + f'"Command line profiler metrics","smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio",'
+                      f'"inst","{v}"' for r, v in stalls.items()]
+        return "\n".join(out) + "\n"
+
+    stalls = {"long_scoreboard": 9.5, "barrier": 2.0, "wait": 1.0, "math_pipe_throttle": 0.5}
+    mma = "void mul_mat_vec_q4_K_mma<(ggml_type)12, 8, false, 1>(const void *, const void *, float *, int)"
+    a = tmp_path / "q4_K-6144x2048-n8.csv"
+    a.write_text("==PROF== Connected to process 77\n==PROF== Profiling \"mul_mat_vec_q4_K_mma\": 0%\n" + head
+                 + rows(1, mma, "(384, 1, 1)", "12,500", "nsecond", 20.0, stalls)
+                 + rows(2, mma, "(384, 1, 1)", "11.5", "usecond", 22.0, dict(stalls, long_scoreboard=8.5))
+                 + rows(3, mma, "(384, 1, 1)", "13.0", "usecond", 18.0, stalls)
+                 + rows(4, "_Z13quantize_q8_1PKfPvl", "(8, 1, 1)", "2.0", "usecond", 60.0, {"wait": 3.0}))
+    empty = tmp_path / "q4_K-512x2048-n8.csv"
+    empty.write_text("==PROF== Connected to process 78\n==PROF== Disconnected from process 78\n")
+    script = [sys.executable, str(REPO / "benchmarks" / "cuda" / "probes.py"), "ncu"]
+    out = tmp_path / "ncu.json"
+    p = subprocess.run([*script, str(a), str(empty), "--json", str(out)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "q4_K-512x2048-n8.csv: no kernel profiled" in p.stdout, p.stdout
+    summary = json.loads(out.read_text())
+    assert list(summary) == ["q4_K-6144x2048-n8"]
+    mma_row, quant_row = summary["q4_K-6144x2048-n8"]
+    assert mma_row["kernel"] == "mul_mat_vec_q4_K_mma" and mma_row["launches"] == 3 and mma_row["grid"] == "(384, 1, 1)"
+    assert mma_row["duration_us"] == 12.5 and mma_row["achieved_occupancy_pct"] == 20.0
+    assert mma_row["registers"] == 128 and mma_row["waves"] == 1.45 and mma_row["cycles_per_issue"] == 1234.5
+    assert mma_row["dram_pct"] == 30.25 and mma_row["theoretical_occupancy_pct"] == 25.0
+    assert list(mma_row["top_stalls"].items()) == [("long_scoreboard", 9.5), ("barrier", 2.0), ("wait", 1.0)]
+    assert quant_row["kernel"] == "quantize_q8_1" and quant_row["launches"] == 1 and quant_row["duration_us"] == 2.0
+    assert "mul_mat_vec_q4_K_mma" in p.stdout and "12.50 us  regs   128" in p.stdout, p.stdout
+    assert "stalls: long_scoreboard 9.5, barrier 2.0, wait 1.0  (x3)" in p.stdout, p.stdout
+
+    gone = subprocess.run([*script, str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2 and gone.stderr.strip() == f"probes.py ncu: no CSV at {tmp_path / 'none.csv'}"
+    nothing = subprocess.run([*script, str(empty)], capture_output=True, text=True, timeout=60)
+    assert nothing.returncode == 2 and "no CSV holds a profiled kernel" in nothing.stderr

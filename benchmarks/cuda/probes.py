@@ -5,16 +5,19 @@ built and run by ``benchmarks/h200.sh topk`` and ``timeline``:
 
 * ``timeline``: where a traced process's device sat idle, from ``cupti_trace.cpp``'s CSV;
 * ``topk-switch``: engine patch 0052's switch of the graph's top-k (host logic: a CPU build is
-  enough), checked from the engine's own log.
+  enough), checked from the engine's own log;
+* ``ncu``: what each profiled kernel launch spent, from Nsight Compute's CSV (``h200.sh ncu``).
 
     python benchmarks/cuda/probes.py timeline plain=trace-plain.csv drafted=trace-drafted.csv [--json out.json]
     python benchmarks/cuda/probes.py topk-switch --server "$(ggufdspark build-engine --print-path)"
+    python benchmarks/cuda/probes.py ncu ncu-1.csv ncu-2.csv [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import csv
 import json
 import os
 import re
@@ -68,6 +71,25 @@ A CPU build is enough (the switch is host logic; the CUDA kernels are ``topk_cud
     python benchmarks/cuda/probes.py topk-switch --server "$(ggufdspark build-engine --print-path)"
 """
 
+
+NCU = """What each kernel launch that Nsight Compute profiled spent: reads the CSV of ``ncu --csv --page details``
+(one row a metric: ``ID``, ``Kernel Name``, ``Block Size``, ``Grid Size``, ``Section Name``, ``Metric Name``,
+``Metric Unit``, ``Metric Value``; the lines before its header, ncu's own, are skipped) with the SpeedOfLight,
+Occupancy, LaunchStats and WarpStateStats sections and the ``smsp__average_warps_issue_stalled_*`` metrics,
+as ``benchmarks/h200.sh ncu`` asks for them. For each file (one test-backend-ops case, its name from the
+file's ``#`` comment line when there is one) and kernel, the median over its launches of: the duration,
+registers a thread, the waves a launch takes, theoretical and achieved occupancy, memory, DRAM and SM
+throughput, warp cycles per issued instruction, and the three stall reasons with most cycles.
+
+    python benchmarks/cuda/probes.py ncu ncu-1.csv ncu-2.csv [--json out.json]
+"""
+
+NCU_METRICS = {"Duration": "duration_us", "Registers Per Thread": "registers", "Waves Per SM": "waves",
+               "Theoretical Occupancy": "theoretical_occupancy_pct", "Achieved Occupancy": "achieved_occupancy_pct",
+               "Memory Throughput": "memory_pct", "DRAM Throughput": "dram_pct",
+               "Compute (SM) Throughput": "sm_pct", "Warp Cycles Per Issued Instruction": "cycles_per_issue"}
+NCU_STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
+NCU_TIME = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 
 SYNC_TYPES = {1: "event sync", 2: "stream wait event", 3: "stream sync", 4: "context sync"}
 
@@ -410,9 +432,87 @@ def topk_switch(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     return 1 if problems else 0
 
 
+def read_ncu(path: Path) -> tuple[str, dict]:
+    """One ncu details CSV: its case name (a ``#`` line) and each launch ID's kernel, block, grid and
+    metrics (``NCU_METRICS``' names, times in us, stall reasons under ``stalls``)."""
+    case, head, launches = path.stem, None, {}
+    for row in csv.reader(path.read_text(errors="replace").splitlines()):
+        if row and row[0].startswith("#"):
+            case = ",".join(row)[1:].strip() or case
+            continue
+        if head is None:
+            if "Kernel Name" in row and "Metric Value" in row:
+                head = {name: i for i, name in enumerate(row)}
+            continue
+        if len(row) < len(head):
+            continue
+        launch = launches.setdefault(row[head["ID"]], {
+            "kernel": short_name(row[head["Kernel Name"]]), "block": row[head["Block Size"]],
+            "grid": row[head["Grid Size"]], "stalls": {}})
+        name, unit = row[head["Metric Name"]], row[head["Metric Unit"]]
+        try:
+            value = float(row[head["Metric Value"]].replace(",", ""))
+        except ValueError:
+            continue
+        if name in NCU_METRICS:
+            launch[NCU_METRICS[name]] = value * NCU_TIME.get(unit, 1.0) if name == "Duration" else value
+        elif m := NCU_STALL.fullmatch(name):
+            launch["stalls"][m.group(1)] = value
+    return case, launches
+
+
+def ncu_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("csvs", nargs="+", type=Path, help="ncu --csv --page details output, one file a case")
+    ap.add_argument("--json", type=Path, help="also write the summary here")
+
+
+def ncu(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    summary = {}
+    for path in a.csvs:
+        if not path.is_file():
+            ap.exit(2, f"probes.py ncu: no CSV at {path}\n")
+        case, launches = read_ncu(path)
+        if not launches:
+            print(f"{path.name}: no kernel profiled")
+            continue
+        by_kernel = defaultdict(list)
+        for launch in launches.values():
+            by_kernel[(launch["kernel"], launch["block"], launch["grid"])].append(launch)
+        rows = []
+        for (kernel, block, grid), ls in by_kernel.items():
+            row = {"kernel": kernel, "block": block, "grid": grid, "launches": len(ls)}
+            for key in NCU_METRICS.values():
+                values = [launch[key] for launch in ls if key in launch]
+                if values:
+                    row[key] = round(sorted(values)[len(values) // 2], 3)
+            stalls = defaultdict(list)
+            for launch in ls:
+                for reason, value in launch["stalls"].items():
+                    stalls[reason].append(value)
+            top = sorted(((sorted(v)[len(v) // 2], r) for r, v in stalls.items()), reverse=True)[:3]
+            row["top_stalls"] = {r: round(v, 2) for v, r in top}
+            rows.append(row)
+        summary[case] = rows
+        print(f"== {case}")
+        for r in rows:
+            stalls = ", ".join(f"{k} {v}" for k, v in r["top_stalls"].items()) or "-"
+            print(f"  {r['kernel'][:34]:34s} grid {r['grid']:>14s} block {r['block']:>12s}  "
+                  f"{r.get('duration_us', float('nan')):8.2f} us  regs {r.get('registers', 0):5.0f}  "
+                  f"waves {r.get('waves', float('nan')):5.2f}  occupancy {r.get('achieved_occupancy_pct', float('nan')):5.1f}"
+                  f"/{r.get('theoretical_occupancy_pct', float('nan')):5.1f}%  mem {r.get('memory_pct', float('nan')):5.1f}%"
+                  f"  dram {r.get('dram_pct', float('nan')):5.1f}%  sm {r.get('sm_pct', float('nan')):5.1f}%"
+                  f"  cycles/issue {r.get('cycles_per_issue', float('nan')):6.2f}  stalls: {stalls}  (x{r['launches']})")
+    if not summary:
+        ap.exit(2, "probes.py ncu: no CSV holds a profiled kernel\n")
+    if a.json:
+        a.json.write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     return harness.run_commands(__doc__, {"timeline": (TIMELINE, timeline_arguments, timeline),
-                                          "topk-switch": (TOPK_SWITCH, topk_switch_arguments, topk_switch)}, argv)
+                                          "topk-switch": (TOPK_SWITCH, topk_switch_arguments, topk_switch),
+                                          "ncu": (NCU, ncu_arguments, ncu)}, argv)
 
 
 if __name__ == "__main__":
