@@ -49,12 +49,14 @@
 #             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf in each
 #             of MMA_ENVS ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps)
 #             (developer 0075: MUL_MAT_VEC_FUSION and MUL_MAT_ADD against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=1 and =8;
-#             0076: MUL_MAT with GGML_CUDA_MMVQ_MMA_COLS=64; perf at n 16 / 32 / 64 too)
+#             0076: MUL_MAT with GGML_CUDA_MMVQ_MMA_COLS=64; 0077: MUL_MAT and the fusion with GGML_CUDA_MMVQ_MMA_LOADS=1;
+#             perf at n 16 / 32 / 64 too)
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
 #             with PAUSE_ARMS' switches; PACK=1 packs the engine into OUT/engine for a later unpack
 #   train     the trained pair's `train` step (WORK/tw/corpus carried), its files back in OUT
+# PACK_OUT=1: each stage's files go into OUT/results.tar once it ends (the device tool returns at most 8 files).
 # Stages: the arguments, else STAGES ("setup speed"). CPU run of a stage (tests/test_bench_load.py):
 #   TARGET=tiny-lfm2-F16.gguf DRAFT=dspark-tiny-lfm2-F16.gguf SERVER=path/to/llama-server GPU= \
 #     CLIENTS=1,2 ANSWERS=16 REQUESTS_PER_CLIENT=1 OUT=out benchmarks/h200.sh load
@@ -122,6 +124,11 @@ verify_perf() { local e envs; IFS=';' read -ra envs <<< "$3"
 mixed() { pair; P=(benchmarks/slots.py mixed "${P[@]}" --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}"
     --slots "${SLOTS:-32}" --envs="${ENVS:--}"); }
 
+# PACK_OUT=1: after each stage its files in OUT go into OUT/results.tar (the device tool brings back at most 8
+# files a call; a call cut off keeps what its finished stages packed)
+pack_out() { [ -n "${PACK_OUT:-}" ] || return 0
+    local files; mapfile -t files < <(cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name results.tar -printf '%P\n')
+    [ ${#files[@]} -gt 0 ] && tar -C "$OUT" -rf "$OUT/results.tar" "${files[@]}" && (cd "$OUT" && rm -rf -- "${files[@]}"); }
 stages=("$@"); [ $# -gt 0 ] || read -ra stages <<< "${STAGES:-setup speed}"
 for stage in "${stages[@]}"; do
 case $stage in setup|unpack|vl|kernels|topk|mma|ncu|markov|trained|train) ;; *)
@@ -293,6 +300,14 @@ mma)
     B=$(dirname "$L"); tbo_build "$B" || continue
     GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
     echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
+    if grep -q "GGML_CUDA_MMVQ_MMA_LOADS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0077: the wide loads
+        for o in MUL_MAT MUL_MAT_VEC_FUSION; do
+            GGML_CUDA_MMVQ_MMA_LOADS=1 GGML_CUDA_MMVQ_MMA_FUSE=1 timeout 300 "$B/bin/test-backend-ops" test -o $o -b CUDA0 \
+                -p "(q4_K|q5_K)" > "$OUT/mma-loads-$o.txt" 2>&1
+            echo "$o q4_K, q5_K against the CPU with GGML_CUDA_MMVQ_MMA_LOADS=1: rc=$?"
+            grep -E "FAIL|tests passed" "$OUT/mma-loads-$o.txt" | tail -n 4
+        done
+    fi
     if grep -q "GGML_CUDA_MMVQ_MMA_COLS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0076: 9-64 columns
         GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_COLS=64 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 \
             -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-cols-test.txt" 2>&1
@@ -394,6 +409,7 @@ train)
     echo "train rc=$?"; grep -v -i "warning\|losses.append\|detach()" "$OUT/train.log" | tail -n 40
     cp "$tw"/pair/target/model*.safetensors "$OUT/"; cp "$tw/pair/drafter/model.safetensors" "$OUT/drafter.safetensors"
     tar -C "$tw/pair" --exclude='*.safetensors' -czf "$OUT/pair-small.tar.gz" . && ls -la "$OUT" ;;
-*) echo "unknown stage $stage (carry train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first firstwait stall lossless verbose bench kernels markov topk mma timeline trained train)" ;;
+*) echo "unknown stage $stage (carry train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first firstwait stall lossless verbose bench kernels markov ncu topk mma timeline trained train)" ;;
 esac
+pack_out
 done

@@ -71,6 +71,12 @@ static void mma_emulated(const int a[32][4], const int b[32][2], int dot[32][4])
     }
 }
 
+static void scales_i(const int * sc, float dmx, float dmy, float * d, float * m) {  // the kernel's mmvq_mma_q4_K_scales_i
+    uint8_t q[12];
+    for (int i = 0; i < 12; ++i) q[i] = (uint8_t) ((sc[i / 4] >> (8*(i % 4))) & 0xFF);
+    scales(q, dmx, dmy, d, m);
+}
+
 int main() {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -82,6 +88,9 @@ int main() {
         std::vector<float> W((size_t) M*K), X((size_t) N*K);
         for (auto & v : W) v = nd(rng);
         for (auto & v : X) v = nd(rng);
+        std::vector<float> dst_plain;  // Q4_K / Q5_K: the outputs without developer 0077's wide loads, which must match
+        for (const bool wl : {false, true}) {  // the same weights and activations both ways
+        if (wl && !q4) break;
         std::vector<uint8_t> xq(ggml_row_size(type, K) * M);
         ggml_quantize_chunk(type, W.data(), xq.data(), 0, M, K, nullptr);
         std::vector<float> Wd((size_t) M*K);
@@ -118,22 +127,24 @@ int main() {
                             const bool ok0 = row0 < M, ok1 = row1 < M, okb = g < ncols_dst;
                             const size_t i0 = (size_t) (ok0 ? row0 : 0)*stride_row_x + kb;
                             const size_t i1 = (size_t) (ok1 ? row1 : 0)*stride_row_x + kb;
-                            if (q5) {  // Q4_K's nibbles with the fifth bit: bit s of qh's ints t, t + 4
+                            // developer 0077 (wl): ints 2t, 2t + 1 (values 8t..8t+7) instead of t, t + 4, the columns' too
+                            const int ta = wl ? 2*t : t, tb = wl ? 2*t + 1 : t + 4;
+                            if (q5) {  // Q4_K's nibbles with the fifth bit: bit s of qh's ints ta, tb
                                 const int * q0 = (const int *) x5[i0].qs + 8*j;
                                 const int * q1 = (const int *) x5[i1].qs + 8*j;
                                 const int * h0 = (const int *) x5[i0].qh;
                                 const int * h1 = (const int *) x5[i1].qh;
-                                a[lane][0] = ((q0[t] >> (4*nib)) & 0x0F0F0F0F) | (((h0[t] >> s) & 0x01010101) << 4);
-                                a[lane][1] = ((q1[t] >> (4*nib)) & 0x0F0F0F0F) | (((h1[t] >> s) & 0x01010101) << 4);
-                                a[lane][2] = ((q0[t + 4] >> (4*nib)) & 0x0F0F0F0F) | (((h0[t + 4] >> s) & 0x01010101) << 4);
-                                a[lane][3] = ((q1[t + 4] >> (4*nib)) & 0x0F0F0F0F) | (((h1[t + 4] >> s) & 0x01010101) << 4);
+                                a[lane][0] = ((q0[ta] >> (4*nib)) & 0x0F0F0F0F) | (((h0[ta] >> s) & 0x01010101) << 4);
+                                a[lane][1] = ((q1[ta] >> (4*nib)) & 0x0F0F0F0F) | (((h1[ta] >> s) & 0x01010101) << 4);
+                                a[lane][2] = ((q0[tb] >> (4*nib)) & 0x0F0F0F0F) | (((h0[tb] >> s) & 0x01010101) << 4);
+                                a[lane][3] = ((q1[tb] >> (4*nib)) & 0x0F0F0F0F) | (((h1[tb] >> s) & 0x01010101) << 4);
                             } else if (q4) {
                                 const int * q0 = (const int *) x4[i0].qs + 8*j;
                                 const int * q1 = (const int *) x4[i1].qs + 8*j;
-                                a[lane][0] = (q0[t] >> (4*nib)) & 0x0F0F0F0F;
-                                a[lane][1] = (q1[t] >> (4*nib)) & 0x0F0F0F0F;
-                                a[lane][2] = (q0[t + 4] >> (4*nib)) & 0x0F0F0F0F;
-                                a[lane][3] = (q1[t + 4] >> (4*nib)) & 0x0F0F0F0F;
+                                a[lane][0] = (q0[ta] >> (4*nib)) & 0x0F0F0F0F;
+                                a[lane][1] = (q1[ta] >> (4*nib)) & 0x0F0F0F0F;
+                                a[lane][2] = (q0[tb] >> (4*nib)) & 0x0F0F0F0F;
+                                a[lane][3] = (q1[tb] >> (4*nib)) & 0x0F0F0F0F;
                             } else if (q6) {
                                 for (int r = 0; r < 2; ++r) for (int h = 0; h < 2; ++h) {
                                     const block_q6_K & bx = x6[r ? i1 : i0];
@@ -150,7 +161,7 @@ int main() {
                             b[lane][0] = b[lane][1] = 0;
                             if (okb) {
                                 const int * yq = (const int *) y[(size_t) g*stride_col_y + kby].qs;
-                                b[lane][0] = yq[t]; b[lane][1] = yq[t + 4];
+                                b[lane][0] = yq[ta]; b[lane][1] = yq[tb];
                             }
                         }
                         if (q6) {  // two mmas: the first 16 values (regs 0, 1), then the last 16 (regs 2, 3)
@@ -180,8 +191,16 @@ int main() {
                                 const uint8_t * sc1 = q5 ? x5[i1].scales : x4[i1].scales;
                                 const uint16_t dd0 = q5 ? x5[i0].d : x4[i0].d, dm0 = q5 ? x5[i0].dmin : x4[i0].dmin;
                                 const uint16_t dd1 = q5 ? x5[i1].d : x4[i1].d, dm1 = q5 ? x5[i1].dmin : x4[i1].dmin;
-                                scales(sc0, ok0 ? ggml_fp16_to_fp32(dd0) : 0, ok0 ? ggml_fp16_to_fp32(dm0) : 0, d0, m0);
-                                scales(sc1, ok1 ? ggml_fp16_to_fp32(dd1) : 0, ok1 ? ggml_fp16_to_fp32(dm1) : 0, d1, m1);
+                                if (wl) {  // the block's first 16 bytes as 4 ints: d and dmin, then the scales
+                                    int head0[4], head1[4];
+                                    std::memcpy(head0, q5 ? (const void *) &x5[i0] : (const void *) &x4[i0], 16);
+                                    std::memcpy(head1, q5 ? (const void *) &x5[i1] : (const void *) &x4[i1], 16);
+                                    scales_i(head0 + 1, ok0 ? ggml_fp16_to_fp32(dd0) : 0, ok0 ? ggml_fp16_to_fp32(dm0) : 0, d0, m0);
+                                    scales_i(head1 + 1, ok1 ? ggml_fp16_to_fp32(dd1) : 0, ok1 ? ggml_fp16_to_fp32(dm1) : 0, d1, m1);
+                                } else {
+                                    scales(sc0, ok0 ? ggml_fp16_to_fp32(dd0) : 0, ok0 ? ggml_fp16_to_fp32(dm0) : 0, d0, m0);
+                                    scales(sc1, ok1 ? ggml_fp16_to_fp32(dd1) : 0, ok1 ? ggml_fp16_to_fp32(dm1) : 0, d1, m1);
+                                }
                                 acc[0] += d0[s]*ds0x*dot[lane][0] - m0[s]*ds0y;
                                 acc[1] += d0[s]*ds1x*dot[lane][1] - m0[s]*ds1y;
                                 acc[2] += d1[s]*ds0x*dot[lane][2] - m1[s]*ds0y;
@@ -224,10 +243,13 @@ int main() {
             err2 += (got - ref)*(got - ref); ref2 += ref*ref;
         }
         const double nmse = err2 / ref2;
-        const bool ok = nan == 0 && nmse < 5e-4;
+        const bool same = !wl || dst == dst_plain;  // the permuted k leaves every int32 dot, so every output, as it was
+        const bool ok = nan == 0 && nmse < 5e-4 && same;
         fails += !ok;
-        printf("%s M=%d K=%d N=%d nwarps=%d: nmse %.2e%s %s\n", ggml_type_name(type), M, K, N, nwarps, nmse,
-               nan ? " (unwritten outputs)" : "", ok ? "OK" : "FAIL");
+        printf("%s M=%d K=%d N=%d nwarps=%d%s: nmse %.2e%s%s %s\n", ggml_type_name(type), M, K, N, nwarps, wl ? " wide loads" : "",
+               nmse, nan ? " (unwritten outputs)" : "", same ? "" : " (differs from the kernel without wide loads)", ok ? "OK" : "FAIL");
+        dst_plain = dst;
+        }
     }
     printf("%s\n", fails ? "FAILED" : "all OK");
     return fails != 0;
