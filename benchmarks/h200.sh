@@ -49,7 +49,7 @@
 #             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf in each
 #             of MMA_ENVS ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps)
 #             (developer 0075: MUL_MAT_VEC_FUSION and MUL_MAT_ADD against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=1 and =8;
-#             0076: MUL_MAT with GGML_CUDA_MMVQ_MMA_COLS=64; 0077: MUL_MAT and the fusion with GGML_CUDA_MMVQ_MMA_LOADS=1;
+#             0076: MUL_MAT with GGML_CUDA_MMVQ_MMA_COLS=64; 0077: MUL_MAT and the fusions with GGML_CUDA_MMVQ_MMA_LOADS=1 and =2;
 #             perf at n 16 / 32 / 64 too)
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
@@ -301,12 +301,12 @@ mma)
     GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
     echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
     if grep -q "GGML_CUDA_MMVQ_MMA_LOADS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0077: the wide loads
-        for o in MUL_MAT MUL_MAT_VEC_FUSION; do
-            GGML_CUDA_MMVQ_MMA_LOADS=1 GGML_CUDA_MMVQ_MMA_FUSE=1 timeout 300 "$B/bin/test-backend-ops" test -o $o -b CUDA0 \
-                -p "(q4_K|q5_K)" > "$OUT/mma-loads-$o.txt" 2>&1
-            echo "$o q4_K, q5_K against the CPU with GGML_CUDA_MMVQ_MMA_LOADS=1: rc=$?"
-            grep -E "FAIL|tests passed" "$OUT/mma-loads-$o.txt" | tail -n 4
-        done
+        for l in 1 2; do for o in MUL_MAT MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
+            GGML_CUDA_MMVQ_MMA_LOADS=$l GGML_CUDA_MMVQ_MMA_FUSE=1 timeout 300 "$B/bin/test-backend-ops" test -o $o -b CUDA0 \
+                -p "(q4_K|q5_K)" > "$W/mma-loads$l-$o.txt" 2>&1
+            echo "$o q4_K, q5_K against the CPU with GGML_CUDA_MMVQ_MMA_LOADS=$l: rc=$?" | tee -a "$OUT/mma-tests.txt"
+            grep -E "FAIL|tests passed" "$W/mma-loads$l-$o.txt" | tail -n 4 | tee -a "$OUT/mma-tests.txt"
+        done; done
     fi
     if grep -q "GGML_CUDA_MMVQ_MMA_COLS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0076: 9-64 columns
         GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_COLS=64 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 \

@@ -89,8 +89,9 @@ int main() {
         for (auto & v : W) v = nd(rng);
         for (auto & v : X) v = nd(rng);
         std::vector<float> dst_plain;  // Q4_K / Q5_K: the outputs without developer 0077's wide loads, which must match
-        for (const bool wl : {false, true}) {  // the same weights and activations both ways
-        if (wl && !q4) break;
+        for (const int loads : {0, 1, 2}) {  // 0077: 1 the weights' wide loads, 2 and the columns in block_q8_1_x8
+        if (loads && !q4) break;
+        const bool wl = loads != 0;
         std::vector<uint8_t> xq(ggml_row_size(type, K) * M);
         ggml_quantize_chunk(type, W.data(), xq.data(), 0, M, K, nullptr);
         std::vector<float> Wd((size_t) M*K);
@@ -110,6 +111,15 @@ int main() {
             block_q8_1 & o = y[(size_t) c*stride_col_y + b];
             for (int i = 0; i < QK8_1; ++i) o.qs[i] = amax == 0 ? 0 : (int8_t) std::round(xs[i] / d);
             o.d = ggml_fp32_to_fp16(d); o.s = ggml_fp32_to_fp16(sum);
+        }
+        // block_q8_1_x8 as quantize_q8_1_x8 writes it: a sub-block's 8 columns' (d, sum) halves, then their 32 quants
+        // each; the same values as the q8_1 blocks above, columns past N zero
+        std::vector<uint8_t> yx8((size_t) stride_col_y * 288, 0);
+        for (int b = 0; b < stride_col_y; ++b) for (int c = 0; c < N; ++c) {
+            const block_q8_1 & o = y[(size_t) c*stride_col_y + b];
+            std::memcpy(&yx8[(size_t) b*288 + 4*c], &o.d, 2);
+            std::memcpy(&yx8[(size_t) b*288 + 4*c + 2], &o.s, 2);
+            std::memcpy(&yx8[(size_t) b*288 + 32 + 32*c], o.qs, 32);
         }
         std::vector<float> dst((size_t) N*M, NAN);
         const int stride_row_x = nb, stride_col_dst = M, ncols_dst = N;
@@ -159,7 +169,9 @@ int main() {
                                 a[lane][3] = get_int_b2(x8[i1].qs, t + 4);
                             }
                             b[lane][0] = b[lane][1] = 0;
-                            if (okb) {
+                            if (loads == 2) {  // one 8-byte load at 32 + 8 lane of the sub-block's block_q8_1_x8
+                                std::memcpy(b[lane], &yx8[(size_t) kby*288 + 32 + 8*lane], 8);
+                            } else if (okb) {
                                 const int * yq = (const int *) y[(size_t) g*stride_col_y + kby].qs;
                                 b[lane][0] = yq[ta]; b[lane][1] = yq[tb];
                             }
@@ -182,8 +194,15 @@ int main() {
                             const size_t i0 = (size_t) (ok0 ? row0 : 0)*stride_row_x + kb;
                             const size_t i1 = (size_t) (ok1 ? row1 : 0)*stride_row_x + kb;
                             float ds0x = 0, ds0y = 0, ds1x = 0, ds1y = 0;
+                            if (loads == 2) {  // columns 2t, 2t + 1's (d, sum) as one 8-byte load at 8t
+                                uint16_t h[4];
+                                std::memcpy(h, &yx8[(size_t) kby*288 + 8*t], 8);
+                                ds0x = ggml_fp16_to_fp32(h[0]); ds0y = ggml_fp16_to_fp32(h[1]);
+                                ds1x = ggml_fp16_to_fp32(h[2]); ds1y = ggml_fp16_to_fp32(h[3]);
+                            } else {
                             if (c0 < ncols_dst) { ds0x = ggml_fp16_to_fp32(y[(size_t) c0*stride_col_y + kby].d); ds0y = ggml_fp16_to_fp32(y[(size_t) c0*stride_col_y + kby].s); }
                             if (c1 < ncols_dst) { ds1x = ggml_fp16_to_fp32(y[(size_t) c1*stride_col_y + kby].d); ds1y = ggml_fp16_to_fp32(y[(size_t) c1*stride_col_y + kby].s); }
+                            }
                             float * acc = accs[w][lane];
                             if (q4) {  // Q4_K and Q5_K: the same scales, mins and sums
                                 float d0[8], m0[8], d1[8], m1[8];
@@ -246,9 +265,10 @@ int main() {
         const bool same = !wl || dst == dst_plain;  // the permuted k leaves every int32 dot, so every output, as it was
         const bool ok = nan == 0 && nmse < 5e-4 && same;
         fails += !ok;
-        printf("%s M=%d K=%d N=%d nwarps=%d%s: nmse %.2e%s%s %s\n", ggml_type_name(type), M, K, N, nwarps, wl ? " wide loads" : "",
+        printf("%s M=%d K=%d N=%d nwarps=%d%s: nmse %.2e%s%s %s\n", ggml_type_name(type), M, K, N, nwarps,
+               loads == 2 ? " wide loads, x8 columns" : wl ? " wide loads" : "",
                nmse, nan ? " (unwritten outputs)" : "", same ? "" : " (differs from the kernel without wide loads)", ok ? "OK" : "FAIL");
-        dst_plain = dst;
+        if (!wl) dst_plain = dst;
         }
     }
     printf("%s\n", fails ? "FAILED" : "all OK");
