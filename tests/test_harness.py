@@ -202,7 +202,9 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
                                                                                      isolated, tmp_path):
     """benchmarks/h200.sh mma: patch 0071's tensor-core Q4_K, Q5_K, Q6_K and Q8_0 kernels, first as their host emulation
     (benchmarks/cuda/mmvq_mma_emu.cpp, built with g++ against the engine's ggml): every shape's product
-    within test-backend-ops' NMSE bound of ggml's dequantized one. The engine's source has 0071 (a
+    within test-backend-ops' NMSE bound of ggml's dequantized one; for Q4_K and Q5_K each shape also with
+    developer 0077's wide loads of the weights, and with the columns in block_q8_1_x8 too, whose outputs must be
+    exactly the kernel's without them (a permutation of the mma's k). The engine's source has 0071 (a
     product patch since product-46); a CPU build is named in one line and nothing on the GPU side is tried."""
     import os
 
@@ -215,8 +217,13 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     assert "mma emulation rc=0" in p.stdout, p.stdout + p.stderr
     lines = (out / "mma-emu.txt").read_text().splitlines()
     shapes = [ln for ln in lines if ln.startswith(("q4_K M=", "q5_K M=", "q6_K M=", "q8_0 M="))]
-    assert len(shapes) == 192 and all(ln.endswith(" OK") for ln in shapes) and lines[-1] == "all OK", lines
-    assert all(sum(ln.startswith(t) for ln in shapes) == 48 for t in ("q4_K", "q5_K", "q6_K", "q8_0"))
+    assert len(shapes) == 384 and all(ln.endswith(" OK") for ln in shapes) and lines[-1] == "all OK", lines
+    assert all(sum(ln.startswith(t) for ln in shapes) == 48 for t in ("q6_K", "q8_0"))
+    for t in ("q4_K", "q5_K"):  # each shape as 0071 loads it, with 0077's wide loads, and with its x8 columns too
+        assert sum(ln.startswith(t) and " wide loads" not in ln for ln in shapes) == 48, lines
+        assert sum(ln.startswith(t) and " wide loads: " in ln for ln in shapes) == 48, lines
+        assert sum(ln.startswith(t) and " wide loads, x8 columns: " in ln for ln in shapes) == 48, lines
+    assert not any("differs" in ln for ln in shapes)
     nmse = [float(ln.split("nmse ")[1].split()[0]) for ln in shapes]
     assert 0 < max(nmse) < 5e-4, nmse  # q8_1 activations: not exact, and within the bound
     assert "stage mma: the engine has no patch 0071" not in p.stdout, p.stdout
