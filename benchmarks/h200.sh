@@ -362,7 +362,7 @@ ncu)
     if [ ! -x "$nc" ]; then echo "stage ncu: no ncu (Nsight Compute) on PATH or in /usr/local/cuda/bin"; continue; fi
     rm -rf "$W/ncu" && mkdir -p "$W/ncu"; IFS=';' read -ra envs <<< "${ENVS:--}"
     for e in "${envs[@]}"; do [ "$e" = - ] && e=""
-        for c in ${NCU_CASES:-q4_K:6144:2048:1 q4_K:6144:2048:2 q4_K:6144:2048:8 q4_K:2048:6144:8 q4_K:2048:2048:8 q4_K:512:2048:8}; do
+        for c in ${NCU_CASES:-q4_K:6144:2048:1 q4_K:6144:2048:8 q4_K:2048:6144:8 q4_K:2048:2048:8 q4_K:512:2048:8 q6_K:6144:2048:8 q6_K:128000:2048:1 q6_K:128000:2048:8}; do
             IFS=: read -r ty m k n <<< "$c"; f="$W/ncu/$ty-${m}x$k-n$n${e:+-${e//=/_}}.csv"
             env ${e:+"$e"} timeout 180 "$nc" --clock-control none --kernel-name "regex:${NCU_KERNELS:-mul_mat}" \
                 --launch-skip "${NCU_SKIP:-4}" --launch-count "${NCU_COUNT:-3}" --section SpeedOfLight --section Occupancy \
