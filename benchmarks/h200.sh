@@ -130,7 +130,9 @@ pack_out() { [ -n "${PACK_OUT:-}" ] || return 0
     local files; mapfile -t files < <(cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name results.tar -printf '%P\n')
     [ ${#files[@]} -gt 0 ] && tar -C "$OUT" -rf "$OUT/results.tar" "${files[@]}" && (cd "$OUT" && rm -rf -- "${files[@]}"); }
 stages=("$@"); [ $# -gt 0 ] || read -ra stages <<< "${STAGES:-setup speed}"
+trap pack_out EXIT  # the last stage's files, also where a stage ends the call (exit)
 for stage in "${stages[@]}"; do
+pack_out  # the stage before's files (here, not after esac: a stage that gives up ends with continue)
 case $stage in setup|unpack|vl|kernels|topk|mma|ncu|markov|trained|train) ;; *)
     if [ ! -f "$D" ]; then
         echo "stage $stage: no pair at $D: run the setup stage first (in this call, or one on the same warm machine)"
@@ -411,5 +413,4 @@ train)
     tar -C "$tw/pair" --exclude='*.safetensors' -czf "$OUT/pair-small.tar.gz" . && ls -la "$OUT" ;;
 *) echo "unknown stage $stage (carry train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first firstwait stall lossless verbose bench kernels markov ncu topk mma timeline trained train)" ;;
 esac
-pack_out
 done

@@ -665,3 +665,26 @@ def test_ncu_summary_reads_nsight_computes_details_csv(tmp_path):
     assert gone.returncode == 2 and gone.stderr.strip() == f"probes.py ncu: no CSV at {tmp_path / 'none.csv'}"
     nothing = subprocess.run([*script, str(empty)], capture_output=True, text=True, timeout=60)
     assert nothing.returncode == 2 and "no CSV holds a profiled kernel" in nothing.stderr
+
+
+def test_device_script_packs_each_stages_files_with_pack_out(dspark_engine, engine_src, isolated, tmp_path):
+    """benchmarks/h200.sh with PACK_OUT=1 (the device tool brings back at most 8 files a call): once a stage
+    ends, its files in OUT are in OUT/results.tar and OUT holds nothing else; a second stage's files are
+    appended to the same archive. Without PACK_OUT the files stay where the stage wrote them (the mma
+    test above)."""
+    import os
+    import tarfile
+
+    assert (engine_src / "ggml" / "include" / "ggml.h").exists(), engine_src
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, **isolated, "SERVER": dspark_engine.path, "OUT": str(out), "WORK": str(work),
+           "PYTHON": sys.executable, "PACK_OUT": "1"}
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "mma", "mma"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.stdout.count("mma emulation rc=0") == 2, p.stdout + p.stderr
+    assert sorted(f.name for f in out.iterdir()) == ["results.tar"]
+    with tarfile.open(out / "results.tar") as tar:
+        names = tar.getnames()
+        emu = tar.extractfile("mma-emu.txt").read().decode()
+    assert names == ["mma-emu.txt", "mma-emu.txt"], names  # one entry a stage, appended
+    assert emu.rstrip().endswith("all OK"), emu[-200:]

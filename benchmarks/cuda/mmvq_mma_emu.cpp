@@ -88,10 +88,6 @@ int main() {
         std::vector<float> W((size_t) M*K), X((size_t) N*K);
         for (auto & v : W) v = nd(rng);
         for (auto & v : X) v = nd(rng);
-        std::vector<float> dst_plain;  // Q4_K / Q5_K: the outputs without developer 0077's wide loads, which must match
-        for (const int loads : {0, 1, 2}) {  // 0077: 1 the weights' wide loads, 2 and the columns in block_q8_1_x8
-        if (loads && !q4) break;
-        const bool wl = loads != 0;
         std::vector<uint8_t> xq(ggml_row_size(type, K) * M);
         ggml_quantize_chunk(type, W.data(), xq.data(), 0, M, K, nullptr);
         std::vector<float> Wd((size_t) M*K);
@@ -121,6 +117,10 @@ int main() {
             std::memcpy(&yx8[(size_t) b*288 + 4*c + 2], &o.s, 2);
             std::memcpy(&yx8[(size_t) b*288 + 32 + 32*c], o.qs, 32);
         }
+        std::vector<float> dst_plain;  // Q4_K / Q5_K: the outputs without developer 0077's wide loads, which must match
+        for (const int loads : {0, 1, 2}) {  // 0077: 1 the weights' wide loads, 2 and the columns in block_q8_1_x8
+        if (loads && !q4) break;
+        const bool wl = loads != 0;
         std::vector<float> dst((size_t) N*M, NAN);
         const int stride_row_x = nb, stride_col_dst = M, ncols_dst = N;
         for (int tile = 0; tile < (M + 15)/16; ++tile) {

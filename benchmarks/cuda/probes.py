@@ -21,6 +21,7 @@ import csv
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 from collections import defaultdict
@@ -76,8 +77,8 @@ NCU = """What each kernel launch that Nsight Compute profiled spent: reads the C
 (one row a metric: ``ID``, ``Kernel Name``, ``Block Size``, ``Grid Size``, ``Section Name``, ``Metric Name``,
 ``Metric Unit``, ``Metric Value``; the lines before its header, ncu's own, are skipped) with the SpeedOfLight,
 Occupancy, LaunchStats and WarpStateStats sections and the ``smsp__average_warps_issue_stalled_*`` metrics,
-as ``benchmarks/h200.sh ncu`` asks for them. For each file (one test-backend-ops case, its name from the
-file's ``#`` comment line when there is one) and kernel, the median over its launches of: the duration,
+as ``benchmarks/h200.sh ncu`` asks for them. For each file (one test-backend-ops case, named by the file)
+and kernel, the median over its launches of: the duration,
 registers a thread, the waves a launch takes, theoretical and achieved occupancy, memory, DRAM and SM
 throughput, warp cycles per issued instruction, and the three stall reasons with most cycles.
 
@@ -432,14 +433,11 @@ def topk_switch(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     return 1 if problems else 0
 
 
-def read_ncu(path: Path) -> tuple[str, dict]:
-    """One ncu details CSV: its case name (a ``#`` line) and each launch ID's kernel, block, grid and
-    metrics (``NCU_METRICS``' names, times in us, stall reasons under ``stalls``)."""
-    case, head, launches = path.stem, None, {}
+def read_ncu(path: Path) -> dict:
+    """One ncu details CSV: each launch ID's kernel, block, grid and metrics (``NCU_METRICS``' names,
+    times in us, stall reasons under ``stalls``)."""
+    head, launches = None, {}
     for row in csv.reader(path.read_text(errors="replace").splitlines()):
-        if row and row[0].startswith("#"):
-            case = ",".join(row)[1:].strip() or case
-            continue
         if head is None:
             if "Kernel Name" in row and "Metric Value" in row:
                 head = {name: i for i, name in enumerate(row)}
@@ -458,7 +456,7 @@ def read_ncu(path: Path) -> tuple[str, dict]:
             launch[NCU_METRICS[name]] = value * NCU_TIME.get(unit, 1.0) if name == "Duration" else value
         elif m := NCU_STALL.fullmatch(name):
             launch["stalls"][m.group(1)] = value
-    return case, launches
+    return launches
 
 
 def ncu_arguments(ap: argparse.ArgumentParser) -> None:
@@ -471,7 +469,7 @@ def ncu(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     for path in a.csvs:
         if not path.is_file():
             ap.exit(2, f"probes.py ncu: no CSV at {path}\n")
-        case, launches = read_ncu(path)
+        case, launches = path.stem, read_ncu(path)
         if not launches:
             print(f"{path.name}: no kernel profiled")
             continue
@@ -484,12 +482,12 @@ def ncu(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             for key in NCU_METRICS.values():
                 values = [launch[key] for launch in ls if key in launch]
                 if values:
-                    row[key] = round(sorted(values)[len(values) // 2], 3)
+                    row[key] = round(statistics.median_high(values), 3)
             stalls = defaultdict(list)
             for launch in ls:
                 for reason, value in launch["stalls"].items():
                     stalls[reason].append(value)
-            top = sorted(((sorted(v)[len(v) // 2], r) for r, v in stalls.items()), reverse=True)[:3]
+            top = sorted(((statistics.median_high(v), r) for r, v in stalls.items()), reverse=True)[:3]
             row["top_stalls"] = {r: round(v, 2) for v, r in top}
             rows.append(row)
         summary[case] = rows
