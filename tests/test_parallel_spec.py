@@ -1019,7 +1019,11 @@ def test_clients_that_hang_up_mid_answer_leave_the_others_lossless(strong_conv_p
     clients close the connection after a few tokens. The server cancels those slots between steps;
     the 4 answers that run on, and a second wave of 8 on the same slots, equal the plain server's,
     and the engine lives."""
-    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * 512)
+    # A hung-up request asks for far more tokens than its client reads: the server only learns of
+    # the hang-up when a write fails, so a short answer could be written out whole into the socket's
+    # buffer before a slow client (a loaded CI machine) gets to close, and never be cancelled.
+    hung_n = 1024
+    common = dict(model=strong_conv_pair.target, parallel=SLOTS, ctx_size=SLOTS * (hung_n + 256))
     plain = start_server(spec_type=None, **common)
     vocab = int(json.loads(plain.client().get_text("/v1/models"))["data"][0]["meta"]["n_vocab"])
     rng = random.Random(41)
@@ -1039,7 +1043,7 @@ def test_clients_that_hang_up_mid_answer_leave_the_others_lossless(strong_conv_p
             "cache_prompt": False, "return_tokens": True, "n_probs": 2})
 
     def hang_up(i: int) -> None:
-        hung[i] = _stream_then_hang_up(port, first[i][0], first[i][1], chunks=5 + 3 * i)
+        hung[i] = _stream_then_hang_up(port, first[i][0], hung_n, chunks=5 + 3 * i)
 
     all_at_once(lambda i: hang_up(i) if i < SLOTS // 2 else keep(i), range(SLOTS))
     assert sorted(hung) == list(range(SLOTS // 2)), hung
