@@ -574,8 +574,12 @@ def test_stall_join_makes_a_prompt_meet_the_streams_plain_and_drafted(small_pair
     assert set(rep["ratios"]) == {"ttft_s", "stall_s"} and "drafted / plain: ttft" in p.stdout
     steps = rep["join_steps"]
     assert steps["drafted"]["phase_means_ms"]["inj_launch"] > 0 and steps["plain"]["injection_rows_mean"] == 0
-    for arm, s in steps.items():  # a stream waited through the whole join step, at least
-        assert max(r["stall_s"] for r in rep["rounds"][arm]) * 1000 >= s["wall_p50_ms"] * 0.9, (arm, s, rep["rounds"][arm])
+    # a stream waited through the join step: the step's chunk is sent inside it, so the wait that
+    # ends there and the one that starts there cover the step between them, and the longer one is at
+    # least half of it (0.9 failed once on a loaded CI machine: a 42 ms step split 36 + 6 ms by a
+    # send before the drafter's injection). The usual wait is a few ms: a missed join fails this
+    for arm, s in steps.items():
+        assert max(r["stall_s"] for r in rep["rounds"][arm]) * 1000 >= s["wall_p50_ms"] * 0.5, (arm, s, rep["rounds"][arm])
 
     assert all(s["count"] == 2 for s in steps.values()), steps  # one join step a round (a 400-row prompt)
     # a second run into the same logs (appended to) counts its own steps only; --drafted-envs adds a
