@@ -155,7 +155,6 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     """The decode arms (``DECODE``); the table printed, the numbers in ``--json``."""
     if args.trials < 1 or args.load_trials < 1:
         ap.error(f"--trials {args.trials} / --load-trials {args.load_trials}: at least 1")
-    args.log_dir.mkdir(parents=True, exist_ok=True)
     server = engine.find_engine(args.server).path
     rates = geometric_rates(args.accept_len, args.block)
     env_variants = parse_env_variants(args.env_variants)
@@ -164,6 +163,21 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         load_lengths = [int(x) for x in args.load_lengths.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--load-lengths {args.load_lengths!r}: expected draft lengths, comma-separated")
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        ap.error(f"--lengths {args.lengths!r}: expected draft lengths of at least 1, comma-separated")
+    args.lengths = ",".join(map(str, lengths))
+    # the engine refuses a draft length past the drafter's longest draft (its block) at the server's
+    # start: say so here, before any server, with the file and its block
+    longest = launch.longest_draft(args.draft)
+    too_long = [n for n in lengths + load_lengths if longest is not None and n > longest]
+    if too_long:
+        ap.error(f"--lengths / --load-lengths {max(too_long)}: {args.draft} drafts at most {longest} tokens "
+                 f"(its block size); measure lengths 1-{longest}")
+    args.log_dir.mkdir(parents=True, exist_ok=True)
     if args.cross_variants and not args.interleave:
         ap.error("--cross-variants: only with --interleave")
     max_np = max(conc + [1])
@@ -208,7 +222,7 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     load = []
     if conc:
         # the block's length as far as this drafter drafts (a shorter drafter's block: its longest draft)
-        longest = launch.longest_draft(args.draft) or args.block
+        longest = longest or args.block
         load_lengths = load_lengths or list(dict.fromkeys([best["draft_n_max"], min(args.block, longest)]))
         for name, n in [("plain", None)] + [(f"dspark-n{k}", k) for k in load_lengths]:
             r = run_arm(f"{name}-np{max_np}", settings(n, parallel=max_np), args, concurrency=conc,

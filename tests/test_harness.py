@@ -692,3 +692,21 @@ def test_device_script_packs_each_stages_files_with_pack_out(dspark_engine, engi
         emu = tar.extractfile("mma-emu.txt").read().decode()
     assert names == ["mma-emu.txt", "mma-emu.txt"], names  # one entry a stage, appended
     assert emu.rstrip().endswith("all OK"), emu[-200:]
+
+
+def test_decode_speed_refuses_lengths_past_the_drafters_block(small_pair, isolated, tmp_path):
+    """speed.py decode: a draft length the drafter cannot make (past its block) is refused in one line
+    naming the draft file and its longest draft, before any server starts (the engine would refuse it
+    at the server's start, mid-run); so is a length that is not a number."""
+    from ggufdspark import launch
+
+    longest = launch.longest_draft(small_pair.draft)
+    assert longest, small_pair.draft
+    for lengths, want in [(f"3,{longest + 1}", f"{small_pair.draft} drafts at most {longest} tokens"),
+                          ("3,x", "--lengths '3,x': expected draft lengths")]:
+        logs = tmp_path / f"logs-{lengths}"
+        p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "decode", "-m", str(small_pair.target),
+                            "-md", str(small_pair.draft), "--lengths", lengths, "--json", str(tmp_path / "speed.json"),
+                            "--log-dir", str(logs)], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and want in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and not logs.exists() and not (tmp_path / "speed.json").exists()
