@@ -50,7 +50,8 @@
 #             of MMA_ENVS ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps)
 #             (developer 0075: MUL_MAT_VEC_FUSION and MUL_MAT_ADD against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=1 and =8;
 #             0076: MUL_MAT with GGML_CUDA_MMVQ_MMA_COLS=64; 0077: MUL_MAT and the fusions with GGML_CUDA_MMVQ_MMA_LOADS=1 and =2;
-#             perf at n 16 / 32 / 64 too)
+#             perf at n 16 / 32 / 64 too); MMA_PARTS: only these of emu test loads cols fuse perf (default all);
+#             MMA_PERF_TYPES (q4_K,q5_K,q6_K,q8_0) and MMA_PERF_N (a regex of columns, e.g. '1|2|8') narrow perf
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
@@ -114,11 +115,12 @@ tbo_build() { cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 && cmake --b
 nvcc_path() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
 # test-backend-ops perf of MUL_MAT at the verify's shapes: build dir $1, types $2 (f16 or q4_K,q8_0,...),
 # $3 ';'-separated environments, each one NAME=VALUE (its value may hold commas), '-' as built
+# verify_perf BUILD TYPES ENVS [N]: test-backend-ops perf of MUL_MAT at the verify's shapes, N a regex of columns
 verify_perf() { local e envs; IFS=';' read -ra envs <<< "$3"
     for e in "${envs[@]}"; do
         [ "$e" = - ] && e=""; echo "== perf at the verify's shapes, types $2, env '${e:--}'"
         env ${e:+"$e"} timeout 300 "$1/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
-            -p "type_a=(${2//,/|}),type_b=f32,m=(512|2048|6144|128000),n=([1-9]|10|16|32|64),k=(2048|6144)," 2>&1 \
+            -p "type_a=(${2//,/|}),type_b=f32,m=(512|2048|6144|128000),n=(${4:-[1-9]|10|16|32|64}),k=(2048|6144)," 2>&1 \
             | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([A-Za-z0-9_]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
     done; }
 mixed() { pair; P=(benchmarks/slots.py mixed "${P[@]}" --n-max "${N_MAX:-0}" --prompt-tokens "${PROMPTS:-200-2000}"
@@ -289,20 +291,30 @@ topk)
     echo "topk rc=${PIPESTATUS[0]}" ;;
 mma)
     # patch 0071 (GGML_CUDA_MMVQ_MMA=1: all four types): its host emulation against the engine's ggml, then on a
-    # CUDA build test-backend-ops MUL_MAT q4_K, q5_K, q6_K and q8_0 against the CPU with it on, and perf beside MMVQ
+    # CUDA build test-backend-ops MUL_MAT q4_K, q5_K, q6_K and q8_0 against the CPU with it on, and perf beside MMVQ.
+    # MMA_PARTS picks the parts (default all: emu test loads cols fuse perf), so that a call measures what is new
+    # (loads: 0077's tests; cols: 0076's; fuse: 0075's); MMA_PERF_TYPES and MMA_PERF_N (a regex of columns) narrow perf
+    parts=" ${MMA_PARTS:-emu test loads cols fuse perf} "
+    for part in $parts; do case $part in emu|test|loads|cols|fuse|perf) ;; *)
+        echo "stage mma: MMA_PARTS part '$part': expected emu, test, loads, cols, fuse or perf"; continue 2 ;; esac; done
+    has() { [[ $parts == *" $1 "* ]]; }
     S=$(dirname "$(dirname "$(dirname "$(BIN)")")")/src L=$(dirname "$(BIN)")
     if [ ! -f "$S/ggml/include/ggml.h" ]; then echo "stage mma: no ggml.h under $S (the engine cache: KEY/src)"; continue; fi
-    g++ -O2 -std=c++17 -I "$S/ggml/include" benchmarks/cuda/mmvq_mma_emu.cpp -L "$L" -lggml-base -lggml \
-        -Wl,-rpath,"$L" -o "$W/mmvq_mma_emu" && "$W/mmvq_mma_emu" > "$OUT/mma-emu.txt"
-    echo "mma emulation rc=$?"; tail -n 1 "$OUT/mma-emu.txt"
+    if has emu; then
+        g++ -O2 -std=c++17 -I "$S/ggml/include" benchmarks/cuda/mmvq_mma_emu.cpp -L "$L" -lggml-base -lggml \
+            -Wl,-rpath,"$L" -o "$W/mmvq_mma_emu" && "$W/mmvq_mma_emu" > "$OUT/mma-emu.txt"
+        echo "mma emulation rc=$?"; tail -n 1 "$OUT/mma-emu.txt"
+    fi
     if ! grep -q "GGML_CUDA_MMVQ_MMA" "$S/ggml/src/ggml-cuda/mmvq.cu" 2>/dev/null; then
         echo "stage mma: the engine has no patch 0071 (product-46 and later have it)"; continue; fi
     if ! compgen -G "$L/libggml-cuda.so*" > /dev/null; then
         echo "stage mma: $L has no libggml-cuda.so: not a CUDA build, so nothing to run on a GPU"; continue; fi
     B=$(dirname "$L"); tbo_build "$B" || continue
-    GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
-    echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
-    if grep -q "GGML_CUDA_MMVQ_MMA_LOADS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0077: the wide loads
+    if has test; then
+        GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
+        echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
+    fi
+    if has loads && grep -q "GGML_CUDA_MMVQ_MMA_LOADS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0077: the wide loads
         for l in 1 2; do for o in MUL_MAT MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
             GGML_CUDA_MMVQ_MMA_LOADS=$l GGML_CUDA_MMVQ_MMA_FUSE=1 timeout 300 "$B/bin/test-backend-ops" test -o $o -b CUDA0 \
                 -p "(q4_K|q5_K)" > "$W/mma-loads$l-$o.txt" 2>&1
@@ -310,19 +322,22 @@ mma)
             grep -E "FAIL|tests passed" "$W/mma-loads$l-$o.txt" | tail -n 4 | tee -a "$OUT/mma-tests.txt"
         done; done
     fi
-    if grep -q "GGML_CUDA_MMVQ_MMA_COLS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0076: 9-64 columns
+    if has cols && grep -q "GGML_CUDA_MMVQ_MMA_COLS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0076: 9-64 columns
         GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_COLS=64 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 \
             -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-cols-test.txt" 2>&1
         echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA_COLS=64: rc=$?"
         grep -E "FAIL|tests passed" "$OUT/mma-cols-test.txt" | tail -n 4
     fi
-    if grep -q "GGML_CUDA_MMVQ_MMA_FUSE" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0075: the fused products
+    if has fuse && grep -q "GGML_CUDA_MMVQ_MMA_FUSE" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0075: the fused products
         for f in 1 8; do for o in MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
             GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_FUSE=$f timeout 300 "$B/bin/test-backend-ops" test -o $o -b CUDA0 > "$OUT/mma-fuse$f-$o.txt" 2>&1
             echo "$o against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=$f: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-fuse$f-$o.txt" | tail -n 4
         done; done
     fi
-    verify_perf "$B" q4_K,q5_K,q6_K,q8_0 "${MMA_ENVS:-GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4}" | tee "$OUT/kernels-mma.txt" ;;
+    if has perf; then
+        verify_perf "$B" "${MMA_PERF_TYPES:-q4_K,q5_K,q6_K,q8_0}" "${MMA_ENVS:-GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4}" \
+            "${MMA_PERF_N:-}" | tee "$OUT/kernels-mma.txt"
+    fi ;;
 lossless)
     # shellcheck disable=SC2086  # pytest arguments
     GGUFDSPARK_SERVER="$(BIN)" $py -m pytest -q -p no:cacheprovider \
