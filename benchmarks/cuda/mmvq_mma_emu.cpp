@@ -1,4 +1,5 @@
-// Host emulation of patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma
+// Host emulation of patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma, with developer 0077's
+// wide loads and 0079's staging through shared memory (mul_mat_vec_q8_0_mma_staged too)
 // (Q4_K, Q5_K, Q6_K by default; Q8_0 with GGML_CUDA_MMVQ_MMA=1): the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
 // layout the PTX ISA gives (A rows g, g + 8 at ints t, t + 4; B column g at ints t, t + 4; C rows g,
 // g + 8 x columns 2t, 2t + 1, lane = 4 g + t), the activations quantized to q8_1 as ggml-cuda's
@@ -71,6 +72,23 @@ static void mma_emulated(const int a[32][4], const int b[32][2], int dot[32][4])
     }
 }
 
+// developer 0079's mmvq_mma_stage, lane by lane: piece idx = 32 i + lane of the warp's nrows*nbytes/P is row
+// idx / (nbytes/P), piece idx % (nbytes/P) of it; row r at base + r*stride bytes (past nread rows: row nread - 1
+// again, or zeros with zero_past), written to smem + r*pitch
+static void stage(uint8_t * smem, int pitch, const uint8_t * base, size_t stride, int nbytes, int nrows, int nread,
+                  bool zero_past, int P) {
+    const int per_row = nbytes / P, npieces = nrows*per_row, per_lane = (npieces + 31) / 32;
+    const uint8_t zeros[16] = {};
+    for (int i = 0; i < per_lane; ++i) for (int lane = 0; lane < 32; ++lane) {
+        const int idx = 32*i + lane;
+        if (idx >= npieces) continue;
+        const int r = idx / per_row, p = idx % per_row;
+        const uint8_t * src = zero_past && r >= nread ? zeros : base + (size_t) std::min(r, nread - 1)*stride + (size_t) p*P;
+        std::memcpy(smem + (size_t) r*pitch + (size_t) p*P, src, P);
+    }
+}
+static constexpr int STAGE_YP = 8*36 + 16;  // the kernel's MMVQ_MMA_STAGE_YP
+
 static void scales_i(const int * sc, float dmx, float dmy, float * d, float * m) {  // the kernel's mmvq_mma_q4_K_scales_i
     uint8_t q[12];
     for (int i = 0; i < 12; ++i) q[i] = (uint8_t) ((sc[i / 4] >> (8*(i % 4))) & 0xFF);
@@ -117,17 +135,65 @@ int main() {
             std::memcpy(&yx8[(size_t) b*288 + 4*c + 2], &o.s, 2);
             std::memcpy(&yx8[(size_t) b*288 + 32 + 32*c], o.qs, 32);
         }
-        std::vector<float> dst_plain;  // Q4_K / Q5_K: the outputs without developer 0077's wide loads, which must match
-        for (const int loads : {0, 1, 2}) {  // 0077: 1 the weights' wide loads, 2 and the columns in block_q8_1_x8
-        if (loads && !q4) break;
-        const bool wl = loads != 0;
+        std::vector<float> dst_plain;  // the outputs without developer 0077's wide loads or 0079's staging, which must match
+        // 0077: 1 the weights' wide loads, 2 and the columns in block_q8_1_x8; 0079: 3 staged through shared memory
+        for (const int loads : {0, 1, 2, 3}) {
+        const bool q8 = type == GGML_TYPE_Q8_0;
+        if ((loads == 1 || loads == 2) && !q4) continue;
+        if (loads == 3 && !(q4 || q8)) continue;
+        const bool wl = loads == 1 || loads == 2, st = loads == 3;
+        const size_t bsz = ggml_type_size(type);
         std::vector<float> dst((size_t) N*M, NAN);
         const int stride_row_x = nb, stride_col_dst = M, ncols_dst = N;
         for (int tile = 0; tile < (M + 15)/16; ++tile) {
             static float accs[8][32][4];
             std::memset(accs, 0, sizeof(accs));
+            if (q8 && st) {  // developer 0079's Q8_0: 4 blocks a warp step, rows at 144 bytes, columns at 144
+                for (int w = 0; w < nwarps; ++w) for (int kb0 = 4*w; kb0 < nb; kb0 += 4*nwarps) {
+                    std::vector<uint8_t> sx(16*144), sy(8*144);
+                    stage(sx.data(), 144, xq.data() + ((size_t) 16*tile*stride_row_x + kb0)*bsz, stride_row_x*bsz, 136, 16,
+                          M - 16*tile, false, 8);
+                    stage(sy.data(), 144, (const uint8_t *) y.data() + (size_t) kb0*36, (size_t) stride_col_y*36, 144, 8, N, true, 16);
+                    for (int b = 0; b < 4; ++b) {
+                        int a[32][4], bb[32][2], dot[32][4];
+                        for (int lane = 0; lane < 32; ++lane) {
+                            const int g = lane/4, t = lane%4;
+                            const uint8_t * x0 = sx.data() + g*144 + 34*b, * x1 = x0 + 8*144;
+                            for (int h = 0; h < 2; ++h) for (int r = 0; r < 2; ++r) {  // two halves for even b, one int for odd
+                                const uint8_t * q = (r ? x1 : x0) + 2 + 4*(t + 4*h);
+                                uint16_t lo, hi; std::memcpy(&lo, q, 2); std::memcpy(&hi, q + 2, 2);
+                                a[lane][2*h + r] = (int) ((uint32_t) lo | ((uint32_t) hi << 16));
+                            }
+                            const uint8_t * yg = sy.data() + g*144 + 36*b + 4;
+                            std::memcpy(&bb[lane][0], yg + 4*t, 4); std::memcpy(&bb[lane][1], yg + 4*(t + 4), 4);
+                        }
+                        mma_emulated(a, bb, dot);
+                        for (int lane = 0; lane < 32; ++lane) {
+                            const int g = lane/4, t = lane%4;
+                            uint16_t h0, h1, e0, e1;
+                            std::memcpy(&h0, sx.data() + g*144 + 34*b, 2); std::memcpy(&h1, sx.data() + (g + 8)*144 + 34*b, 2);
+                            std::memcpy(&e0, sy.data() + 2*t*144 + 36*b, 2); std::memcpy(&e1, sy.data() + (2*t + 1)*144 + 36*b, 2);
+                            const float d0 = ggml_fp16_to_fp32(h0), d1 = ggml_fp16_to_fp32(h1);
+                            const float f0 = ggml_fp16_to_fp32(e0), f1 = ggml_fp16_to_fp32(e1);
+                            float * acc = accs[w][lane];
+                            acc[0] += d0*f0*dot[lane][0]; acc[1] += d0*f1*dot[lane][1];
+                            acc[2] += d1*f0*dot[lane][2]; acc[3] += d1*f1*dot[lane][3];
+                        }
+                    }
+                }
+            } else
             for (int w = 0; w < nwarps; ++w) {
                 for (int kb = w; kb < nb; kb += nwarps) {
+                    // developer 0079 (st, Q4_K / Q5_K): the super-block of the tile's 16 rows (a block's bytes apart) and the
+                    // 8 columns' 8 q8_1 blocks (STAGE_YP apart) staged in 16-byte pieces; the fragments read from there
+                    std::vector<uint8_t> sx, sy;
+                    if (st) {
+                        sx.resize(16*bsz); sy.resize(8*STAGE_YP);
+                        stage(sx.data(), (int) bsz, xq.data() + ((size_t) 16*tile*stride_row_x + kb)*bsz, stride_row_x*bsz, (int) bsz,
+                              16, M - 16*tile, false, 16);
+                        stage(sy.data(), STAGE_YP, (const uint8_t *) y.data() + (size_t) 8*kb*36, (size_t) stride_col_y*36, 288, 8, N,
+                              true, 16);
+                    }
                     for (int s = 0; s < (q4 || q6 ? 8 : 1); ++s) {  // Q4_K: sub-block s = 2 j + nib; Q6_K: half s / 4,
                         const int j = s / 2, nib = s % 2, kby = q4 || q6 ? 8*kb + s : kb;  // part s % 4; Q8_0: the block
                         const int n = s / 4, pp = s % 4;
@@ -137,20 +203,25 @@ int main() {
                             const bool ok0 = row0 < M, ok1 = row1 < M, okb = g < ncols_dst;
                             const size_t i0 = (size_t) (ok0 ? row0 : 0)*stride_row_x + kb;
                             const size_t i1 = (size_t) (ok1 ? row1 : 0)*stride_row_x + kb;
+                            // rows g and g + 8's blocks: staged (0079) or where the weights are
+                            const block_q4_K & X40 = st ? ((const block_q4_K *) sx.data())[g] : x4[i0];
+                            const block_q4_K & X41 = st ? ((const block_q4_K *) sx.data())[g + 8] : x4[i1];
+                            const block_q5_K & X50 = st ? ((const block_q5_K *) sx.data())[g] : x5[i0];
+                            const block_q5_K & X51 = st ? ((const block_q5_K *) sx.data())[g + 8] : x5[i1];
                             // developer 0077 (wl): ints 2t, 2t + 1 (values 8t..8t+7) instead of t, t + 4, the columns' too
                             const int ta = wl ? 2*t : t, tb = wl ? 2*t + 1 : t + 4;
                             if (q5) {  // Q4_K's nibbles with the fifth bit: bit s of qh's ints ta, tb
-                                const int * q0 = (const int *) x5[i0].qs + 8*j;
-                                const int * q1 = (const int *) x5[i1].qs + 8*j;
-                                const int * h0 = (const int *) x5[i0].qh;
-                                const int * h1 = (const int *) x5[i1].qh;
+                                const int * q0 = (const int *) X50.qs + 8*j;
+                                const int * q1 = (const int *) X51.qs + 8*j;
+                                const int * h0 = (const int *) X50.qh;
+                                const int * h1 = (const int *) X51.qh;
                                 a[lane][0] = ((q0[ta] >> (4*nib)) & 0x0F0F0F0F) | (((h0[ta] >> s) & 0x01010101) << 4);
                                 a[lane][1] = ((q1[ta] >> (4*nib)) & 0x0F0F0F0F) | (((h1[ta] >> s) & 0x01010101) << 4);
                                 a[lane][2] = ((q0[tb] >> (4*nib)) & 0x0F0F0F0F) | (((h0[tb] >> s) & 0x01010101) << 4);
                                 a[lane][3] = ((q1[tb] >> (4*nib)) & 0x0F0F0F0F) | (((h1[tb] >> s) & 0x01010101) << 4);
                             } else if (q4) {
-                                const int * q0 = (const int *) x4[i0].qs + 8*j;
-                                const int * q1 = (const int *) x4[i1].qs + 8*j;
+                                const int * q0 = (const int *) X40.qs + 8*j;
+                                const int * q1 = (const int *) X41.qs + 8*j;
                                 a[lane][0] = (q0[ta] >> (4*nib)) & 0x0F0F0F0F;
                                 a[lane][1] = (q1[ta] >> (4*nib)) & 0x0F0F0F0F;
                                 a[lane][2] = (q0[tb] >> (4*nib)) & 0x0F0F0F0F;
@@ -171,6 +242,9 @@ int main() {
                             b[lane][0] = b[lane][1] = 0;
                             if (loads == 2) {  // one 8-byte load at 32 + 8 lane of the sub-block's block_q8_1_x8
                                 std::memcpy(b[lane], &yx8[(size_t) kby*288 + 32 + 8*lane], 8);
+                            } else if (st) {  // column g's staged block s (zeros past the columns)
+                                const int * yq = (const int *) ((const block_q8_1 *) (sy.data() + g*STAGE_YP) + s)->qs;
+                                b[lane][0] = yq[ta]; b[lane][1] = yq[tb];
                             } else if (okb) {
                                 const int * yq = (const int *) y[(size_t) g*stride_col_y + kby].qs;
                                 b[lane][0] = yq[ta]; b[lane][1] = yq[tb];
@@ -194,7 +268,16 @@ int main() {
                             const size_t i0 = (size_t) (ok0 ? row0 : 0)*stride_row_x + kb;
                             const size_t i1 = (size_t) (ok1 ? row1 : 0)*stride_row_x + kb;
                             float ds0x = 0, ds0y = 0, ds1x = 0, ds1y = 0;
-                            if (loads == 2) {  // columns 2t, 2t + 1's (d, sum) as one 8-byte load at 8t
+                            const block_q4_K & X40 = st ? ((const block_q4_K *) sx.data())[g] : x4[i0];
+                            const block_q4_K & X41 = st ? ((const block_q4_K *) sx.data())[g + 8] : x4[i1];
+                            const block_q5_K & X50 = st ? ((const block_q5_K *) sx.data())[g] : x5[i0];
+                            const block_q5_K & X51 = st ? ((const block_q5_K *) sx.data())[g + 8] : x5[i1];
+                            if (st) {  // columns 2t, 2t + 1's staged (d, sum) of block s
+                                const block_q8_1 * y0 = (const block_q8_1 *) (sy.data() + c0*STAGE_YP) + s;
+                                const block_q8_1 * y1 = (const block_q8_1 *) (sy.data() + c1*STAGE_YP) + s;
+                                ds0x = ggml_fp16_to_fp32(y0->d); ds0y = ggml_fp16_to_fp32(y0->s);
+                                ds1x = ggml_fp16_to_fp32(y1->d); ds1y = ggml_fp16_to_fp32(y1->s);
+                            } else if (loads == 2) {  // columns 2t, 2t + 1's (d, sum) as one 8-byte load at 8t
                                 uint16_t h[4];
                                 std::memcpy(h, &yx8[(size_t) kby*288 + 8*t], 8);
                                 ds0x = ggml_fp16_to_fp32(h[0]); ds0y = ggml_fp16_to_fp32(h[1]);
@@ -206,14 +289,14 @@ int main() {
                             float * acc = accs[w][lane];
                             if (q4) {  // Q4_K and Q5_K: the same scales, mins and sums
                                 float d0[8], m0[8], d1[8], m1[8];
-                                const uint8_t * sc0 = q5 ? x5[i0].scales : x4[i0].scales;
-                                const uint8_t * sc1 = q5 ? x5[i1].scales : x4[i1].scales;
-                                const uint16_t dd0 = q5 ? x5[i0].d : x4[i0].d, dm0 = q5 ? x5[i0].dmin : x4[i0].dmin;
-                                const uint16_t dd1 = q5 ? x5[i1].d : x4[i1].d, dm1 = q5 ? x5[i1].dmin : x4[i1].dmin;
-                                if (wl) {  // the block's first 16 bytes as 4 ints: d and dmin, then the scales
+                                const uint8_t * sc0 = q5 ? X50.scales : X40.scales;
+                                const uint8_t * sc1 = q5 ? X51.scales : X41.scales;
+                                const uint16_t dd0 = q5 ? X50.d : X40.d, dm0 = q5 ? X50.dmin : X40.dmin;
+                                const uint16_t dd1 = q5 ? X51.d : X41.d, dm1 = q5 ? X51.dmin : X41.dmin;
+                                if (wl || st) {  // the block's first 16 bytes as 4 ints: d and dmin, then the scales
                                     int head0[4], head1[4];
-                                    std::memcpy(head0, q5 ? (const void *) &x5[i0] : (const void *) &x4[i0], 16);
-                                    std::memcpy(head1, q5 ? (const void *) &x5[i1] : (const void *) &x4[i1], 16);
+                                    std::memcpy(head0, q5 ? (const void *) &X50 : (const void *) &X40, 16);
+                                    std::memcpy(head1, q5 ? (const void *) &X51 : (const void *) &X41, 16);
                                     scales_i(head0 + 1, ok0 ? ggml_fp16_to_fp32(dd0) : 0, ok0 ? ggml_fp16_to_fp32(dm0) : 0, d0, m0);
                                     scales_i(head1 + 1, ok1 ? ggml_fp16_to_fp32(dd1) : 0, ok1 ? ggml_fp16_to_fp32(dm1) : 0, d1, m1);
                                 } else {
@@ -262,13 +345,20 @@ int main() {
             err2 += (got - ref)*(got - ref); ref2 += ref*ref;
         }
         const double nmse = err2 / ref2;
-        const bool same = !wl || dst == dst_plain;  // the permuted k leaves every int32 dot, so every output, as it was
+        // the permuted k leaves every int32 dot, so every output, as it was; so does Q4_K / Q5_K's staging (each warp
+        // the same super-blocks); Q8_0's staging gives a warp 4 consecutive blocks, so its sums meet in another order
+        bool same = (!wl && !st) || dst == dst_plain;
+        if (st && q8 && !same) {
+            double dmax = 0, pmax = 0;
+            for (size_t i = 0; i < dst.size(); ++i) { dmax = std::max(dmax, (double) std::fabs(dst[i] - dst_plain[i])); pmax = std::max(pmax, (double) std::fabs(dst_plain[i])); }
+            same = dmax <= 1e-5*pmax;
+        }
         const bool ok = nan == 0 && nmse < 5e-4 && same;
         fails += !ok;
         printf("%s M=%d K=%d N=%d nwarps=%d%s: nmse %.2e%s%s %s\n", ggml_type_name(type), M, K, N, nwarps,
-               loads == 2 ? " wide loads, x8 columns" : wl ? " wide loads" : "",
+               st ? " staged" : loads == 2 ? " wide loads, x8 columns" : wl ? " wide loads" : "",
                nmse, nan ? " (unwritten outputs)" : "", same ? "" : " (differs from the kernel without wide loads)", ok ? "OK" : "FAIL");
-        if (!wl) dst_plain = dst;
+        if (loads == 0) dst_plain = dst;
         }
     }
     printf("%s\n", fails ? "FAILED" : "all OK");
