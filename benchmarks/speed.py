@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks import harness  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
 from ggufdspark import engine, hardware, launch  # noqa: E402
+from ggufdspark.errors import InputNotFoundError  # noqa: E402
 from ggufdspark.measuring import measure as ms  # noqa: E402
 from ggufdspark.measuring.acceptance import geometric_rates  # noqa: E402  (llama.cpp's own construction)
 from ggufdspark.runners.server import ServerSettings  # noqa: E402
@@ -163,6 +164,8 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         load_lengths = [int(x) for x in args.load_lengths.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--load-lengths {args.load_lengths!r}: expected draft lengths, comma-separated")
+    if args.cross_variants and not args.interleave:
+        ap.error("--cross-variants: only with --interleave")
     try:
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     except ValueError:
@@ -171,15 +174,16 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         ap.error(f"--lengths {args.lengths!r}: expected draft lengths of at least 1, comma-separated")
     args.lengths = ",".join(map(str, lengths))
     # the engine refuses a draft length past the drafter's longest draft (its block) at the server's
-    # start: say so here, before any server, with the file and its block
+    # start: say so here, before any server, with the file and its block (a missing file said first)
+    for f in (args.target, args.draft):
+        if not Path(f).is_file():
+            raise InputNotFoundError(f"{f}: no such file")
     longest = launch.longest_draft(args.draft)
     too_long = [n for n in lengths + load_lengths if longest is not None and n > longest]
     if too_long:
         ap.error(f"--lengths / --load-lengths {max(too_long)}: {args.draft} drafts at most {longest} tokens "
                  f"(its block size); measure lengths 1-{longest}")
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    if args.cross_variants and not args.interleave:
-        ap.error("--cross-variants: only with --interleave")
     max_np = max(conc + [1])
 
     def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1):
