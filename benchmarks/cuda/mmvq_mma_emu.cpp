@@ -140,7 +140,7 @@ int main() {
         for (const int loads : {0, 1, 2, 3}) {
         const bool q8 = type == GGML_TYPE_Q8_0;
         if ((loads == 1 || loads == 2) && !q4) continue;
-        if (loads == 3 && !(q4 || q8)) continue;
+        if (loads == 3 && !(q4 || q6 || q8)) continue;
         const bool wl = loads == 1 || loads == 2, st = loads == 3;
         const size_t bsz = ggml_type_size(type);
         std::vector<float> dst((size_t) N*M, NAN);
@@ -186,10 +186,27 @@ int main() {
                 for (int kb = w; kb < nb; kb += nwarps) {
                     // developer 0079 (st, Q4_K / Q5_K): the super-block of the tile's 16 rows (a block's bytes apart) and the
                     // 8 columns' 8 q8_1 blocks (STAGE_YP apart) staged in 16-byte pieces; the fragments read from there
+                    // (Q6_K: cp.async of a row's 52 4-byte-aligned words, from byte w0 of the block, 2 when kb is odd, and a
+                    // 2-byte load of its other 2 bytes; the block w0 bytes into its shared row, rows 240 bytes apart. The
+                    // kernel takes it where rows are 4-byte aligned, an even number of blocks; here every shape)
                     std::vector<uint8_t> sx, sy;
-                    if (st) {
-                        sx.resize(16*bsz); sy.resize(8*STAGE_YP);
-                        stage(sx.data(), (int) bsz, xq.data() + ((size_t) 16*tile*stride_row_x + kb)*bsz, stride_row_x*bsz, (int) bsz,
+                    const int xp = q6 ? 240 : (int) bsz, w0 = q6 && kb % 2 ? 2 : 0, u0 = kb % 2 ? 0 : 208;
+                    if (st && q6) {
+                        sx.assign(16*xp, 0xEE); sy.resize(8*STAGE_YP);
+                        for (int idx = 0; idx < 16*52; ++idx) {
+                            const int r = idx / 52, p = idx % 52;
+                            const uint8_t * row = xq.data() + ((size_t) (16*tile + std::min(r, M - 16*tile - 1))*stride_row_x + kb)*bsz;
+                            std::memcpy(sx.data() + r*xp + 2*w0 + 4*p, row + w0 + 4*p, 4);
+                        }
+                        for (int lane = 0; lane < 16; ++lane) {
+                            const uint8_t * row = xq.data() + ((size_t) (16*tile + std::min(lane, M - 16*tile - 1))*stride_row_x + kb)*bsz;
+                            std::memcpy(sx.data() + lane*xp + w0 + u0, row + u0, 2);
+                        }
+                        stage(sy.data(), STAGE_YP, (const uint8_t *) y.data() + (size_t) 8*kb*36, (size_t) stride_col_y*36, 288, 8, N,
+                              true, 16);
+                    } else if (st) {
+                        sx.resize(16*xp); sy.resize(8*STAGE_YP);
+                        stage(sx.data(), xp, xq.data() + ((size_t) 16*tile*stride_row_x + kb)*bsz, stride_row_x*bsz, (int) bsz,
                               16, M - 16*tile, false, 16);
                         stage(sy.data(), STAGE_YP, (const uint8_t *) y.data() + (size_t) 8*kb*36, (size_t) stride_col_y*36, 288, 8, N,
                               true, 16);
@@ -228,7 +245,7 @@ int main() {
                                 a[lane][3] = (q1[tb] >> (4*nib)) & 0x0F0F0F0F;
                             } else if (q6) {
                                 for (int r = 0; r < 2; ++r) for (int h = 0; h < 2; ++h) {
-                                    const block_q6_K & bx = x6[r ? i1 : i0];
+                                    const block_q6_K & bx = st ? *(const block_q6_K *) (sx.data() + (g + 8*r)*xp + w0) : x6[r ? i1 : i0];
                                     const int lo = (get_int_b2(bx.ql, 16*n + 8*(pp & 1) + 4*h + t) >> (4*(pp >> 1))) & 0x0F0F0F0F;
                                     const int hi = (get_int_b2(bx.qh, 8*n + 4*h + t) >> (2*pp)) & 0x03030303;
                                     a[lane][2*h + r] = vsub32(lo | (hi << 4));  // regs: row g / g + 8 at k half h
@@ -308,9 +325,11 @@ int main() {
                                 acc[2] += d1[s]*ds0x*dot[lane][2] - m1[s]*ds0y;
                                 acc[3] += d1[s]*ds1x*dot[lane][3] - m1[s]*ds1y;
                             } else if (q6) {
-                                const float dr[2] = {ok0 ? ggml_fp16_to_fp32(x6[i0].d) : 0, ok1 ? ggml_fp16_to_fp32(x6[i1].d) : 0};
+                                const block_q6_K & X60 = st ? *(const block_q6_K *) (sx.data() + g*xp + w0) : x6[i0];
+                                const block_q6_K & X61 = st ? *(const block_q6_K *) (sx.data() + (g + 8)*xp + w0) : x6[i1];
+                                const float dr[2] = {ok0 ? ggml_fp16_to_fp32(X60.d) : 0, ok1 ? ggml_fp16_to_fp32(X61.d) : 0};
                                 for (int l = 0; l < 4; ++l) {
-                                    const block_q6_K & bx = x6[l / 2 ? i1 : i0];
+                                    const block_q6_K & bx = l / 2 ? X61 : X60;
                                     const float sl = dr[l / 2] * bx.scales[8*n + 2*pp], sh = dr[l / 2] * bx.scales[8*n + 2*pp + 1];
                                     acc[l] += (l % 2 ? ds1x : ds0x) * (sl*dot[lane][l] + sh*dot_hi[lane][l]);
                                 }
@@ -345,7 +364,7 @@ int main() {
             err2 += (got - ref)*(got - ref); ref2 += ref*ref;
         }
         const double nmse = err2 / ref2;
-        // the permuted k leaves every int32 dot, so every output, as it was; so does Q4_K / Q5_K's staging (each warp
+        // the permuted k leaves every int32 dot, so every output, as it was; so does Q4_K / Q5_K / Q6_K's staging (each warp
         // the same super-blocks); Q8_0's staging gives a warp 4 consecutive blocks, so its sums meet in another order
         bool same = (!wl && !st) || dst == dst_plain;
         if (st && q8 && !same) {
