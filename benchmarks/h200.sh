@@ -117,10 +117,12 @@ nvcc_path() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
 # test-backend-ops perf of MUL_MAT at the verify's shapes: build dir $1, types $2 (f16 or q4_K,q8_0,...),
 # $3 ';'-separated environments, each one NAME=VALUE (its value may hold commas), '-' as built
 # verify_perf BUILD TYPES ENVS [N]: test-backend-ops perf of MUL_MAT at the verify's shapes, N a regex of columns
-verify_perf() { local e envs; IFS=';' read -ra envs <<< "$3"
+# (an environment's variables separated by commas: 'A=1,B=2' sets both, as ENVS and SPEED_ENVS take them)
+verify_perf() { local e envs ev; IFS=';' read -ra envs <<< "$3"
     for e in "${envs[@]}"; do
         [ "$e" = - ] && e=""; echo "== perf at the verify's shapes, types $2, env '${e:--}'"
-        env ${e:+"$e"} timeout 300 "$1/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
+        ev=(); [ -n "$e" ] && read -ra ev <<< "${e//,/ }"
+        env "${ev[@]}" timeout 300 "$1/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
             -p "type_a=(${2//,/|}),type_b=f32,m=(512|2048|6144|128000),n=(${4:-[1-9]|10|16|32|64}),k=(2048|6144)," 2>&1 \
             | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([A-Za-z0-9_]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
     done; }
@@ -387,7 +389,8 @@ ncu)
     for e in "${envs[@]}"; do [ "$e" = - ] && e=""
         for c in ${NCU_CASES:-q4_K:6144:2048:1 q4_K:6144:2048:8 q4_K:2048:6144:8 q4_K:2048:2048:8 q4_K:512:2048:8 q6_K:6144:2048:8 q6_K:128000:2048:1 q6_K:128000:2048:8}; do
             IFS=: read -r ty m k n <<< "$c"; f="$W/ncu/$ty-${m}x$k-n$n${e:+-${e//=/_}}.csv"
-            env ${e:+"$e"} timeout 180 "$nc" --clock-control none --kernel-name "regex:${NCU_KERNELS:-mul_mat}" \
+            ev=(); [ -n "$e" ] && read -ra ev <<< "${e//,/ }"
+            env "${ev[@]}" timeout 180 "$nc" --clock-control none --kernel-name "regex:${NCU_KERNELS:-mul_mat}" \
                 --launch-skip "${NCU_SKIP:-4}" --launch-count "${NCU_COUNT:-3}" --section SpeedOfLight --section Occupancy \
                 --section LaunchStats --section WarpStateStats \
                 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv --page details \
