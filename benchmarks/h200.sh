@@ -335,6 +335,12 @@ mma)
             -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-cols-test.txt" 2>&1
         echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA_COLS=64: rc=$?"
         grep -E "FAIL|tests passed" "$OUT/mma-cols-test.txt" | tail -n 4
+        if grep -q "mmvq_mma_staged_ok" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0079: 9-64 columns, rows staged
+            GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_COLS=64 GGML_CUDA_MMVQ_MMA_LOADS=3 timeout 300 "$B/bin/test-backend-ops" test \
+                -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K)" > "$OUT/mma-cols-staged-test.txt" 2>&1
+            echo "MUL_MAT q4_K, q5_K against the CPU with GGML_CUDA_MMVQ_MMA_COLS=64 and GGML_CUDA_MMVQ_MMA_LOADS=3: rc=$?"
+            grep -E "FAIL|tests passed" "$OUT/mma-cols-staged-test.txt" | tail -n 4
+        fi
     fi
     if has fuse && grep -q "GGML_CUDA_MMVQ_MMA_FUSE" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0075: the fused products
         for f in 1 8; do for o in MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
