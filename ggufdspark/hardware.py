@@ -71,7 +71,7 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # Measured here (`ggufdspark tune --acceptance published`, docs/benchmarks.md): on this 2-core
     # x86 CPU, with a 320M LFM2 target and a block-9 drafter, draft lengths 2-3 were fastest
     # (1.52-1.66x), 8-9 slower than no draft.
-    "cpu": BackendDefaults(3, False, None, "CPU: draft length 2-3 measured fastest on a 2-core x86 CPU (docs/benchmarks.md)"),
+    "cpu": BackendDefaults(3, False, None, "CPU: draft length 3 measured at the top on a 2-core x86 CPU (docs/benchmarks.md)"),
 }
 OTHER_GPU = BackendDefaults(8, True, "on", "other GPU backend: Metal's value, untuned")
 
