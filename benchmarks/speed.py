@@ -172,12 +172,11 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         lengths = []
     if not lengths or min(lengths) < 1:
         ap.error(f"--lengths {args.lengths!r}: expected draft lengths of at least 1, comma-separated")
-    args.lengths = ",".join(map(str, lengths))
     # the engine refuses a draft length past the drafter's longest draft (its block) at the server's
-    # start: say so here, before any server, with the file and its block (a missing file said first)
-    for f in (args.target, args.draft):
-        if not Path(f).is_file():
-            raise InputNotFoundError(f"{f}: no such file")
+    # start: say so here, before any server, with the file and its block (a missing file said first: the
+    # target here, the draft by the reader)
+    if not Path(args.target).is_file():
+        raise InputNotFoundError(f"{args.target}: no such file")
     longest = launch.longest_draft(args.draft)
     too_long = [n for n in lengths + load_lengths if longest is not None and n > longest]
     if too_long:
@@ -195,13 +194,13 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     results = []
     variants = [v for v in args.variants.split(";") if v.strip()]
     if args.interleave:
-        results = interleaved(args, settings, env_variants, variants)
+        results = interleaved(args, settings, env_variants, variants, lengths)
         plain = results[0]
     else:
         plain = run_arm("plain", settings(None), args, log_dir=args.log_dir)
         results.append(plain)
         print(f"plain: {plain['decode_tps']:.1f} tok/s", file=sys.stderr)
-    for n in [] if args.interleave else [int(x) for x in args.lengths.split(",")]:
+    for n in [] if args.interleave else lengths:
         r = run_arm(f"dspark-n{n}", settings(n), args, log_dir=args.log_dir)
         r["draft_n_max"] = n
         results.append(r)
@@ -285,7 +284,8 @@ def arm_suffix(label: str) -> str:
     return label.replace("=", "").replace(",", "-")
 
 
-def interleaved(args, settings, env_variants: list[dict[str, str]], variants: list[str]) -> list[dict]:
+def interleaved(args, settings, env_variants: list[dict[str, str]], variants: list[str],
+                lengths: list[int]) -> list[dict]:
     """Every one-request arm (plain, each length, each length under each environment and server-flag
     variant) on its own server, all started together and measured in turns."""
     specs = [harness.ArmSpec("plain", settings(None))]
@@ -297,7 +297,7 @@ def interleaved(args, settings, env_variants: list[dict[str, str]], variants: li
     combos: list[tuple[dict[str, str], int | None]] = [({}, None)] + [(e, None) for e in env_variants]
     for i in range(len(variants)):
         combos += [({}, i)] + ([(e, i) for e in env_variants] if args.cross_variants else [])
-    for n in [int(x) for x in args.lengths.split(",")]:
+    for n in lengths:
         for env, i in combos:
             name = f"dspark-n{n}"
             if env or i is not None or any(s.name == name for s in specs):

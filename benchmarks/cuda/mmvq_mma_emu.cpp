@@ -110,10 +110,7 @@ int main() {
         ggml_quantize_chunk(type, W.data(), xq.data(), 0, M, K, nullptr);
         std::vector<float> Wd((size_t) M*K);
         ggml_get_type_traits(type)->to_float(xq.data(), Wd.data(), (int64_t) M*K);
-        const block_q4_K * x4 = (const block_q4_K *) xq.data();
-        const block_q5_K * x5 = (const block_q5_K *) xq.data();
         const block_q8_0 * x8 = (const block_q8_0 *) xq.data();
-        const block_q6_K * x6 = (const block_q6_K *) xq.data();
         // q8_1 as quantize_q8_1 (CUDA) makes it: d = amax/127, q = round(x/d), ds = (d, sum x)
         const int stride_col_y = K / QK8_1;
         std::vector<block_q8_1> y((size_t) N*stride_col_y);
@@ -211,6 +208,10 @@ int main() {
                         stage(sy.data(), STAGE_YP, (const uint8_t *) y.data() + (size_t) 8*kb*36, (size_t) stride_col_y*36, 288, 8, N,
                               true, 16);
                     }
+                    // row g + 8 r's block (weights index i): staged, or where the weights are
+                    auto block_at = [&](int g, int r, size_t i) -> const uint8_t * {
+                        return st ? sx.data() + (size_t) (g + 8*r)*xp + w0 : xq.data() + i*bsz;
+                    };
                     for (int s = 0; s < (q4 || q6 ? 8 : 1); ++s) {  // Q4_K: sub-block s = 2 j + nib; Q6_K: half s / 4,
                         const int j = s / 2, nib = s % 2, kby = q4 || q6 ? 8*kb + s : kb;  // part s % 4; Q8_0: the block
                         const int n = s / 4, pp = s % 4;
@@ -220,11 +221,9 @@ int main() {
                             const bool ok0 = row0 < M, ok1 = row1 < M, okb = g < ncols_dst;
                             const size_t i0 = (size_t) (ok0 ? row0 : 0)*stride_row_x + kb;
                             const size_t i1 = (size_t) (ok1 ? row1 : 0)*stride_row_x + kb;
-                            // rows g and g + 8's blocks: staged (0079) or where the weights are
-                            const block_q4_K & X40 = st ? ((const block_q4_K *) sx.data())[g] : x4[i0];
-                            const block_q4_K & X41 = st ? ((const block_q4_K *) sx.data())[g + 8] : x4[i1];
-                            const block_q5_K & X50 = st ? ((const block_q5_K *) sx.data())[g] : x5[i0];
-                            const block_q5_K & X51 = st ? ((const block_q5_K *) sx.data())[g + 8] : x5[i1];
+                            const uint8_t * B0 = block_at(g, 0, i0), * B1 = block_at(g, 1, i1);
+                            const block_q4_K & X40 = *(const block_q4_K *) B0, & X41 = *(const block_q4_K *) B1;
+                            const block_q5_K & X50 = *(const block_q5_K *) B0, & X51 = *(const block_q5_K *) B1;
                             // developer 0077 (wl): ints 2t, 2t + 1 (values 8t..8t+7) instead of t, t + 4, the columns' too
                             const int ta = wl ? 2*t : t, tb = wl ? 2*t + 1 : t + 4;
                             if (q5) {  // Q4_K's nibbles with the fifth bit: bit s of qh's ints ta, tb
@@ -245,7 +244,7 @@ int main() {
                                 a[lane][3] = (q1[tb] >> (4*nib)) & 0x0F0F0F0F;
                             } else if (q6) {
                                 for (int r = 0; r < 2; ++r) for (int h = 0; h < 2; ++h) {
-                                    const block_q6_K & bx = st ? *(const block_q6_K *) (sx.data() + (g + 8*r)*xp + w0) : x6[r ? i1 : i0];
+                                    const block_q6_K & bx = *(const block_q6_K *) (r ? B1 : B0);
                                     const int lo = (get_int_b2(bx.ql, 16*n + 8*(pp & 1) + 4*h + t) >> (4*(pp >> 1))) & 0x0F0F0F0F;
                                     const int hi = (get_int_b2(bx.qh, 8*n + 4*h + t) >> (2*pp)) & 0x03030303;
                                     a[lane][2*h + r] = vsub32(lo | (hi << 4));  // regs: row g / g + 8 at k half h
@@ -285,10 +284,9 @@ int main() {
                             const size_t i0 = (size_t) (ok0 ? row0 : 0)*stride_row_x + kb;
                             const size_t i1 = (size_t) (ok1 ? row1 : 0)*stride_row_x + kb;
                             float ds0x = 0, ds0y = 0, ds1x = 0, ds1y = 0;
-                            const block_q4_K & X40 = st ? ((const block_q4_K *) sx.data())[g] : x4[i0];
-                            const block_q4_K & X41 = st ? ((const block_q4_K *) sx.data())[g + 8] : x4[i1];
-                            const block_q5_K & X50 = st ? ((const block_q5_K *) sx.data())[g] : x5[i0];
-                            const block_q5_K & X51 = st ? ((const block_q5_K *) sx.data())[g + 8] : x5[i1];
+                            const uint8_t * B0 = block_at(g, 0, i0), * B1 = block_at(g, 1, i1);
+                            const block_q4_K & X40 = *(const block_q4_K *) B0, & X41 = *(const block_q4_K *) B1;
+                            const block_q5_K & X50 = *(const block_q5_K *) B0, & X51 = *(const block_q5_K *) B1;
                             if (st) {  // columns 2t, 2t + 1's staged (d, sum) of block s
                                 const block_q8_1 * y0 = (const block_q8_1 *) (sy.data() + c0*STAGE_YP) + s;
                                 const block_q8_1 * y1 = (const block_q8_1 *) (sy.data() + c1*STAGE_YP) + s;
@@ -325,8 +323,7 @@ int main() {
                                 acc[2] += d1[s]*ds0x*dot[lane][2] - m1[s]*ds0y;
                                 acc[3] += d1[s]*ds1x*dot[lane][3] - m1[s]*ds1y;
                             } else if (q6) {
-                                const block_q6_K & X60 = st ? *(const block_q6_K *) (sx.data() + g*xp + w0) : x6[i0];
-                                const block_q6_K & X61 = st ? *(const block_q6_K *) (sx.data() + (g + 8)*xp + w0) : x6[i1];
+                                const block_q6_K & X60 = *(const block_q6_K *) B0, & X61 = *(const block_q6_K *) B1;
                                 const float dr[2] = {ok0 ? ggml_fp16_to_fp32(X60.d) : 0, ok1 ? ggml_fp16_to_fp32(X61.d) : 0};
                                 for (int l = 0; l < 4; ++l) {
                                     const block_q6_K & bx = l / 2 ? X61 : X60;
