@@ -459,6 +459,29 @@ def read_ncu(path: Path) -> dict:
     return launches
 
 
+def ncu_rows(launches: dict) -> list[dict]:
+    """A row a kernel (name, block, grid): the median over its launches of each metric, and the three
+    stall reasons with the highest median."""
+    by_kernel = defaultdict(list)
+    for launch in launches.values():
+        by_kernel[(launch["kernel"], launch["block"], launch["grid"])].append(launch)
+    rows = []
+    for (kernel, block, grid), ls in by_kernel.items():
+        row = {"kernel": kernel, "block": block, "grid": grid, "launches": len(ls)}
+        for key in NCU_METRICS.values():
+            values = [launch[key] for launch in ls if key in launch]
+            if values:
+                row[key] = round(statistics.median_high(values), 3)
+        stalls = defaultdict(list)
+        for launch in ls:
+            for reason, value in launch["stalls"].items():
+                stalls[reason].append(value)
+        top = sorted(((statistics.median_high(v), r) for r, v in stalls.items()), reverse=True)[:3]
+        row["top_stalls"] = {r: round(v, 2) for v, r in top}
+        rows.append(row)
+    return rows
+
+
 def ncu_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("csvs", nargs="+", type=Path, help="ncu --csv --page details output, one file a case")
     ap.add_argument("--json", type=Path, help="also write the summary here")
@@ -473,24 +496,7 @@ def ncu(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         if not launches:
             print(f"{path.name}: no kernel profiled")
             continue
-        by_kernel = defaultdict(list)
-        for launch in launches.values():
-            by_kernel[(launch["kernel"], launch["block"], launch["grid"])].append(launch)
-        rows = []
-        for (kernel, block, grid), ls in by_kernel.items():
-            row = {"kernel": kernel, "block": block, "grid": grid, "launches": len(ls)}
-            for key in NCU_METRICS.values():
-                values = [launch[key] for launch in ls if key in launch]
-                if values:
-                    row[key] = round(statistics.median_high(values), 3)
-            stalls = defaultdict(list)
-            for launch in ls:
-                for reason, value in launch["stalls"].items():
-                    stalls[reason].append(value)
-            top = sorted(((statistics.median_high(v), r) for r, v in stalls.items()), reverse=True)[:3]
-            row["top_stalls"] = {r: round(v, 2) for v, r in top}
-            rows.append(row)
-        summary[case] = rows
+        rows = summary[case] = ncu_rows(launches)
         print(f"== {case}")
         for r in rows:
             stalls = ", ".join(f"{k} {v}" for k, v in r["top_stalls"].items()) or "-"
