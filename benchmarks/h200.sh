@@ -51,7 +51,7 @@
 #             (developer 0075: MUL_MAT_VEC_FUSION and MUL_MAT_ADD against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=1 and =8;
 #             0076: MUL_MAT with GGML_CUDA_MMVQ_MMA_COLS=64; 0077: MUL_MAT and the fusions with GGML_CUDA_MMVQ_MMA_LOADS=1 and =2;
 #             0079: the same with =3, Q6_K and Q8_0 too;
-#             perf at n 16 / 32 / 64 too); MMA_PARTS: only these of emu test loads cols fuse perf (default all);
+#             perf at n 16 / 32 / 64 too; MMA_LOADS: which of 1 2 3 the loads part tests); MMA_PARTS: only these of emu test loads cols fuse perf (default all);
 #             MMA_PERF_TYPES (q4_K,q5_K,q6_K,q8_0) and MMA_PERF_N (a regex of columns, e.g. '1|2|8') narrow perf
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
@@ -319,7 +319,7 @@ mma)
     fi
     if has loads && grep -q "GGML_CUDA_MMVQ_MMA_LOADS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0077: the wide loads
         # (=1, =2: Q4_K, Q5_K); developer 0079: =3 staged through shared memory (Q4_K, Q5_K, Q6_K, Q8_0: every type taken)
-        for l in 1 2 3; do
+        for l in ${MMA_LOADS:-1 2 3}; do
             [ $l = 3 ] && ! grep -q "mmvq_mma_staged_ok" "$S/ggml/src/ggml-cuda/mmvq.cu" && continue
             types="q4_K|q5_K"; [ $l = 3 ] && types="q4_K|q5_K|q6_K|q8_0"
             for o in MUL_MAT MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
