@@ -6,11 +6,16 @@
 # The machine has no network: `bash benchmarks/h200.sh carry` here first, and carry .carry in each call.
 #
 # Here, before a session:  carry (.carry/llama.cpp.tar.xz: the pinned tree, less models/ docs/ media/
-#   benches/ .github/); train-unpack (a `train` call's files, PAIR_FILES, put together as a pair in PAIR_DEST).
+#   benches/ .github/); train-unpack (a `train` call's files, PAIR_FILES, put together as a pair in PAIR_DEST);
+#   pack-local (the CUDA engine built on this machine, DEV=1 for the developer series, at the device's paths and
+#   PORTABLE, with test-backend-ops, packed into .carry/engine for `unpack`: a cold call then skips its ~5 min
+#   build; needs nvcc 13 and cuBLAS here: CUDACXX, CUDAToolkit_ROOT; the device's repo root must be this one's).
 # On the device (OUT: results, WORK: .devwork, kept on a warm machine; PYTHON; SERVER: another llama-server;
 # GPU: --gpu, empty on CPU; DEV=1: the developer build; TAG: a run's name, default a):
 #   setup     build the patched CUDA engine (with llama-bench, llama-quantize) and generate the pair. ~5 min
-#   unpack    an engine an earlier call packed (trained PACK=1), from ENGINE_PACK, into the engine cache
+#   unpack    an engine an earlier call packed (trained PACK=1) or pack-local packed, from ENGINE_PACK, into the
+#             engine cache (kept where it is already there); one whose llama-server does not start here is removed,
+#             so that setup builds it (a packed engine finds cuBLAS through LD_LIBRARY_PATH: nvcc's toolkit)
 #   vl        the pair with its vision tower (sets M, the mmproj: LOAD_ARGS="--mmproj \$M --image-share 0.33")
 #   quant     the target quantized to QUANT (Q4_K_M), the draft to DQUANT where set (Q8_0); the stages after it serve
 #             them (a failed quantization ends the call)
@@ -58,6 +63,8 @@
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
 #             with PAUSE_ARMS' switches; PACK=1 packs the engine into OUT/engine for a later unpack
 #   train     the trained pair's `train` step (WORK/tw/corpus carried), its files back in OUT
+# PORTABLE=1: the engine built with GGML_NATIVE=OFF (AVX2, no AVX-512: what pack-local builds, to run on any x86-64
+#   host; its own cache key, so a call that unpacks one must say PORTABLE=1 too).
 # PACK_OUT=1: each stage's files go into OUT/results.tar once it ends (the device tool returns at most 8 files).
 # Stages: the arguments, else STAGES ("setup speed"). CPU run of a stage (tests/test_bench_load.py):
 #   TARGET=tiny-lfm2-F16.gguf DRAFT=dspark-tiny-lfm2-F16.gguf SERVER=path/to/llama-server GPU= \
@@ -75,6 +82,22 @@ carry)  # the tree ggufdspark fetched and checks (as build-engine uses it), wher
         --exclude="$name/"{models,docs,media,benches,.github,.git} "$name" || exit 1
     mv .carry/llama.cpp.tar.xz.tmp .carry/llama.cpp.tar.xz
     echo ".carry/llama.cpp.tar.xz: $(du -h .carry/llama.cpp.tar.xz | cut -f1) (the pinned tree from $tree)"; exit 0 ;;
+pack-local)  # the engine built here for a device call: the device's paths (repo root, .devwork), its flags, PORTABLE
+    W=$PWD/.devwork; mkdir -p "$W/src" .carry/engine
+    [ -f "$W/src/llama.cpp/CMakeLists.txt" ] || tar -xJf .carry/llama.cpp.tar.xz -C "$W/src" ||
+        { echo "stage pack-local: no pinned tree (.carry/llama.cpp.tar.xz: run the carry stage first)" >&2; exit 1; }
+    export GGUFDSPARK_CACHE=$W/cache GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
+    args=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 --cmake-flag=-DGGML_NATIVE=OFF --no-ui ${DEV:+--dev})
+    "$py" -m ggufdspark build-engine "${args[@]}" --with-tools || exit 1
+    exe=$("$py" -m ggufdspark build-engine "${args[@]}" --print-path 2>/dev/null | tail -n1) && B=$(dirname "$(dirname "$exe")")
+    key=$(basename "$(dirname "$B")")
+    cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo-local.log" 2>&1 && cmake --build "$B" --target test-backend-ops -j "$(nproc)" \
+        >> "$W/tbo-local.log" 2>&1 || { echo "stage pack-local: test-backend-ops did not build ($W/tbo-local.log)" >&2; exit 1; }
+    rm -f .carry/engine/"$key".tar.xz.*
+    tar -C "$W/cache/engine" -cf - "$key/build.json" "$key/build/bin" "$key/src/ggml/include" \
+        "$key/src/ggml/src/ggml-cuda/mmvq.cu" | xz -T0 -6 | split -b 15M - ".carry/engine/$key.tar.xz." || exit 1
+    echo "packed $key: $(du -ch .carry/engine/"$key".tar.xz.* | tail -n1 | cut -f1) in .carry/engine" \
+         "(carry .carry/engine with PORTABLE=1 ${DEV:+DEV=1 }and the unpack stage first)"; exit 0 ;;
 train-unpack)  # configs, tokenizer and recipe from pair-small.tar.gz, the target's shards, the drafter
     src=${PAIR_FILES:?PAIR_FILES: the files a train call brought back} dest=${PAIR_DEST:?PAIR_DEST: where the pair goes}
     mkdir -p "$dest" && tar -C "$dest" -xzf "$src/pair-small.tar.gz" && cp "$src"/model*.safetensors "$dest/target/" &&
@@ -85,6 +108,7 @@ mkdir -p "$W" "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GGUFDSPARK_CACHE=$W/cache
 T=${TARGET:-$W/full/target-F16.gguf} D=${DRAFT:-$W/full/dspark-target-F16.gguf} TAG=${TAG:-a}
 BUILD_ARGS=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 --no-ui)
+[ -n "${PORTABLE:-}" ] && BUILD_ARGS+=(--cmake-flag=-DGGML_NATIVE=OFF)  # after the architecture: the key hashes the order
 [ -n "${DEV:-}" ] && BUILD_ARGS+=(--dev)  # the developer build (product + ggufdspark/data/patches-dev)
 if [ ! -f "$W/src/llama.cpp/CMakeLists.txt" ] && [ -f .carry/llama.cpp.tar.xz ]; then
     mkdir -p "$W/src" && tar -xJf .carry/llama.cpp.tar.xz -C "$W/src"
@@ -111,7 +135,8 @@ arm_args() { ARMS_ARGS=(); local specs s; IFS=';' read -ra specs <<< "$1"
     for s in "${specs[@]}"; do [ -n "$s" ] && ARMS_ARGS+=(--arm "$s"); done; }
 rates() { $py -c "from ggufdspark.measuring.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))"; }
 # test-backend-ops in the engine's build tree $1 (configured with the tests, built once)
-tbo_build() { cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 && cmake --build "$1" --target test-backend-ops \
+tbo_build() { if [ ! -f "$1/CMakeCache.txt" ] && [ -x "$1/bin/test-backend-ops" ]; then return 0; fi  # a packed engine's
+    cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 && cmake --build "$1" --target test-backend-ops \
     -j "$(nproc)" >> "$W/tbo.log" 2>&1 || { echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; return 1; }; }
 nvcc_path() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
 # test-backend-ops perf of MUL_MAT at the verify's shapes: build dir $1, types $2 (f16 or q4_K,q8_0,...),
@@ -146,10 +171,22 @@ case $stage in setup|unpack|vl|kernels|topk|mma|ncu|markov|trained|train) ;; *)
 esac
 case $stage in
 unpack)
+    # cuBLAS and the CUDA runtime from nvcc's toolkit (a packed engine's run paths name the machine that built it)
+    tk=$(dirname "$(dirname "$(readlink -f "$(nvcc_path)")")")
+    export LD_LIBRARY_PATH=$tk/lib64:$tk/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     for first in "${ENGINE_PACK:-.carry/engine}"/*.tar.xz.aa; do
         [ -f "$first" ] || { echo "stage unpack: no *.tar.xz.aa under ${ENGINE_PACK:-.carry/engine}"; break; }
-        mkdir -p "$W/cache/engine" && cat "${first%.aa}".* | xz -d | tar -xf - -C "$W/cache/engine" &&
-            echo "unpacked $(basename "${first%.tar.xz.aa}")"
+        key=$(basename "${first%.tar.xz.aa}") e=$W/cache/engine/$key
+        if [ ! -f "$e/build.json" ]; then
+            mkdir -p "$W/cache/engine" && cat "${first%.aa}".* | xz -d | tar -xf - -C "$W/cache/engine" || continue
+        fi
+        # an engine that cannot start here (a library not found, another CPU) is removed: setup then builds it
+        if out=$(timeout 60 "$e/build/bin/llama-server" --version 2>&1) && ! ldd "$e/build/bin/libggml-cuda.so" 2>/dev/null | grep -q "not found"; then
+            echo "unpacked $key: $(echo "$out" | grep -m1 -i "version")"
+        else
+            echo "stage unpack: $key's llama-server does not start here, removed:"; echo "$out" | tail -n 3
+            ldd "$e/build/bin/libggml-cuda.so" 2>/dev/null | grep "not found"; rm -rf "${e:?}"
+        fi
     done ;;
 vl)
     if [ ! -f "$W/vl/dspark-F16.gguf" ]; then
@@ -441,6 +478,6 @@ train)
     echo "train rc=$?"; grep -v -i "warning\|losses.append\|detach()" "$OUT/train.log" | tail -n 40
     cp "$tw"/pair/target/model*.safetensors "$OUT/"; cp "$tw/pair/drafter/model.safetensors" "$OUT/drafter.safetensors"
     tar -C "$tw/pair" --exclude='*.safetensors' -czf "$OUT/pair-small.tar.gz" . && ls -la "$OUT" ;;
-*) echo "unknown stage $stage (carry train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first firstwait stall lossless verbose bench kernels markov ncu topk mma timeline trained train)" ;;
+*) echo "unknown stage $stage (carry pack-local train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first firstwait stall lossless verbose bench kernels markov ncu topk mma timeline trained train)" ;;
 esac
 done
