@@ -181,11 +181,13 @@ unpack)
             mkdir -p "$W/cache/engine" && cat "${first%.aa}".* | xz -d | tar -xf - -C "$W/cache/engine" || continue
         fi
         # an engine that cannot start here (a library not found, another CPU) is removed: setup then builds it
-        if out=$(timeout 60 "$e/build/bin/llama-server" --version 2>&1) && ! ldd "$e/build/bin/libggml-cuda.so" 2>/dev/null | grep -q "not found"; then
+        out=$(timeout 60 "$e/build/bin/llama-server" --version 2>&1); rc=$?
+        missing=$(ldd "$e/build/bin/libggml-cuda.so" 2>/dev/null | grep "not found")
+        if [ $rc = 0 ] && [ -z "$missing" ]; then
             echo "unpacked $key: $(echo "$out" | grep -m1 -i "version")"
         else
-            echo "stage unpack: $key's llama-server does not start here, removed:"; echo "$out" | tail -n 3
-            ldd "$e/build/bin/libggml-cuda.so" 2>/dev/null | grep "not found"; rm -rf "${e:?}"
+            echo "stage unpack: $key's llama-server does not start here (exit status $rc), removed:"
+            echo "$out" | tail -n 3; [ -z "$missing" ] || echo "$missing"; rm -rf "${e:?}"
         fi
     done ;;
 vl)

@@ -453,6 +453,48 @@ def test_device_script_invocation_on_the_small_pair(small_pair, isolated, dspark
             assert len(lv["round_tps"]) == 2
 
 
+def test_device_script_unpack_keeps_an_engine_that_starts_and_removes_one_that_does_not(dspark_engine, tmp_path):
+    """benchmarks/h200.sh unpack on the project's own engine, packed as pack-local and a trained PACK=1 call
+    pack one (build.json and build/bin, xz, split): it lands in WORK's engine cache and its llama-server's
+    version is printed; a second unpack keeps what is there; an engine whose llama-server cannot start
+    (here: its file cut short) is removed, with its exit status, so that setup builds it instead."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    exe = Path(dspark_engine.path)
+    key_dir = exe.parent.parent.parent
+    key, pack, work = key_dir.name, tmp_path / "pack", tmp_path / "work"
+    pack.mkdir()
+    subprocess.run(f"tar -C '{key_dir.parent}' -cf - '{key}/build.json' '{key}/build/bin' | xz -0 -T0 "
+                   f"| split -b 15M - '{pack}/{key}.tar.xz.'", shell=True, check=True, timeout=300)
+    env = {**os.environ, "ENGINE_PACK": str(pack), "WORK": str(work), "OUT": str(tmp_path / "out"),
+           "PYTHON": sys.executable}
+
+    def unpack():
+        return subprocess.run(["bash", str(repo / "benchmarks" / "h200.sh"), "unpack"], env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    p = unpack()
+    unpacked = work / "cache" / "engine" / key
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(rf"unpacked {key}: version: \d+", p.stdout), p.stdout
+    assert (unpacked / "build" / "bin" / "llama-server").is_file() and (unpacked / "build.json").is_file()
+    (unpacked / "kept").write_text("")  # a second unpack keeps the engine as it is
+    p = unpack()
+    assert p.returncode == 0 and f"unpacked {key}: version" in p.stdout, p.stdout + p.stderr
+    assert (unpacked / "kept").is_file()
+    server = unpacked / "build" / "bin" / "llama-server"  # cut short, as a broken transfer would leave it
+    server.write_bytes(server.read_bytes()[:4096])
+    p = unpack()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(rf"stage unpack: {key}'s llama-server does not start here \(exit status [1-9]\d*\), removed:",
+                     p.stdout), p.stdout
+    assert not unpacked.exists()
+
+
 def test_device_script_speed_stage_interleaves_and_keeps_only_its_own_logs(small_pair, dspark_engine, isolated,
                                                                            tmp_path):
     """benchmarks/h200.sh speed on CPU with the small pair: INTERLEAVE=1, CROSS=1, SPEED_ENVS and
