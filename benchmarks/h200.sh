@@ -9,7 +9,10 @@
 #   benches/ .github/); train-unpack (a `train` call's files, PAIR_FILES, put together as a pair in PAIR_DEST);
 #   pack-local (the CUDA engine built on this machine, DEV=1 for the developer series, at the device's paths and
 #   PORTABLE, with test-backend-ops, packed into .carry/engine for `unpack`: a cold call then skips its ~5 min
-#   build; needs nvcc 13 and cuBLAS here: CUDACXX, CUDAToolkit_ROOT; the device's repo root must be this one's).
+#   build; needs nvcc 13 and cuBLAS here: CUDACXX, CUDAToolkit_ROOT, and libcuda.so.1 in its lib64/stubs where no
+#   driver is; the device's repo root must be this one's). The pack is ~44 MB: with the checkout's ~39 MB it passes
+#   the device's 64 MiB, so such a call moves ggufdspark/data/trained and benchmarks/results out of the checkout
+#   while it runs (no stage but trained reads them).
 # On the device (OUT: results, WORK: .devwork, kept on a warm machine; PYTHON; SERVER: another llama-server;
 # GPU: --gpu, empty on CPU; DEV=1: the developer build; TAG: a run's name, default a):
 #   setup     build the patched CUDA engine (with llama-bench, llama-quantize) and generate the pair. ~5 min
@@ -72,6 +75,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+nvcc_path() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
 case "${1:-}" in
 carry)  # the tree ggufdspark fetched and checks (as build-engine uses it), where the device has no network
     tree=$("$py" -c 'from ggufdspark import engine; print(engine.fetch_source())' 2>/dev/null) ||
@@ -87,6 +91,10 @@ pack-local)  # the engine built here for a device call: the device's paths (repo
     [ -f "$W/src/llama.cpp/CMakeLists.txt" ] || tar -xJf .carry/llama.cpp.tar.xz -C "$W/src" ||
         { echo "stage pack-local: no pinned tree (.carry/llama.cpp.tar.xz: run the carry stage first)" >&2; exit 1; }
     export GGUFDSPARK_CACHE=$W/cache GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
+    # the link resolves cuBLAS and the driver (libcuda.so.1: the toolkit's stub where no driver is) through the loader path,
+    # and build-engine's check of the built llama-server starts it with them
+    tk=${CUDAToolkit_ROOT:-$(dirname "$(dirname "$(readlink -f "$(nvcc_path)")")")}
+    export LD_LIBRARY_PATH=$tk/lib64:$tk/lib64/stubs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     args=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 --cmake-flag=-DGGML_NATIVE=OFF --no-ui ${DEV:+--dev})
     "$py" -m ggufdspark build-engine "${args[@]}" --with-tools || exit 1
     exe=$("$py" -m ggufdspark build-engine "${args[@]}" --print-path 2>/dev/null | tail -n1) && B=$(dirname "$(dirname "$exe")")
@@ -138,7 +146,6 @@ rates() { $py -c "from ggufdspark.measuring.acceptance import PROFILES; print(',
 tbo_build() { if [ ! -f "$1/CMakeCache.txt" ] && [ -x "$1/bin/test-backend-ops" ]; then return 0; fi  # a packed engine's
     cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 && cmake --build "$1" --target test-backend-ops \
     -j "$(nproc)" >> "$W/tbo.log" 2>&1 || { echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; return 1; }; }
-nvcc_path() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
 # test-backend-ops perf of MUL_MAT at the verify's shapes: build dir $1, types $2 (f16 or q4_K,q8_0,...),
 # $3 ';'-separated environments, each one NAME=VALUE (its value may hold commas), '-' as built
 # verify_perf BUILD TYPES ENVS [N]: test-backend-ops perf of MUL_MAT at the verify's shapes, N a regex of columns
