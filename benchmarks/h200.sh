@@ -95,6 +95,9 @@ pack-local)  # the engine built here for a device call: the device's paths (repo
     # and build-engine's check of the built llama-server starts it with them
     tk=${CUDAToolkit_ROOT:-$(dirname "$(dirname "$(readlink -f "$(nvcc_path)")")")}
     export LD_LIBRARY_PATH=$tk/lib64:$tk/lib64/stubs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # with ccache on PATH (ggml's GGML_CCACHE takes it), paths hashed relative to .devwork: a series that changes
+    # one file recompiles that file, not the ~40 min of a whole CUDA build on two cores
+    export CCACHE_BASEDIR=$W
     args=(--cuda --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 --cmake-flag=-DGGML_NATIVE=OFF --no-ui ${DEV:+--dev})
     "$py" -m ggufdspark build-engine "${args[@]}" --with-tools || exit 1
     exe=$("$py" -m ggufdspark build-engine "${args[@]}" --print-path 2>/dev/null | tail -n1) && B=$(dirname "$(dirname "$exe")")
