@@ -76,6 +76,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 nvcc_path() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
+cuda_root() { dirname "$(dirname "$(readlink -f "$(nvcc_path)")")"; }  # the toolkit nvcc belongs to
+# test-backend-ops in the engine's build tree $1 (configured with the tests, built once; its log in W)
+tbo_build() { if [ ! -f "$1/CMakeCache.txt" ] && [ -x "$1/bin/test-backend-ops" ]; then return 0; fi  # a packed engine's
+    cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 && cmake --build "$1" --target test-backend-ops \
+    -j "$(nproc)" >> "$W/tbo.log" 2>&1 || { echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; return 1; }; }
 case "${1:-}" in
 carry)  # the tree ggufdspark fetched and checks (as build-engine uses it), where the device has no network
     tree=$("$py" -c 'from ggufdspark import engine; print(engine.fetch_source())' 2>/dev/null) ||
@@ -93,7 +98,7 @@ pack-local)  # the engine built here for a device call: the device's paths (repo
     export GGUFDSPARK_CACHE=$W/cache GGUFDSPARK_LLAMA_SRC=$W/src/llama.cpp
     # the link resolves cuBLAS and the driver (libcuda.so.1: the toolkit's stub where no driver is) through the loader path,
     # and build-engine's check of the built llama-server starts it with them
-    tk=${CUDAToolkit_ROOT:-$(dirname "$(dirname "$(readlink -f "$(nvcc_path)")")")}
+    tk=${CUDAToolkit_ROOT:-$(cuda_root)}
     export LD_LIBRARY_PATH=$tk/lib64:$tk/lib64/stubs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     # with ccache on PATH (ggml's GGML_CCACHE takes it), paths hashed relative to .devwork: a series that changes
     # one file recompiles that file, not the ~40 min of a whole CUDA build on two cores
@@ -102,8 +107,7 @@ pack-local)  # the engine built here for a device call: the device's paths (repo
     "$py" -m ggufdspark build-engine "${args[@]}" --with-tools || exit 1
     exe=$("$py" -m ggufdspark build-engine "${args[@]}" --print-path 2>/dev/null | tail -n1) && B=$(dirname "$(dirname "$exe")")
     key=$(basename "$(dirname "$B")")
-    cmake -DLLAMA_BUILD_TESTS=ON "$B" > "$W/tbo-local.log" 2>&1 && cmake --build "$B" --target test-backend-ops -j "$(nproc)" \
-        >> "$W/tbo-local.log" 2>&1 || { echo "stage pack-local: test-backend-ops did not build ($W/tbo-local.log)" >&2; exit 1; }
+    tbo_build "$B" >&2 || exit 1
     rm -f .carry/engine/"$key".tar.xz.*
     tar -C "$W/cache/engine" -cf - "$key/build.json" "$key/build/bin" "$key/src/ggml/include" \
         "$key/src/ggml/src/ggml-cuda/mmvq.cu" | xz -T0 -6 | split -b 15M - ".carry/engine/$key.tar.xz." || exit 1
@@ -145,10 +149,6 @@ profile() { grep -a -H -E "${3:-decode window|decode profile|spec profile}" "$1"
 arm_args() { ARMS_ARGS=(); local specs s; IFS=';' read -ra specs <<< "$1"
     for s in "${specs[@]}"; do [ -n "$s" ] && ARMS_ARGS+=(--arm "$s"); done; }
 rates() { $py -c "from ggufdspark.measuring.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))"; }
-# test-backend-ops in the engine's build tree $1 (configured with the tests, built once)
-tbo_build() { if [ ! -f "$1/CMakeCache.txt" ] && [ -x "$1/bin/test-backend-ops" ]; then return 0; fi  # a packed engine's
-    cmake -DLLAMA_BUILD_TESTS=ON "$1" > "$W/tbo.log" 2>&1 && cmake --build "$1" --target test-backend-ops \
-    -j "$(nproc)" >> "$W/tbo.log" 2>&1 || { echo "test-backend-ops did not build"; tail -n 15 "$W/tbo.log"; return 1; }; }
 # test-backend-ops perf of MUL_MAT at the verify's shapes: build dir $1, types $2 (f16 or q4_K,q8_0,...),
 # $3 ';'-separated environments, each one NAME=VALUE (its value may hold commas), '-' as built
 # verify_perf BUILD TYPES ENVS [N]: test-backend-ops perf of MUL_MAT at the verify's shapes, N a regex of columns
@@ -182,7 +182,7 @@ esac
 case $stage in
 unpack)
     # cuBLAS and the CUDA runtime from nvcc's toolkit (a packed engine's run paths name the machine that built it)
-    tk=$(dirname "$(dirname "$(readlink -f "$(nvcc_path)")")")
+    tk=$(cuda_root)
     export LD_LIBRARY_PATH=$tk/lib64:$tk/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     for first in "${ENGINE_PACK:-.carry/engine}"/*.tar.xz.aa; do
         [ -f "$first" ] || { echo "stage unpack: no *.tar.xz.aa under ${ENGINE_PACK:-.carry/engine}"; break; }
