@@ -495,6 +495,27 @@ def test_device_script_unpack_keeps_an_engine_that_starts_and_removes_one_that_d
     assert not unpacked.exists()
 
 
+def test_device_script_pack_local_without_the_pinned_tree_says_so_in_one_line(tmp_path):
+    """benchmarks/h200.sh pack-local in a checkout with no .carry/llama.cpp.tar.xz (a fresh clone: it is
+    ignored) names the missing tree and the stage that makes it, exits 1, and builds nothing."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    checkout = tmp_path / "checkout"
+    (checkout / "benchmarks").mkdir(parents=True)
+    shutil.copy(repo / "benchmarks" / "h200.sh", checkout / "benchmarks" / "h200.sh")
+    p = subprocess.run(["bash", str(checkout / "benchmarks" / "h200.sh"), "pack-local"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHON": sys.executable}, timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert ("stage pack-local: no pinned tree (.carry/llama.cpp.tar.xz: run the carry stage first)"
+            in p.stderr.splitlines()), p.stderr
+    assert not (checkout / ".devwork" / "cache").exists() and not list((checkout / ".carry" / "engine").iterdir())
+
+
 def test_device_script_speed_stage_interleaves_and_keeps_only_its_own_logs(small_pair, dspark_engine, isolated,
                                                                            tmp_path):
     """benchmarks/h200.sh speed on CPU with the small pair: INTERLEAVE=1, CROSS=1, SPEED_ENVS and
