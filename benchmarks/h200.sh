@@ -53,14 +53,13 @@
 #             q4_K:6144:2048:8), NCU_KERNELS (mul_mat), in each of ENVS: duration, occupancy, throughput, stalls; ncu-TAG.txt
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
-#   mma       patch 0071's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels: cuda/mmvq_mma_emu.cpp (their host emulation)
-#             against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT with them on, and perf in each
-#             of MMA_ENVS ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps)
-#             (developer 0075: MUL_MAT_VEC_FUSION and MUL_MAT_ADD against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=1 and =8;
-#             0076: MUL_MAT with GGML_CUDA_MMVQ_MMA_COLS=64; 0077: MUL_MAT and the fusions with GGML_CUDA_MMVQ_MMA_LOADS=1 and =2;
-#             0079: the same with =3, Q6_K and Q8_0 too;
-#             perf at n 16 / 32 / 64 too; MMA_LOADS: which of 1 2 3 the loads part tests); MMA_PARTS: only these of emu test loads cols fuse perf (default all);
-#             MMA_PERF_TYPES (q4_K,q5_K,q6_K,q8_0) and MMA_PERF_N (a regex of columns, e.g. '1|2|8') narrow perf
+#   mma       patches 0071 and 0079 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged or not): cuda/mmvq_mma_emu.cpp
+#             (their host emulation) against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT in each of
+#             MMA_TEST_ENVS ('-;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=1,GGML_CUDA_MMVQ_MMA_STAGED=0': the shape rule, every
+#             shape staged where it can be, every shape on 0071's kernels), and perf in each of MMA_ENVS
+#             ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps);
+#             MMA_PARTS: only these of emu test perf (default all); MMA_PERF_TYPES (q4_K,q5_K,q6_K,q8_0) and MMA_PERF_N
+#             (a regex of columns, e.g. '1|2|8') narrow perf
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
@@ -342,13 +341,15 @@ topk)
         && "$W/topk_cuda" --json "$OUT/topk.json" | tee "$OUT/topk.txt"
     echo "topk rc=${PIPESTATUS[0]}" ;;
 mma)
-    # patch 0071 (GGML_CUDA_MMVQ_MMA=1: all four types): its host emulation against the engine's ggml, then on a
-    # CUDA build test-backend-ops MUL_MAT q4_K, q5_K, q6_K and q8_0 against the CPU with it on, and perf beside MMVQ.
-    # MMA_PARTS picks the parts (default all: emu test loads cols fuse perf), so that a call measures what is new
-    # (loads: 0077's tests; cols: 0076's; fuse: 0075's); MMA_PERF_TYPES and MMA_PERF_N (a regex of columns) narrow perf
-    parts=" ${MMA_PARTS:-emu test loads cols fuse perf} "
-    for part in $parts; do case $part in emu|test|loads|cols|fuse|perf) ;; *)
-        echo "stage mma: MMA_PARTS part '$part': expected emu, test, loads, cols, fuse or perf"; continue 2 ;; esac; done
+    # patches 0071 and 0079 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged where 0079 stages them): their
+    # host emulation against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT q4_K, q5_K, q6_K and q8_0
+    # against the CPU in each of MMA_TEST_ENVS (default: the shape rule as it is; GGML_CUDA_MMVQ_MMA=1, every product of
+    # 2-8 columns on the kernels, staged where it can be; and =1 with GGML_CUDA_MMVQ_MMA_STAGED=0, 0071's kernels
+    # everywhere), and perf beside MMVQ in each of MMA_ENVS. MMA_PARTS picks the parts (default all: emu test perf), so
+    # that a call measures what is new; MMA_PERF_TYPES and MMA_PERF_N (a regex of columns) narrow perf
+    parts=" ${MMA_PARTS:-emu test perf} "
+    for part in $parts; do case $part in emu|test|perf) ;; *)
+        echo "stage mma: MMA_PARTS part '$part': expected emu, test or perf"; continue 2 ;; esac; done
     has() { [[ $parts == *" $1 "* ]]; }
     S=$(dirname "$(dirname "$(dirname "$(BIN)")")")/src L=$(dirname "$(BIN)")
     if [ ! -f "$S/ggml/include/ggml.h" ]; then echo "stage mma: no ggml.h under $S (the engine cache: KEY/src)"; continue; fi
@@ -363,39 +364,15 @@ mma)
         echo "stage mma: $L has no libggml-cuda.so: not a CUDA build, so nothing to run on a GPU"; continue; fi
     B=$(dirname "$L"); tbo_build "$B" || continue
     if has test; then
-        GGML_CUDA_MMVQ_MMA=1 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-test.txt" 2>&1
-        echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA=1: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-test.txt" | tail -n 4
-    fi
-    if has loads && grep -q "GGML_CUDA_MMVQ_MMA_LOADS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0077: the wide loads
-        # (=1, =2: Q4_K, Q5_K); developer 0079: =3 staged through shared memory (Q4_K, Q5_K, Q6_K, Q8_0: every type taken)
-        for l in ${MMA_LOADS:-1 2 3}; do
-            [ $l = 3 ] && ! grep -q "mmvq_mma_staged_ok" "$S/ggml/src/ggml-cuda/mmvq.cu" && continue
-            types="q4_K|q5_K"; [ $l = 3 ] && types="q4_K|q5_K|q6_K|q8_0"
-            for o in MUL_MAT MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
-                GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_LOADS=$l GGML_CUDA_MMVQ_MMA_FUSE=1 timeout 300 "$B/bin/test-backend-ops" \
-                    test -o $o -b CUDA0 -p "($types)" > "$W/mma-loads$l-$o.txt" 2>&1
-                echo "$o ${types//|/, } against the CPU with GGML_CUDA_MMVQ_MMA_LOADS=$l: rc=$?" | tee -a "$OUT/mma-tests.txt"
-                grep -E "FAIL|tests passed" "$W/mma-loads$l-$o.txt" | tail -n 4 | tee -a "$OUT/mma-tests.txt"
-            done
+        IFS=';' read -ra test_envs <<< "${MMA_TEST_ENVS:--;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=1,GGML_CUDA_MMVQ_MMA_STAGED=0}"
+        for e in "${test_envs[@]}"; do
+            env_args=(); [ "$e" != - ] && read -ra env_args <<< "${e//,/ }"
+            tag=${e//[^A-Za-z0-9=]/_}
+            env "${env_args[@]}" timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" \
+                > "$W/mma-test-$tag.txt" 2>&1
+            echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with ${e/#-/the defaults}: rc=$?" | tee -a "$OUT/mma-tests.txt"
+            grep -E "FAIL|tests passed" "$W/mma-test-$tag.txt" | tail -n 4 | tee -a "$OUT/mma-tests.txt"
         done
-    fi
-    if has cols && grep -q "GGML_CUDA_MMVQ_MMA_COLS" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0076: 9-64 columns
-        GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_COLS=64 timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 \
-            -p "type_a=(q4_K|q5_K|q6_K|q8_0)" > "$OUT/mma-cols-test.txt" 2>&1
-        echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with GGML_CUDA_MMVQ_MMA_COLS=64: rc=$?"
-        grep -E "FAIL|tests passed" "$OUT/mma-cols-test.txt" | tail -n 4
-        if grep -q "mmvq_mma_staged_ok" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0079: 9-64 columns, rows staged
-            GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_COLS=64 GGML_CUDA_MMVQ_MMA_LOADS=3 timeout 300 "$B/bin/test-backend-ops" test \
-                -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K)" > "$OUT/mma-cols-staged-test.txt" 2>&1
-            echo "MUL_MAT q4_K, q5_K against the CPU with GGML_CUDA_MMVQ_MMA_COLS=64 and GGML_CUDA_MMVQ_MMA_LOADS=3: rc=$?"
-            grep -E "FAIL|tests passed" "$OUT/mma-cols-staged-test.txt" | tail -n 4
-        fi
-    fi
-    if has fuse && grep -q "GGML_CUDA_MMVQ_MMA_FUSE" "$S/ggml/src/ggml-cuda/mmvq.cu"; then  # developer 0075: the fused products
-        for f in 1 8; do for o in MUL_MAT_VEC_FUSION MUL_MAT_ADD; do
-            GGML_CUDA_MMVQ_MMA=1 GGML_CUDA_MMVQ_MMA_FUSE=$f timeout 300 "$B/bin/test-backend-ops" test -o $o -b CUDA0 > "$OUT/mma-fuse$f-$o.txt" 2>&1
-            echo "$o against the CPU with GGML_CUDA_MMVQ_MMA_FUSE=$f: rc=$?"; grep -E "FAIL|tests passed" "$OUT/mma-fuse$f-$o.txt" | tail -n 4
-        done; done
     fi
     if has perf; then
         verify_perf "$B" "${MMA_PERF_TYPES:-q4_K,q5_K,q6_K,q8_0}" "${MMA_ENVS:-GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4}" \
