@@ -203,9 +203,9 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     """benchmarks/h200.sh mma: patch 0071's tensor-core Q4_K, Q5_K, Q6_K and Q8_0 kernels, first as their host emulation
     (benchmarks/cuda/mmvq_mma_emu.cpp, built with g++ against the engine's ggml): every shape's product
     within test-backend-ops' NMSE bound of ggml's dequantized one; for Q4_K and Q5_K each shape also with
-    developer 0077's wide loads of the weights, and with the columns in block_q8_1_x8 too, whose outputs must be
-    exactly the kernel's without them (a permutation of the mma's k), and staged through shared memory (developer
-    0079: Q4_K, Q5_K and Q6_K exactly the kernel's; Q8_0's within 1e-5 of its unstaged outputs). The engine's source has 0071 (a
+    removed developer 0077's wide loads of the weights, and with the columns in block_q8_1_x8 too, whose outputs must be
+    exactly the kernel's without them (a permutation of the mma's k), and staged through shared memory (0079:
+    Q4_K, Q5_K and Q6_K exactly the kernel's; Q8_0's within 1e-5 of its unstaged outputs). The engine's source has 0071 (a
     product patch since product-46); a CPU build is named in one line and nothing on the GPU side is tried."""
     import os
 

@@ -1,6 +1,7 @@
-// Host emulation of patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma, with developer 0077's
-// wide loads and 0079's staging through shared memory (mul_mat_vec_q8_0_mma_staged too)
-// (Q4_K, Q5_K, Q6_K by default; Q8_0 with GGML_CUDA_MMVQ_MMA=1): the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
+// Host emulation of patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma, with 0079's staging
+// through shared memory (mul_mat_vec_q4_K_mma_staged, mul_mat_vec_q8_0_mma_staged; its Q6_K form and removed developer
+// 0077's wide loads too, which must give the same outputs; which product takes which kernel is 0079's shape rule):
+// the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
 // layout the PTX ISA gives (A rows g, g + 8 at ints t, t + 4; B column g at ints t, t + 4; C rows g,
 // g + 8 x columns 2t, 2t + 1, lane = 4 g + t), the activations quantized to q8_1 as ggml-cuda's
 // quantize_q8_1 does; the result against the float product of ggml's own dequantized weights.
