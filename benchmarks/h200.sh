@@ -148,15 +148,16 @@ profile() { grep -a -H -E "${3:-decode window|decode profile|spec profile}" "$1"
 arm_args() { ARMS_ARGS=(); local specs s; IFS=';' read -ra specs <<< "$1"
     for s in "${specs[@]}"; do [ -n "$s" ] && ARMS_ARGS+=(--arm "$s"); done; }
 rates() { $py -c "from ggufdspark.measuring.acceptance import PROFILES; print(','.join(map(str, PROFILES['published'].rates)))"; }
+# env_words SPEC: one environment as the stages take it ('A=1,B=2' sets both; '-' or empty: none) into ENV_WORDS, for env
+env_words() { ENV_WORDS=(); if [ "${1:--}" != - ]; then read -ra ENV_WORDS <<< "${1//,/ }"; fi; }
 # test-backend-ops perf of MUL_MAT at the verify's shapes: build dir $1, types $2 (f16 or q4_K,q8_0,...),
 # $3 ';'-separated environments, each one NAME=VALUE (its value may hold commas), '-' as built
 # verify_perf BUILD TYPES ENVS [N]: test-backend-ops perf of MUL_MAT at the verify's shapes, N a regex of columns
 # (an environment's variables separated by commas: 'A=1,B=2' sets both, as ENVS and SPEED_ENVS take them)
-verify_perf() { local e envs ev; IFS=';' read -ra envs <<< "$3"
+verify_perf() { local e envs; IFS=';' read -ra envs <<< "$3"
     for e in "${envs[@]}"; do
-        [ "$e" = - ] && e=""; echo "== perf at the verify's shapes, types $2, env '${e:--}'"
-        ev=(); [ -n "$e" ] && read -ra ev <<< "${e//,/ }"
-        env "${ev[@]}" timeout 300 "$1/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
+        echo "== perf at the verify's shapes, types $2, env '${e:--}'"; env_words "$e"
+        env "${ENV_WORDS[@]}" timeout 300 "$1/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
             -p "type_a=(${2//,/|}),type_b=f32,m=(512|2048|6144|128000),n=(${4:-[1-9]|10|16|32|64}),k=(2048|6144)," 2>&1 \
             | grep MUL_MAT | sed -E 's/MUL_MAT\(type_a=([A-Za-z0-9_]+),type_b=f32,(m=[0-9]+,n=[0-9]+,k=[0-9]+),.*: +[0-9]+ runs - +([0-9.]+ us\/run).*/\1 \2 \3/'
     done; }
@@ -366,9 +367,8 @@ mma)
     if has test; then
         IFS=';' read -ra test_envs <<< "${MMA_TEST_ENVS:--;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=1,GGML_CUDA_MMVQ_MMA_STAGED=0}"
         for e in "${test_envs[@]}"; do
-            env_args=(); [ "$e" != - ] && read -ra env_args <<< "${e//,/ }"
-            tag=${e//[^A-Za-z0-9=]/_}
-            env "${env_args[@]}" timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" \
+            env_words "$e"; tag=${e//[^A-Za-z0-9=]/_}
+            env "${ENV_WORDS[@]}" timeout 300 "$B/bin/test-backend-ops" test -o MUL_MAT -b CUDA0 -p "type_a=(q4_K|q5_K|q6_K|q8_0)" \
                 > "$W/mma-test-$tag.txt" 2>&1
             echo "MUL_MAT q4_K, q5_K, q6_K, q8_0 against the CPU with ${e/#-/the defaults}: rc=$?" | tee -a "$OUT/mma-tests.txt"
             grep -E "FAIL|tests passed" "$W/mma-test-$tag.txt" | tail -n 4 | tee -a "$OUT/mma-tests.txt"
@@ -388,8 +388,8 @@ verbose)
     # the drafted server serve would start here, its command line from serve itself, with -v
     line=$($py -m ggufdspark serve -m "$T" -md "$D" --server "$(BIN)" --port "${PORT:-18099}" --no-ui --dry-run -- -v) ||
         { echo "stage verbose: serve --dry-run failed"; continue; }
-    argv=(); eval "argv=($line)"; env_args=(); [ "${ENVS:--}" != - ] && read -ra env_args <<< "${ENVS//,/ }"
-    env "${env_args[@]}" "${argv[@]}" > "$W/verbose.log" 2>&1 &
+    argv=(); eval "argv=($line)"; env_words "${ENVS:--}"
+    env "${ENV_WORDS[@]}" "${argv[@]}" > "$W/verbose.log" 2>&1 &
     vpid=$!
     for _ in $(seq 600); do curl -sf "http://127.0.0.1:${PORT:-18099}/health" > /dev/null && break
         kill -0 "$vpid" 2>/dev/null || break; sleep 0.5; done
