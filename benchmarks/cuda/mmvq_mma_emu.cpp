@@ -1,6 +1,6 @@
-// Host emulation of patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma, with 0079's staging
-// through shared memory (mul_mat_vec_q4_K_mma_staged, mul_mat_vec_q8_0_mma_staged; its Q6_K form and removed developer
-// 0077's wide loads too, which must give the same outputs; which product takes which kernel is 0079's shape rule):
+// Host emulation of patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma, with 0079's and 0080's staging
+// through shared memory (mul_mat_vec_q4_K_mma_staged, _q8_0_mma_staged, _q6_K_mma_staged; removed developer 0077's
+// wide loads too, which must give the same outputs; which product takes which kernel is 0079's shape rule):
 // the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
 // layout the PTX ISA gives (A rows g, g + 8 at ints t, t + 4; B column g at ints t, t + 4; C rows g,
 // g + 8 x columns 2t, 2t + 1, lane = 4 g + t), the activations quantized to q8_1 as ggml-cuda's
@@ -47,6 +47,15 @@ static void scales(const uint8_t * q, float dmx, float dmy, float * d, float * m
 }
 
 static int8_t byte_of(int v, int i) { return (int8_t) ((uint32_t) v >> (8*i)); }
+
+// 0080's mmvq_mma_q6_K_int: int i of a staged Q6_K block that starts boff bytes into its staged row, from the two
+// 4-byte words of the row at boff / 4 + i and + 1, shifted right by boff % 4 bytes (__funnelshift_r)
+static int q6_staged_int(const uint8_t * row, int boff, int i) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, row + 4*(boff/4 + i), 4);
+    std::memcpy(&hi, row + 4*(boff/4 + i + 1), 4);
+    return (int) (uint32_t) ((((uint64_t) hi << 32) | lo) >> (8*(boff % 4)));
+}
 
 // the kernel's get_int_b2: int i of a 2-byte-aligned array, from two 16-bit loads
 static int get_int_b2(const void * x, int i32) {
@@ -101,8 +110,9 @@ int main() {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     int fails = 0;
     for (const ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
-    for (int M : {16, 40, 64}) for (int K : {256, 768}) for (int N : {2, 3, 5, 8}) for (int nwarps : {1, 4}) {
+    for (int M : {16, 40, 64}) for (int K : {256, 768, 2048}) for (int N : {2, 3, 5, 8}) for (int nwarps : {1, 4}) {
         const bool q5 = type == GGML_TYPE_Q5_K, q4 = type == GGML_TYPE_Q4_K || q5, q6 = type == GGML_TYPE_Q6_K;  // q4: Q4_K's path (Q5_K too)
+        if (K == 2048 && !q6) continue;  // K 2048: for 0080's staged Q6_K (rows of a multiple of 16 bytes), every boff
         const int qk = q4 || q6 ? QK_K : 32, nb = K / qk;
         std::vector<float> W((size_t) M*K), X((size_t) N*K);
         for (auto & v : W) v = nd(rng);
@@ -139,6 +149,8 @@ int main() {
         const bool q8 = type == GGML_TYPE_Q8_0;
         if ((loads == 1 || loads == 2) && !q4) continue;
         if (loads == 3 && !(q4 || q6 || q8)) continue;
+        // 0080's Q6_K kernel takes rows of a multiple of 16 bytes (ggml_cuda_mmvq_mma_staged_ok): here K 2048
+        if (loads == 3 && q6 && (ggml_row_size(type, K) % 16 != 0)) continue;
         const bool wl = loads == 1 || loads == 2, st = loads == 3;
         const size_t bsz = ggml_type_size(type);
         std::vector<float> dst((size_t) N*M, NAN);
@@ -182,26 +194,24 @@ int main() {
             } else
             for (int w = 0; w < nwarps; ++w) {
                 for (int kb = w; kb < nb; kb += nwarps) {
-                    // developer 0079 (st, Q4_K / Q5_K): the super-block of the tile's 16 rows (a block's bytes apart) and the
-                    // 8 columns' 8 q8_1 blocks (STAGE_YP apart) staged in 16-byte pieces; the fragments read from there
-                    // (Q6_K: cp.async of a row's 52 4-byte-aligned words, from byte w0 of the block, 2 when kb is odd, and a
-                    // 2-byte load of its other 2 bytes; the block w0 bytes into its shared row, rows 240 bytes apart. The
-                    // kernel takes it where rows are 4-byte aligned, an even number of blocks; here every shape)
+                    // 0079 (st, Q4_K / Q5_K): the super-block of the tile's 16 rows (a block's bytes apart) and the
+                    // 8 columns' 8 q8_1 blocks (STAGE_YP apart) staged in 16-byte pieces; the fragments read from there.
+                    // 0080 (st, Q6_K): each row's 14 16-byte pieces from the 16-byte boundary at or before the block (the
+                    // block w0 = 210 kb % 16 bytes into its staged row, rows 240 bytes apart; the kernel's rows are a
+                    // multiple of 16 bytes), the columns as 0079's (past N: the last column again), the ints read by
+                    // q6_staged_int
                     std::vector<uint8_t> sx, sy;
-                    const int xp = q6 ? 240 : (int) bsz, w0 = q6 && kb % 2 ? 2 : 0, u0 = kb % 2 ? 0 : 208;
+                    const int xp = q6 ? 240 : (int) bsz, w0 = q6 ? (int) ((size_t) kb*bsz % 16) : 0;
                     if (st && q6) {
-                        sx.assign(16*xp, 0xEE); sy.resize(8*STAGE_YP);
-                        for (int idx = 0; idx < 16*52; ++idx) {
-                            const int r = idx / 52, p = idx % 52;
-                            const uint8_t * row = xq.data() + ((size_t) (16*tile + std::min(r, M - 16*tile - 1))*stride_row_x + kb)*bsz;
-                            std::memcpy(sx.data() + r*xp + 2*w0 + 4*p, row + w0 + 4*p, 4);
-                        }
-                        for (int lane = 0; lane < 16; ++lane) {
-                            const uint8_t * row = xq.data() + ((size_t) (16*tile + std::min(lane, M - 16*tile - 1))*stride_row_x + kb)*bsz;
-                            std::memcpy(sx.data() + lane*xp + w0 + u0, row + u0, 2);
+                        sx.assign(16*xp, 0xEE); sy.assign(8*STAGE_YP, 0xEE);
+                        const size_t a = (size_t) kb*bsz & ~(size_t) 15;
+                        for (int idx = 0; idx < 16*14; ++idx) {
+                            const int r = idx / 14, p = idx % 14;
+                            const uint8_t * row = xq.data() + (size_t) (16*tile + std::min(r, M - 16*tile - 1))*stride_row_x*bsz;
+                            std::memcpy(sx.data() + r*xp + 16*p, row + a + 16*p, 16);
                         }
                         stage(sy.data(), STAGE_YP, (const uint8_t *) y.data() + (size_t) 8*kb*36, (size_t) stride_col_y*36, 288, 8, N,
-                              true, 16);
+                              false, 16);
                     } else if (st) {
                         sx.resize(16*xp); sy.resize(8*STAGE_YP);
                         stage(sx.data(), xp, xq.data() + ((size_t) 16*tile*stride_row_x + kb)*bsz, stride_row_x*bsz, (int) bsz,
@@ -246,8 +256,10 @@ int main() {
                             } else if (q6) {
                                 for (int r = 0; r < 2; ++r) for (int h = 0; h < 2; ++h) {
                                     const block_q6_K & bx = *(const block_q6_K *) (r ? B1 : B0);
-                                    const int lo = (get_int_b2(bx.ql, 16*n + 8*(pp & 1) + 4*h + t) >> (4*(pp >> 1))) & 0x0F0F0F0F;
-                                    const int hi = (get_int_b2(bx.qh, 8*n + 4*h + t) >> (2*pp)) & 0x03030303;
+                                    const uint8_t * srow = st ? sx.data() + (size_t) (g + 8*r)*xp : nullptr;  // 0080's staged row
+                                    const int iql = 16*n + 8*(pp & 1) + 4*h + t, iqh = 8*n + 4*h + t;
+                                    const int lo = ((st ? q6_staged_int(srow, w0, iql) : get_int_b2(bx.ql, iql)) >> (4*(pp >> 1))) & 0x0F0F0F0F;
+                                    const int hi = ((st ? q6_staged_int(srow, w0, 32 + iqh) : get_int_b2(bx.qh, iqh)) >> (2*pp)) & 0x03030303;
                                     a[lane][2*h + r] = vsub32(lo | (hi << 4));  // regs: row g / g + 8 at k half h
                                 }
                             } else {
@@ -325,10 +337,18 @@ int main() {
                                 acc[3] += d1[s]*ds1x*dot[lane][3] - m1[s]*ds1y;
                             } else if (q6) {
                                 const block_q6_K & X60 = *(const block_q6_K *) B0, & X61 = *(const block_q6_K *) B1;
-                                const float dr[2] = {ok0 ? ggml_fp16_to_fp32(X60.d) : 0, ok1 ? ggml_fp16_to_fp32(X61.d) : 0};
+                                float dr[2] = {ok0 ? ggml_fp16_to_fp32(X60.d) : 0, ok1 ? ggml_fp16_to_fp32(X61.d) : 0};
+                                int8_t scs[2][16];
+                                for (int r = 0; r < 2; ++r) for (int j2 = 0; j2 < 16; ++j2) scs[r][j2] = (r ? X61 : X60).scales[j2];
+                                if (st) {  // 0080: d from int 52's low half, the scales from ints 48-51, as the kernel reads them
+                                    for (int r = 0; r < 2; ++r) {
+                                        const uint8_t * srow = sx.data() + (size_t) (g + 8*r)*xp;
+                                        if (r ? ok1 : ok0) dr[r] = ggml_fp16_to_fp32((uint16_t) q6_staged_int(srow, w0, 52));
+                                        for (int j2 = 0; j2 < 16; ++j2) scs[r][j2] = byte_of(q6_staged_int(srow, w0, 48 + j2/4), j2 % 4);
+                                    }
+                                }
                                 for (int l = 0; l < 4; ++l) {
-                                    const block_q6_K & bx = l / 2 ? X61 : X60;
-                                    const float sl = dr[l / 2] * bx.scales[8*n + 2*pp], sh = dr[l / 2] * bx.scales[8*n + 2*pp + 1];
+                                    const float sl = dr[l / 2] * scs[l / 2][8*n + 2*pp], sh = dr[l / 2] * scs[l / 2][8*n + 2*pp + 1];
                                     acc[l] += (l % 2 ? ds1x : ds0x) * (sl*dot[lane][l] + sh*dot_hi[lane][l]);
                                 }
                             } else {
