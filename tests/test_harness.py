@@ -205,7 +205,7 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     within test-backend-ops' NMSE bound of ggml's dequantized one; for Q4_K and Q5_K each shape also with
     removed developer 0077's wide loads of the weights, and with the columns in block_q8_1_x8 too, whose outputs must be
     exactly the kernel's without them (a permutation of the mma's k), and staged through shared memory (0079:
-    Q4_K, Q5_K and Q6_K exactly the kernel's; Q8_0's within 1e-5 of its unstaged outputs). The engine's source has 0071 (a
+    Q4_K and Q5_K exactly the kernel's, Q8_0's within 1e-5 of its unstaged outputs; 0080: Q6_K exactly the kernel's). The engine's source has 0071 (a
     product patch since product-46); a CPU build is named in one line and nothing on the GPU side is tried."""
     import os
 
@@ -219,11 +219,15 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     lines = (out / "mma-emu.txt").read_text().splitlines()
     shapes = [ln for ln in lines if ln.startswith(("q4_K M=", "q5_K M=", "q6_K M=", "q8_0 M="))]
     assert len(shapes) == 576 and all(ln.endswith(" OK") for ln in shapes) and lines[-1] == "all OK", lines
-    # Q6_K and Q8_0 as 0071 loads them and staged through shared memory (developer 0079; Q6_K exactly 0071's
-    # outputs, Q8_0 4 blocks a warp step, within 1e-5 of the unstaged outputs, whose sums meet in another order)
-    for t in ("q6_K", "q8_0"):
-        assert sum(ln.startswith(t) and " staged" not in ln for ln in shapes) == 48, lines
-        assert sum(ln.startswith(t) and " staged: " in ln for ln in shapes) == 48, lines
+    # Q8_0 as 0071 loads it and staged through shared memory (0079: 4 blocks a warp step, within 1e-5 of the
+    # unstaged outputs, whose sums meet in another order); Q6_K at K 256, 768 and 2048, staged (0080: by 16-byte
+    # pieces from the boundary before each block, read back as shifted words; exactly 0071's outputs) where its
+    # rows are a multiple of 16 bytes, K 2048
+    assert sum(ln.startswith("q8_0") and " staged" not in ln for ln in shapes) == 48, lines
+    assert sum(ln.startswith("q8_0") and " staged: " in ln for ln in shapes) == 48, lines
+    assert sum(ln.startswith("q6_K") and " staged" not in ln for ln in shapes) == 72, lines
+    q6_staged = [ln for ln in shapes if ln.startswith("q6_K") and " staged: " in ln]
+    assert len(q6_staged) == 24 and all(" K=2048 " in ln for ln in q6_staged), lines
     for t in ("q4_K", "q5_K"):  # each shape as 0071 loads it, with 0077's wide loads, with its x8 columns, and staged
         assert sum(ln.startswith(t) and " wide loads" not in ln and " staged" not in ln for ln in shapes) == 48, lines
         assert sum(ln.startswith(t) and " wide loads: " in ln for ln in shapes) == 48, lines
