@@ -53,7 +53,7 @@
 #             q4_K:6144:2048:8), NCU_KERNELS (mul_mat), in each of ENVS: duration, occupancy, throughput, stalls; ncu-TAG.txt
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
-#   mma       patches 0071 and 0079 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged or not): cuda/mmvq_mma_emu.cpp
+#   mma       patches 0071, 0079 and developer 0080 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged or not): cuda/mmvq_mma_emu.cpp
 #             (their host emulation) against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT in each of
 #             MMA_TEST_ENVS ('-;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=1,GGML_CUDA_MMVQ_MMA_STAGED=0': the shape rule, every
 #             shape staged where it can be, every shape on 0071's kernels), and perf in each of MMA_ENVS
@@ -342,7 +342,7 @@ topk)
         && "$W/topk_cuda" --json "$OUT/topk.json" | tee "$OUT/topk.txt"
     echo "topk rc=${PIPESTATUS[0]}" ;;
 mma)
-    # patches 0071 and 0079 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged where 0079 stages them): their
+    # patches 0071, 0079 and developer 0080 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged where 0079 stages them): their
     # host emulation against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT q4_K, q5_K, q6_K and q8_0
     # against the CPU in each of MMA_TEST_ENVS (default: the shape rule as it is; GGML_CUDA_MMVQ_MMA=1, every product of
     # 2-8 columns on the kernels, staged where it can be; and =1 with GGML_CUDA_MMVQ_MMA_STAGED=0, 0071's kernels
