@@ -205,7 +205,7 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     within test-backend-ops' NMSE bound of ggml's dequantized one; for Q4_K and Q5_K each shape also with
     removed developer 0077's wide loads of the weights, and with the columns in block_q8_1_x8 too, whose outputs must be
     exactly the kernel's without them (a permutation of the mma's k), and staged through shared memory (0079:
-    Q4_K and Q5_K exactly the kernel's, Q8_0's within 1e-5 of its unstaged outputs; 0080: Q6_K exactly the kernel's). The engine's source has 0071 (a
+    Q4_K and Q5_K exactly the kernel's, Q8_0's within 1e-5 of its unstaged outputs; developer 0080: Q6_K within 1e-5). The engine's source has 0071 (a
     product patch since product-46); a CPU build is named in one line and nothing on the GPU side is tried."""
     import os
 
@@ -220,9 +220,9 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     shapes = [ln for ln in lines if ln.startswith(("q4_K M=", "q5_K M=", "q6_K M=", "q8_0 M="))]
     assert len(shapes) == 576 and all(ln.endswith(" OK") for ln in shapes) and lines[-1] == "all OK", lines
     # Q8_0 as 0071 loads it and staged through shared memory (0079: 4 blocks a warp step, within 1e-5 of the
-    # unstaged outputs, whose sums meet in another order); Q6_K at K 256, 768 and 2048, staged (0080: by 16-byte
-    # pieces from the boundary before each block, read back as shifted words; exactly 0071's outputs) where its
-    # rows are a multiple of 16 bytes, K 2048
+    # unstaged outputs, whose sums meet in another order); Q6_K at K 256, 768 and 2048, staged (developer 0080: by
+    # 16-byte pieces from the boundary before each block, read back as shifted words, the 6-bit dots less 32 times
+    # the columns' half sums, scaled in int; within 1e-5 of 0071's outputs) where its rows are a multiple of 16 bytes
     assert sum(ln.startswith("q8_0") and " staged" not in ln for ln in shapes) == 48, lines
     assert sum(ln.startswith("q8_0") and " staged: " in ln for ln in shapes) == 48, lines
     assert sum(ln.startswith("q6_K") and " staged" not in ln for ln in shapes) == 72, lines

@@ -201,6 +201,7 @@ int main() {
                     // multiple of 16 bytes), the columns as 0079's (past N: the last column again), the ints read by
                     // q6_staged_int
                     std::vector<uint8_t> sx, sy;
+                    int hsum[128] = {};
                     const int xp = q6 ? 240 : (int) bsz, w0 = q6 ? (int) ((size_t) kb*bsz % 16) : 0;
                     if (st && q6) {
                         sx.assign(16*xp, 0xEE); sy.assign(8*STAGE_YP, 0xEE);
@@ -212,6 +213,14 @@ int main() {
                         }
                         stage(sy.data(), STAGE_YP, (const uint8_t *) y.data() + (size_t) 8*kb*36, (size_t) stride_col_y*36, 288, 8, N,
                               false, 16);
+                        // the kernel's half sums, lane by lane: lane's int4 at 4 lane holds column lane / 4's blocks
+                        // 2 lane % 8 and + 1, halves 0 and 1 each (column c, block s, half h at 16 c + 2 s + h)
+                        for (int lane = 0; lane < 32; ++lane) for (int j2 = 0; j2 < 4; ++j2) {
+                            const block_q8_1 * yb = (const block_q8_1 *) (sy.data() + (lane/4)*STAGE_YP) + (2*lane) % 8 + j2/2;
+                            int sum = 0;
+                            for (int k = 0; k < 16; ++k) sum += yb->qs[16*(j2 % 2) + k];
+                            hsum[4*lane + j2] = sum;
+                        }
                     } else if (st) {
                         sx.resize(16*xp); sy.resize(8*STAGE_YP);
                         stage(sx.data(), xp, xq.data() + ((size_t) 16*tile*stride_row_x + kb)*bsz, stride_row_x*bsz, (int) bsz,
@@ -260,7 +269,9 @@ int main() {
                                     const int iql = 16*n + 8*(pp & 1) + 4*h + t, iqh = 8*n + 4*h + t;
                                     const int lo = ((st ? q6_staged_int(srow, w0, iql) : get_int_b2(bx.ql, iql)) >> (4*(pp >> 1))) & 0x0F0F0F0F;
                                     const int hi = ((st ? q6_staged_int(srow, w0, 32 + iqh) : get_int_b2(bx.qh, iqh)) >> (2*pp)) & 0x03030303;
-                                    a[lane][2*h + r] = vsub32(lo | (hi << 4));  // regs: row g / g + 8 at k half h
+                                    // regs: row g / g + 8 at k half h; 0080 (st) keeps the 6-bit values (0..63) and takes 32 times
+                                    // the columns' half sums off the int dots below
+                                    a[lane][2*h + r] = st ? lo | (hi << 4) : vsub32(lo | (hi << 4));
                                 }
                             } else {
                                 a[lane][0] = get_int_b2(x8[i0].qs, t);
@@ -348,6 +359,12 @@ int main() {
                                     }
                                 }
                                 for (int l = 0; l < 4; ++l) {
+                                    if (st) {  // 0080: (dot - 32 half sum) by each half's int scale, then d * e * that, one conversion
+                                        const int * hs = hsum + 16*(l % 2 ? c1 : c0) + 2*s;
+                                        const int v = (dot[lane][l] - 32*hs[0])*scs[l / 2][8*n + 2*pp] + (dot_hi[lane][l] - 32*hs[1])*scs[l / 2][8*n + 2*pp + 1];
+                                        acc[l] += dr[l / 2] * (l % 2 ? ds1x : ds0x) * (float) v;
+                                        continue;
+                                    }
                                     const float sl = dr[l / 2] * scs[l / 2][8*n + 2*pp], sh = dr[l / 2] * scs[l / 2][8*n + 2*pp + 1];
                                     acc[l] += (l % 2 ? ds1x : ds0x) * (sl*dot[lane][l] + sh*dot_hi[lane][l]);
                                 }
@@ -382,10 +399,11 @@ int main() {
             err2 += (got - ref)*(got - ref); ref2 += ref*ref;
         }
         const double nmse = err2 / ref2;
-        // the permuted k leaves every int32 dot, so every output, as it was; so does Q4_K / Q5_K / Q6_K's staging (each warp
-        // the same super-blocks); Q8_0's staging gives a warp 4 consecutive blocks, so its sums meet in another order
+        // the permuted k leaves every int32 dot, so every output, as it was; so does Q4_K / Q5_K's staging (each warp the
+        // same super-blocks); Q8_0's staging gives a warp 4 consecutive blocks, so its sums meet in another order, and
+        // 0080's Q6_K scales its (exact) int dots before one conversion: both within 1e-5 of the unstaged outputs
         bool same = (!wl && !st) || dst == dst_plain;
-        if (st && q8 && !same) {
+        if (st && (q8 || q6) && !same) {
             double dmax = 0, pmax = 0;
             for (size_t i = 0; i < dst.size(); ++i) { dmax = std::max(dmax, (double) std::fabs(dst[i] - dst_plain[i])); pmax = std::max(pmax, (double) std::fabs(dst_plain[i])); }
             same = dmax <= 1e-5*pmax;
