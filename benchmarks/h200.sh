@@ -49,8 +49,8 @@
 #   bench     llama-bench on the target: tg128 and prompt processing at PP (1,2,4,8,10,512)
 #   kernels   test-backend-ops MUL_MAT against the CPU, then perf at the verify's shapes for KERNEL_TYPES (f16;
 #             e.g. q4_K,q6_K,q8_0: perf only) in each of ENVS (';'-separated NAME=VALUE); kernels-TAG.txt
-#   ncu       Nsight Compute over test-backend-ops perf, one MUL_MAT case a run (NCU_CASES: TYPE:ROWS:K:COLUMNS, e.g.
-#             q4_K:6144:2048:8), NCU_KERNELS (mul_mat), in each of ENVS: duration, occupancy, throughput, stalls; ncu-TAG.txt
+#   ncu       Nsight Compute over test-backend-ops perf, one MUL_MAT case a run (NCU_CASES: TYPE:ROWS:K:COLUMNS, space-separated, e.g.
+#             q4_K:6144:2048:8), NCU_KERNELS (mul_mat), in each of ENVS: duration, occupancy, throughput, stalls; ncu-TAG.txt, the CSVs in ncu-TAG/
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
 #   mma       patches 0071, 0079 and developer 0080 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged or not): cuda/mmvq_mma_emu.cpp
@@ -431,6 +431,7 @@ ncu)
             echo "ncu env '${e:--}' $c: rc=$?"
         done
     done
+    mkdir -p "$OUT/ncu-$TAG" && cp "$W"/ncu/*.csv "$OUT/ncu-$TAG/" 2>/dev/null  # ncu's own files back too (~60-100 KB a case)
     $py benchmarks/cuda/probes.py ncu "$W"/ncu/*.csv --json "$OUT/ncu-$TAG.json" > "$OUT/ncu-$TAG.txt" 2>&1
     echo "probes.py ncu rc=$?"; cat "$OUT/ncu-$TAG.txt" ;;
 markov)

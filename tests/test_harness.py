@@ -5,8 +5,10 @@ and the device script benchmarks/h200.sh."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -740,3 +742,42 @@ def test_device_mma_stage_runs_only_the_parts_asked_for(dspark_engine, engine_sr
                        env={**env, "MMA_PARTS": "emu perfs"}, capture_output=True, text=True, timeout=300)
     assert p.stdout.count("stage mma: MMA_PARTS part 'perfs': expected emu, test or perf") == 2, p.stdout
     assert "mma emulation" not in p.stdout and "no libggml-cuda.so" not in p.stdout, p.stdout
+
+
+def test_ncu_summary_reads_a_csv_nsight_compute_wrote_on_the_h100(tmp_path):
+    """probes.py ncu on two files Nsight Compute 2025 wrote on the H100 (h200.sh's ncu stage, and the same with the
+    MemoryWorkloadAnalysis section; `benchmarks/results/0c1e570-product-47-dev-0080-present/ncu/`). That ncu fills
+    the rule columns after "Metric Value" only on its rules' rows, so a metric's row is shorter than the header: the
+    reader first dropped every metric and printed nan for all of them. MemoryWorkloadAnalysis names a second "Memory
+    Throughput" in byte/s: the percent of SpeedOfLight is the one read. Durations are checked against the file's own
+    Duration rows, read here line by line."""
+    folder = REPO / "benchmarks" / "results" / "0c1e570-product-47-dev-0080-present" / "ncu"
+    stage, sections = folder / "q6_K-128000x2048-n8.csv", folder / "head-n8-rule.csv"
+    header = next(line for line in stage.read_text().splitlines() if line.startswith('"ID"'))
+    metric = next(line for line in stage.read_text().splitlines() if '"Duration"' in line)
+    assert len(next(csv.reader([metric]))) < len(next(csv.reader([header]))), "no longer the layout this test is about"
+    assert '"Memory Throughput","byte/s"' in sections.read_text(), "no longer the layout this test is about"
+
+    def durations(path):  # every launch's Duration in us, as the file says it
+        out = []
+        for row in csv.reader(path.read_text().splitlines()):
+            if len(row) > 14 and row[12] == "Duration":
+                assert row[13] in ("ns", "nsecond"), row
+                out.append(float(row[14].replace(",", "")) / 1000)
+        return out
+
+    summary_path = tmp_path / "ncu.json"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cuda" / "probes.py"), "ncu", str(stage),
+                        str(sections), "--json", str(summary_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(summary_path.read_text())
+    assert "nan" not in p.stdout, p.stdout
+    for path in (stage, sections):
+        (row,) = summary[path.stem]
+        assert row["kernel"] == "mul_mat_vec_q6_K_mma" and row["grid"] == "(8000, 1, 1)" and row["block"] == "(32, 4, 1)"
+        expected = durations(path)
+        assert row["launches"] == len(expected) >= 2
+        assert abs(row["duration_us"] - statistics.median_high(expected)) < 1e-3
+        assert row["registers"] == 154 and row["theoretical_occupancy_pct"] == 18.75
+        assert 0 < row["dram_pct"] < row["memory_pct"] < 100, row  # percent, not byte/s
+    assert list(summary[stage.stem][0]["top_stalls"]) == ["lg_throttle", "selected", "wait"]

@@ -90,6 +90,11 @@ NCU_METRICS = {"Duration": "duration_us", "Registers Per Thread": "registers", "
                "Memory Throughput": "memory_pct", "DRAM Throughput": "dram_pct",
                "Compute (SM) Throughput": "sm_pct", "Warp Cycles Per Issued Instruction": "cycles_per_issue"}
 NCU_STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
+# metrics read only in percent (another section may name one with another unit)
+NCU_PERCENT = {"Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput", "Theoretical Occupancy",
+               "Achieved Occupancy"}
+# the columns of an ncu details CSV that read_ncu takes
+NCU_COLUMNS = ("ID", "Kernel Name", "Block Size", "Grid Size", "Metric Name", "Metric Unit", "Metric Value")
 NCU_TIME = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 
 SYNC_TYPES = {1: "event sync", 2: "stream wait event", 3: "stream sync", 4: "context sync"}
@@ -436,13 +441,16 @@ def topk_switch(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
 def read_ncu(path: Path) -> dict:
     """One ncu details CSV: each launch ID's kernel, block, grid and metrics (``NCU_METRICS``' names,
     times in us, stall reasons under ``stalls``)."""
-    head, launches = None, {}
+    head, launches, width = None, {}, 0
     for row in csv.reader(path.read_text(errors="replace").splitlines()):
         if head is None:
             if "Kernel Name" in row and "Metric Value" in row:
                 head = {name: i for i, name in enumerate(row)}
+                width = 1 + max(head[k] for k in NCU_COLUMNS)
             continue
-        if len(row) < len(head):
+        # Nsight Compute 2025 fills the rule columns after "Metric Value" only on its rules' rows: a metric's
+        # row is shorter than the header, and only the columns read here must be there
+        if len(row) < width:
             continue
         launch = launches.setdefault(row[head["ID"]], {
             "kernel": short_name(row[head["Kernel Name"]]), "block": row[head["Block Size"]],
@@ -452,6 +460,8 @@ def read_ncu(path: Path) -> dict:
             value = float(row[head["Metric Value"]].replace(",", ""))
         except ValueError:
             continue
+        if name in NCU_PERCENT and unit != "%":
+            continue  # MemoryWorkloadAnalysis's "Memory Throughput" in byte/s beside SpeedOfLight's in %
         if name in NCU_METRICS:
             launch[NCU_METRICS[name]] = value * NCU_TIME.get(unit, 1.0) if name == "Duration" else value
         elif m := NCU_STALL.fullmatch(name):
