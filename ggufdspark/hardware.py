@@ -64,6 +64,13 @@ DEFAULTS: dict[str, BackendDefaults] = {
     # VRAM (the 3B's 65536 x 2048 F16 table); product-38's drafted ids reach the verify there (engine
     # patch 0061), and its load figures have it in both arms. Metal's memory is unified (and
     # unmeasured); the CPU has no device to put it on.
+    # One table for every target type. tune --load on quantized targets (product-47, one H100, 2 requests a
+    # client; benchmarks/results/0c1e570-product-47-dev/tune-*.json) recommended other cuts: 3 above 4 busy
+    # slots for Q4_K_M (5 above 2 too), 3 above 8 for Q8_0. Served beside this table in one interleaved run
+    # (serving.py arms, 3 requests a client, 2026-12-07; 0c1e570-product-47/*-arms-cut.json), none beat it:
+    # Q4_K_M table / 4:3 / 2:5,4:3 1.39/1.36/1.39x at 4 clients, 1.32/1.27/1.40x at 8, 1.11/1.39/1.22x at 16,
+    # 1.18/1.02/1.16x at 32, 1.01/1.01/1.02x at 64; Q8_0 table / 8:3 1.48/1.35x, 1.40/1.29x, 1.20/1.47x,
+    # 1.24/1.23x, 1.08/1.09x. Arms identical at one client ran 2.00-2.25x: differences of that size are noise.
     "cuda": BackendDefaults(7, True, "on", "CUDA: draft length 7 measured best on an H200 (docs/benchmarks.md)",
                             draft_cut=((16, 3),), draft_ubatch=2048, token_table_on_device=True),
     # 8 rows fill the verifier threadgroup on Metal (reported: M3 Ultra 1.57x-2.14x with block 8).
