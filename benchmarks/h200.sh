@@ -10,7 +10,7 @@
 #   pack-local (the CUDA engine built on this machine, DEV=1 for the developer series, at the device's paths and
 #   PORTABLE, with test-backend-ops, packed into .carry/engine for `unpack`: a cold call then skips its ~5 min
 #   build; needs nvcc 13 and cuBLAS here: CUDACXX, CUDAToolkit_ROOT, and libcuda.so.1 in its lib64/stubs where no
-#   driver is; the device's repo root must be this one's). The pack is ~44 MB: with the checkout's ~39 MB it passes
+#   driver is: scripts/cuda_toolkit_pypi.sh makes both from PyPI; the device's repo root must be this one's). The pack is ~44 MB: with the checkout's ~39 MB it passes
 #   the device's 64 MiB, so such a call moves ggufdspark/data/trained and benchmarks/results out of the checkout
 #   while it runs (no stage but trained reads them).
 # On the device (OUT: results, WORK: .devwork, kept on a warm machine; PYTHON; SERVER: another llama-server;
