@@ -424,7 +424,7 @@ ncu)
             ev=(); [ -n "$e" ] && read -ra ev <<< "${e//,/ }"
             env "${ev[@]}" timeout 180 "$nc" --clock-control none --kernel-name "regex:${NCU_KERNELS:-mul_mat}" \
                 --launch-skip "${NCU_SKIP:-4}" --launch-count "${NCU_COUNT:-3}" --section SpeedOfLight --section Occupancy \
-                --section LaunchStats --section WarpStateStats \
+                --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
                 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv --page details \
                 --log-file "$f" "$B/bin/test-backend-ops" perf -o MUL_MAT -b CUDA0 -p "type_a=$ty,type_b=f32,m=$m,n=$n,k=$k," \
                 > "$f.out" 2>&1
