@@ -753,8 +753,9 @@ def test_ncu_summary_reads_a_csv_nsight_compute_wrote_on_the_h100(tmp_path):
     Duration rows, read here line by line."""
     folder = REPO / "benchmarks" / "results" / "0c1e570-product-47-dev-0080-present" / "ncu"
     stage, sections = folder / "q6_K-128000x2048-n8.csv", folder / "head-n8-rule.csv"
-    header = next(line for line in stage.read_text().splitlines() if line.startswith('"ID"'))
-    metric = next(line for line in stage.read_text().splitlines() if '"Duration"' in line)
+    lines = stage.read_text().splitlines()
+    header = next(line for line in lines if line.startswith('"ID"'))
+    metric = next(line for line in lines if '"Duration"' in line)
     assert len(next(csv.reader([metric]))) < len(next(csv.reader([header]))), "no longer the layout this test is about"
     assert '"Memory Throughput","byte/s"' in sections.read_text(), "no longer the layout this test is about"
 

@@ -90,9 +90,6 @@ NCU_METRICS = {"Duration": "duration_us", "Registers Per Thread": "registers", "
                "Memory Throughput": "memory_pct", "DRAM Throughput": "dram_pct",
                "Compute (SM) Throughput": "sm_pct", "Warp Cycles Per Issued Instruction": "cycles_per_issue"}
 NCU_STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
-# metrics read only in percent (another section may name one with another unit)
-NCU_PERCENT = {"Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput", "Theoretical Occupancy",
-               "Achieved Occupancy"}
 # the columns of an ncu details CSV that read_ncu takes
 NCU_COLUMNS = ("ID", "Kernel Name", "Block Size", "Grid Size", "Metric Name", "Metric Unit", "Metric Value")
 NCU_TIME = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
@@ -460,8 +457,8 @@ def read_ncu(path: Path) -> dict:
             value = float(row[head["Metric Value"]].replace(",", ""))
         except ValueError:
             continue
-        if name in NCU_PERCENT and unit != "%":
-            continue  # MemoryWorkloadAnalysis's "Memory Throughput" in byte/s beside SpeedOfLight's in %
+        if NCU_METRICS.get(name, "").endswith("_pct") and unit != "%":
+            continue  # a percent metric named again in another unit (MemoryWorkloadAnalysis's "Memory Throughput", byte/s)
         if name in NCU_METRICS:
             launch[NCU_METRICS[name]] = value * NCU_TIME.get(unit, 1.0) if name == "Duration" else value
         elif m := NCU_STALL.fullmatch(name):
