@@ -47,6 +47,9 @@ def _assert_restored_whole(srv, c, a: list[int], first: dict, n_requests: int) -
     """A sent again (the server's n_requests-th request) is found in the prompt cache, processes
     only a few tokens and answers A's greedy tokens with the draft engaged (the drafter's state came
     back with the target's)."""
+    # every line of the requests before it first (the log trails the responses), so that the count
+    # below is theirs whole and a line of theirs arriving late is not taken for A's
+    srv.wait_for_log(r"stop processing", count=n_requests - 1)
     n_found = len(_lines(srv.log_text(), r"found better prompt"))
     again = c.post_json("/completion", {**BODY, "prompt": a})
     srv.wait_for_log(r"stop processing", count=n_requests)
@@ -142,6 +145,7 @@ def test_a_slot_taken_while_others_generate_is_saved_whole_before_its_new_prompt
     assert not errors, f"request C failed: {errors[0]!r}"
     assert "c" in answers, "request C did not finish in 600 s"
     slot_c = answers["c"]["id_slot"]
+    srv.wait_for_log(r"stop processing", count=3)  # C's, A's and B's: the log trails the responses
     log = srv.log_text()
     c_done = _lines(log, rf"id +{slot_c} \| .*stop processing")
     b_prompt = _lines(log, rf"new prompt, .*task\.n_tokens = {len(b)}\b")
@@ -203,6 +207,7 @@ def test_a_new_task_takes_a_slot_next_to_the_busy_ones_and_a_similar_prompt_foll
         again = c.post_json("/completion", {**BODY, "prompt": a})  # at once: C must still be generating
         t.join(timeout=600)
         assert not errors and "long" in answers, f"request C failed or did not finish: {errors[:1]}"
+        srv.wait_for_log(r"stop processing", count=3)  # A's, C's and A's again: the log trails the responses
         log = srv.log_text()
         assert srv.alive(), f"the engine died:\n{log[-2000:]}"
         a_again = _lines(log, rf"new prompt, .*task\.n_tokens = {len(a)}\b")[-1]
