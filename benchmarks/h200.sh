@@ -51,7 +51,8 @@
 #             e.g. q4_K,q6_K,q8_0: perf only) in each of ENVS (';'-separated NAME=VALUE); kernels-TAG.txt
 #   ncu       Nsight Compute over test-backend-ops perf, one MUL_MAT case a run (NCU_CASES: TYPE:ROWS:K:COLUMNS, space-separated, e.g.
 #             q4_K:6144:2048:8), NCU_KERNELS (mul_mat), in each of ENVS: duration, occupancy, throughput, stalls; ncu-TAG.txt, the CSVs in ncu-TAG/
-#   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases
+#   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases, in each of MARKOV_ENVS
+#             (';'-separated: '-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=1' for developer 0081)
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
 #   mma       patches 0071, 0079 and developer 0080 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged or not): cuda/mmvq_mma_emu.cpp
 #             (their host emulation) against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT in each of
@@ -436,10 +437,19 @@ ncu)
     echo "probes.py ncu rc=$?"; cat "$OUT/ncu-$TAG.txt" ;;
 markov)
     # the cases are built so that the CPU and CUDA must draft the same ids; perf at the 3B's vocabulary and rank
+    # (MARKOV_ENVS: ';'-separated engine environments, each its own test and perf pass, e.g.
+    # "-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=1"; files tagged by the environment after the first)
     B=$(dirname "$(dirname "$(BIN)")"); tbo_build "$B" || continue
-    timeout 300 "$B/bin/test-backend-ops" test -o DSPARK_MARKOV -b CUDA0 > "$OUT/tbo-markov.txt" 2>&1
-    echo "DSPARK_MARKOV against the CPU backend: rc=$?"; grep -E "DSPARK_MARKOV|FAIL|tests passed" "$OUT/tbo-markov.txt" | tail -n 8
-    timeout 120 "$B/bin/test-backend-ops" perf -o DSPARK_MARKOV -b CUDA0 2>&1 | grep DSPARK_MARKOV | tee "$OUT/tbo-markov-perf.txt" ;;
+    IFS=';' read -ra markov_envs <<< "${MARKOV_ENVS:--}"
+    for e in "${markov_envs[@]}"; do
+        env_words "$e"; tag=${e//[^A-Za-z0-9=]/_}; [ "$e" = "${markov_envs[0]}" ] && tag= || tag=-$tag
+        env "${ENV_WORDS[@]}" timeout 300 "$B/bin/test-backend-ops" test -o DSPARK_MARKOV -b CUDA0 > "$OUT/tbo-markov$tag.txt" 2>&1
+        echo "DSPARK_MARKOV against the CPU backend with ${e/#-/the defaults}: rc=$?"
+        grep -E "DSPARK_MARKOV|FAIL|tests passed" "$OUT/tbo-markov$tag.txt" | tail -n 8
+        echo "== perf with ${e/#-/the defaults}" | tee -a "$OUT/tbo-markov-perf.txt"
+        env "${ENV_WORDS[@]}" timeout 120 "$B/bin/test-backend-ops" perf -o DSPARK_MARKOV -b CUDA0 2>&1 | grep DSPARK_MARKOV \
+            | tee -a "$OUT/tbo-markov-perf.txt"
+    done ;;
 trained)
     # real acceptance at LEVELS clients, and around a pause (16 slots, drafting paused above 8 busy) with
     # 0069's kept rows (the default) and with each of PAUSE_ARMS' switches; every block replayed on torch

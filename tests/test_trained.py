@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -224,3 +225,24 @@ def test_acceptance_holds_after_drafting_resumes_from_a_pause(trained_pair, torc
     assert engine / checkpoint >= MIN_AFTER_PAUSE, (
         f"after {resumes} resumes the drafter accepted {engine} tokens in its first six steps where the "
         f"checkpoint accepts {checkpoint}: its context was lost across the pause")
+
+
+def test_markov_chain_benchmark_on_the_trained_pair(tmp_path):
+    """benchmarks/markov_chain.py on real weights: the chain restricted to the head's top K equals the
+    exact chain when K is the whole vocabulary (same accept length and steps, the winner always in the
+    top K, always proved by the bound); a proof never holds where the winner is outside the top K; and
+    a bad --k is one line and exit 2."""
+    out = tmp_path / "chain.json"
+    script = str(Path(__file__).resolve().parent.parent / "benchmarks" / "markov_chain.py")
+    p = subprocess.run([sys.executable, script, "--prompts", "2", "--k", "16,8192",
+                        "--answer-tokens", "32", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["vocab"] == 8192 and r["exact_chain_positions"] > 0, r
+    assert r["accept_length"]["top-8192"] == r["accept_length"]["exact"] and r["steps"]["top-8192"] == r["steps"]["exact"]
+    assert r["winner_in_head_top_k"]["8192"] == 1.0 and r["proved_exact_by_bound"]["8192"] == 1.0, r
+    assert r["proved_exact_by_bound"]["16"] <= r["winner_in_head_top_k"]["16"] <= 1.0, r
+    assert 0.0 < r["rows_read_by_bound"]["mean"] <= 1.0, r
+    assert "| exact |" in p.stdout and "| top-16 |" in p.stdout
+    bad = subprocess.run([sys.executable, script, "--k", "abc"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--k abc" in bad.stderr and "Traceback" not in bad.stderr
