@@ -20,6 +20,7 @@
 #             engine cache (kept where it is already there); one whose llama-server does not start here is removed,
 #             so that setup builds it (a packed engine finds cuBLAS through LD_LIBRARY_PATH: nvcc's toolkit)
 #   vl        the pair with its vision tower (sets M, the mmproj: LOAD_ARGS="--mmproj \$M --image-share 0.33")
+#   w2q8      the F16 draft with markov_w2 alone in Q8_0 (developer 0082), beside it as *-w2q8.gguf, for SPEED_VARIANTS="-md ..."
 #   quant     the target quantized to QUANT (Q4_K_M), the draft to DQUANT where set (Q8_0); the stages after it serve
 #             them (a failed quantization ends the call)
 #   speed     speed.py decode: plain against LENGTHS (5,7), TRIALS (5); SPEED_ENVS (engine environments,
@@ -221,6 +222,15 @@ quant)
             { echo "stage quant: quantizing the draft to $DQUANT failed"; tail -n 3 "$W/quant-d$DQUANT.log"; exit 1; }
         D=$QD; echo "draft now $D"
     fi ;;
+w2q8)
+    # the draft with markov_w2 alone in Q8_0, every other tensor as it came (llama-quantize's first matching
+    # override wins), beside the draft: ${D%.gguf}-w2q8.gguf (developer 0082 drafts its chain in one op;
+    # `ggufdspark quantize` keeps both Markov matrices in float). An arm serves it with SPEED_VARIANTS="-md THAT"
+    QD=${D%.gguf}-w2q8.gguf
+    [ -f "$QD" ] || "$(dirname "$(BIN)")/llama-quantize" --tensor-type '^markov_w2\.weight$=q8_0' --tensor-type '.*=f16' \
+        "$D" "$QD" Q8_0 > "$W/quant-w2q8.log" 2>&1 ||
+        { echo "stage w2q8: llama-quantize failed"; tail -n 3 "$W/quant-w2q8.log"; rm -f "$QD"; continue; }
+    echo "draft with markov_w2 in Q8_0: $QD (serve it with SPEED_VARIANTS=\"-md $QD\")" ;;
 setup)
     gpu_name
     if [ ! -f "$D" ]; then
@@ -439,6 +449,8 @@ markov)
     # the cases are built so that the CPU and CUDA must draft the same ids; perf at the 3B's vocabulary and rank
     # (MARKOV_ENVS: ';'-separated engine environments, each its own test and perf pass, e.g.
     # "-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=1"; files tagged by the environment after the first)
+    # first developer 0082's Q8_0 kernel modelled lane by lane on the host against the CPU's dot
+    $py benchmarks/cuda/markov_q8_emu.py > "$OUT/markov-q8-emu.txt" 2>&1; echo "Q8_0 Markov kernel model rc=$?"
     B=$(dirname "$(dirname "$(BIN)")"); tbo_build "$B" || continue
     IFS=';' read -ra markov_envs <<< "${MARKOV_ENVS:--}"
     for e in "${markov_envs[@]}"; do
@@ -478,6 +490,6 @@ train)
     echo "train rc=$?"; grep -v -i "warning\|losses.append\|detach()" "$OUT/train.log" | tail -n 40
     cp "$tw"/pair/target/model*.safetensors "$OUT/"; cp "$tw/pair/drafter/model.safetensors" "$OUT/drafter.safetensors"
     tar -C "$tw/pair" --exclude='*.safetensors' -czf "$OUT/pair-small.tar.gz" . && ls -la "$OUT" ;;
-*) echo "unknown stage $stage (carry pack-local train-unpack; unpack vl quant setup speed slots sanitize load tune table arms prefill sampling layout first firstwait stall lossless verbose bench kernels markov ncu topk mma timeline trained train)" ;;
+*) echo "unknown stage $stage (carry pack-local train-unpack; unpack vl quant w2q8 setup speed slots sanitize load tune table arms prefill sampling layout first firstwait stall lossless verbose bench kernels markov ncu topk mma timeline trained train)" ;;
 esac
 done

@@ -782,3 +782,47 @@ def test_ncu_summary_reads_a_csv_nsight_compute_wrote_on_the_h100(tmp_path):
         assert row["registers"] == 154 and row["theoretical_occupancy_pct"] == 18.75
         assert 0 < row["dram_pct"] < row["memory_pct"] < 100, row  # percent, not byte/s
     assert list(summary[stage.stem][0]["top_stalls"]) == ["lg_throttle", "selected", "wait"]
+
+
+def test_markov_q8_0_kernel_model_agrees_with_the_cpu_dot_and_catches_a_wrong_offset():
+    """benchmarks/cuda/markov_q8_emu.py: developer 0082's Q8_0 Markov kernel modelled lane by lane on the host (the
+    conditioning row quantized per 32-value block across four lanes, each lane's quarter of a markov_w2 row's block
+    read as four 16-bit words, two dp4a, the block's lanes summed and scaled by both d): every row sum equals the
+    CPU's Q8_0 dot at ranks 32-1024; the model with its word offset or its lane's quarter broken disagrees."""
+    script = str(REPO / "benchmarks" / "cuda" / "markov_q8_emu.py")
+    p = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("120 row sums, 0 differ from the CPU's"), p.stdout + p.stderr
+    for mutation in ("word", "quarter"):
+        m = subprocess.run([sys.executable, script, "--mutate", mutation], capture_output=True, text=True, timeout=120)
+        assert m.returncode == 1 and ", 0 differ" not in m.stdout, (mutation, m.stdout)
+
+
+def test_device_w2q8_stage_writes_the_draft_with_markov_w2_alone_in_q8_0(trained_pair, dspark_engine, isolated,
+                                                                        tmp_path):
+    """benchmarks/h200.sh w2q8 (developer 0082's draft): the engine's llama-quantize writes beside the draft a copy
+    with markov_w2 in Q8_0 and every other matrix in the type it came in (F16; the norms F32), and says how to serve
+    it; run again it keeps the file. The draft is the trained pair's, the engine this suite's (built --with-tools)."""
+    import os
+
+    from ggufdspark.gguffile.reader import read_gguf
+
+    draft = tmp_path / "dspark-F16.gguf"
+    draft.write_bytes(trained_pair.draft.read_bytes())
+    env = {**os.environ, **isolated, "TARGET": str(trained_pair.target), "DRAFT": str(draft),
+           "SERVER": dspark_engine.path, "GPU": "", "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
+           "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "w2q8"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    made = tmp_path / "dspark-F16-w2q8.gguf"
+    assert p.returncode == 0 and f'SPEED_VARIANTS="-md {made}"' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    src, out = read_gguf(draft), read_gguf(made)
+    assert set(out.tensors) == set(src.tensors), set(out.tensors) ^ set(src.tensors)
+    for name, t in out.tensors.items():
+        want = "Q8_0" if name == "markov_w2.weight" else src.tensors[name].type_name
+        assert t.type_name == want, (name, t.type_name, want)
+    assert src.tensors["markov_w2.weight"].type_name == "F16"
+    assert out.get("dflash.block_count") == src.get("dflash.block_count") is not None, out.metadata.keys()
+    stamp = made.stat().st_mtime_ns
+    again = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "w2q8"], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0 and made.stat().st_mtime_ns == stamp, again.stdout[-2000:]
