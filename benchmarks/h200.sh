@@ -20,11 +20,12 @@
 #             engine cache (kept where it is already there); one whose llama-server does not start here is removed,
 #             so that setup builds it (a packed engine finds cuBLAS through LD_LIBRARY_PATH: nvcc's toolkit)
 #   vl        the pair with its vision tower (sets M, the mmproj: LOAD_ARGS="--mmproj \$M --image-share 0.33")
-#   w2q8      the F16 draft with markov_w2 alone in Q8_0 (developer 0082), beside it as *-w2q8.gguf, for SPEED_VARIANTS="-md ..."
+#   w2q8      the F16 draft with markov_w2 alone in Q8_0 (developer 0082), beside it as *-w2q8.gguf, for SPEED_DRAFTS
 #   quant     the target quantized to QUANT (Q4_K_M), the draft to DQUANT where set (Q8_0); the stages after it serve
 #             them (a failed quantization ends the call)
 #   speed     speed.py decode: plain against LENGTHS (5,7), TRIALS (5); SPEED_ENVS (engine environments,
-#             ';'-separated), SPEED_VARIANTS (llama-server flag sets), INTERLEAVE=1, CROSS=1; profiled
+#             ';'-separated), SPEED_VARIANTS (llama-server flag sets), SPEED_DRAFTS (other draft files of the
+#             target, ','-separated, each at every length), INTERLEAVE=1, CROSS=1; profiled
 #             arms' lines in speed-profile.txt, GGML_CUDA_GRAPH_DEBUG arms' in graphdebug-ARM.txt
 #   slots     slots.py mixed: SLOTS (32) x ARMS (plain,draft) x ENVS ('-': as it is) x RUNS (3), PROMPTS
 #             (200-2000) tokens, N_MAX (0: serve's); mixed-TAG.json; at most LIMIT s (420)
@@ -225,12 +226,12 @@ quant)
 w2q8)
     # the draft with markov_w2 alone in Q8_0, every other tensor as it came (llama-quantize's first matching
     # override wins), beside the draft: ${D%.gguf}-w2q8.gguf (developer 0082 drafts its chain in one op;
-    # `ggufdspark quantize` keeps both Markov matrices in float). An arm serves it with SPEED_VARIANTS="-md THAT"
+    # `ggufdspark quantize` keeps both Markov matrices in float). The speed stage measures it with SPEED_DRAFTS=THAT
     QD=${D%.gguf}-w2q8.gguf
     [ -f "$QD" ] || "$(dirname "$(BIN)")/llama-quantize" --tensor-type '^markov_w2\.weight$=q8_0' --tensor-type '.*=f16' \
         "$D" "$QD" Q8_0 > "$W/quant-w2q8.log" 2>&1 ||
         { echo "stage w2q8: llama-quantize failed"; tail -n 3 "$W/quant-w2q8.log"; rm -f "$QD"; continue; }
-    echo "draft with markov_w2 in Q8_0: $QD (serve it with SPEED_VARIANTS=\"-md $QD\")" ;;
+    echo "draft with markov_w2 in Q8_0: $QD (the speed stage measures it with SPEED_DRAFTS=$QD)" ;;
 setup)
     gpu_name
     if [ ! -f "$D" ]; then
@@ -244,6 +245,7 @@ setup)
 speed)
     pair; run speed 8 $py benchmarks/speed.py decode "${P[@]}" --n-predict 256 --trials "${TRIALS:-5}" --lengths "${LENGTHS:-5,7}" \
         --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} \
+        ${SPEED_DRAFTS:+--other-drafts "$SPEED_DRAFTS"} \
         ${INTERLEAVE:+--interleave} ${CROSS:+--cross-variants}
     profile "$W/speed" "$OUT/speed-profile.txt" "spec profile|decode profile"
     # developer 0056 (an arm with GGML_CUDA_GRAPH_DEBUG=N): its lines, and its last per-key counts printed

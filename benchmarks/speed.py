@@ -43,6 +43,8 @@ Arms (each its own llama-server start: the pinned server ignores per-request spe
   geometric profile whose mean accept length is ``--accept-len`` (4.22: the published drafter)
   at ``--block`` (9), truncated for shorter drafts, never rescaled per length;
 * optional engine-flag variants at the best length (``--variants``);
+* optional other draft files of the same target at every length (``--other-drafts``: the draft in
+  another precision, or with ``markov_w2`` in Q8_0), on servers of their own beside ``--draft``'s;
 * optional engine environment variants at every length (``--env-variants``: switches of the
   engine patch series such as ``GGML_CUDA_MMF_FEW=4``, measured against the default in the same
   run);
@@ -139,6 +141,9 @@ def decode_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="extra llama-server argument for every arm, plain included (repeat; e.g. --engine-arg=-bs)")
     ap.add_argument("--variants", default="", help="semicolon-separated extra llama-server flag sets to try at the best length")
+    ap.add_argument("--other-drafts", default="",
+                    help="comma-separated other draft files of the same target (another precision of the draft, "
+                         "markov_w2 in Q8_0, ...), each measured at every length beside --draft")
     ap.add_argument("--interleave", action="store_true",
                     help="run the one-request arms' servers at once, taking turns request by request")
     ap.add_argument("--cross-variants", action="store_true",
@@ -182,19 +187,26 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if too_long:
         ap.error(f"--lengths / --load-lengths {max(too_long)}: {args.draft} drafts at most {longest} tokens "
                  f"(its block size); measure lengths 1-{longest}")
+    others = [d.strip() for d in args.other_drafts.split(",") if d.strip()]
+    for d in others:
+        if not Path(d).is_file():
+            raise InputNotFoundError(f"{d}: no such file (--other-drafts)")
+        longest_other = launch.longest_draft(d)
+        if longest_other is not None and max(lengths) > longest_other:
+            ap.error(f"--lengths {max(lengths)}: {d} drafts at most {longest_other} tokens (its block size)")
     args.log_dir.mkdir(parents=True, exist_ok=True)
     max_np = max(conc + [1])
 
-    def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1):
+    def settings(draft_n: int | None, extra: list[str] | None = None, parallel: int = 1, draft: str | None = None):
         # the table's row for the backend, through the seam serve uses (harness.base_settings: launch)
         s = harness.base_settings(server, args.target, gpu=args.gpu, parallel=parallel, n_predict=args.n_predict,
                                   extra_args=list(args.engine_arg) + list(extra or []))
-        return harness.drafted(s, args.draft, draft_n, rates) if draft_n else s
+        return harness.drafted(s, draft or args.draft, draft_n, rates) if draft_n else s
 
     results = []
     variants = [v for v in args.variants.split(";") if v.strip()]
     if args.interleave:
-        results = interleaved(args, settings, env_variants, variants, lengths)
+        results = interleaved(args, settings, env_variants, variants, lengths, others)
         plain = results[0]
     else:
         plain = run_arm("plain", settings(None), args, log_dir=args.log_dir)
@@ -213,7 +225,14 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             results.append(r)
             print(f"n_max {n} [{label}]: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})",
                   file=sys.stderr)
-    spec = [r for r in results if "draft_n_max" in r and not r.get("env") and not r.get("variant")]
+    for j, d in enumerate([] if args.interleave else others):
+        for n in lengths:
+            r = run_arm(f"dspark-n{n}-draft{j}", settings(n, draft=d), args, log_dir=args.log_dir)
+            r["draft_n_max"], r["draft"] = n, d
+            results.append(r)
+            print(f"n_max {n} [draft {d}]: {r['decode_tps']:.1f} tok/s (accept length {r['accept_length']})",
+                  file=sys.stderr)
+    spec = [r for r in results if "draft_n_max" in r and not r.get("env") and not r.get("variant") and not r.get("draft")]
     best = max(spec, key=lambda r: r["decode_tps"])
     for i, v in enumerate([] if args.interleave else variants):
         r = run_arm(f"dspark-n{best['draft_n_max']}-variant{i}", settings(best["draft_n_max"], v.split()), args,
@@ -254,6 +273,8 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         label = r["arm"] + (f" [{r['variant']}]" if r.get("variant") else "")
         if r.get("env"):
             label = f"dspark-n{r['draft_n_max']} [{r['env']}]" + (f" [{r['variant']}]" if r.get("variant") else "")
+        if r.get("draft"):
+            label = f"dspark-n{r['draft_n_max']} [draft {Path(r['draft']).name}]" + (f" [{r['env']}]" if r.get("env") else "")
         spread = ""
         if args.interleave and r is not ref_row:
             per = sorted(a / b for a, b in zip(r["decode_tps_all"], ref_row["decode_tps_all"]))
@@ -285,9 +306,10 @@ def arm_suffix(label: str) -> str:
 
 
 def interleaved(args, settings, env_variants: list[dict[str, str]], variants: list[str],
-                lengths: list[int]) -> list[dict]:
+                lengths: list[int], others: list[str] = ()) -> list[dict]:
     """Every one-request arm (plain, each length, each length under each environment and server-flag
-    variant) on its own server, all started together and measured in turns."""
+    variant, each length with each of the ``others`` draft files, under each environment too with
+    ``--cross-variants``) on its own server, all started together and measured in turns."""
     specs = [harness.ArmSpec("plain", settings(None))]
     meta: list[dict] = [{}]
     for i, v in enumerate(variants):
@@ -306,6 +328,11 @@ def interleaved(args, settings, env_variants: list[dict[str, str]], variants: li
             specs.append(harness.ArmSpec(name, settings(n, variants[i].split() if i is not None else None), env))
             meta.append({"draft_n_max": n, **({"env": env_label(env)} if env else {}),
                          **({"variant": variants[i]} if i is not None else {})})
+        for j, d in enumerate(others):
+            for env in [{}] + (env_variants if args.cross_variants else []):
+                name = f"dspark-n{n}-{len(specs)}-draft{j}" + (f"-{arm_suffix(env_label(env))}" if env else "")
+                specs.append(harness.ArmSpec(name, settings(n, draft=d), env))
+                meta.append({"draft_n_max": n, "draft": d, **({"env": env_label(env)} if env else {})})
     print(f"{len(specs)} servers at once, {args.trials} turns", file=sys.stderr)
     rows = []
     for arm, m in zip(harness.measure_interleaved(specs, args.log_dir, n_predict=args.n_predict, trials=args.trials,

@@ -797,11 +797,11 @@ def test_markov_q8_0_kernel_model_agrees_with_the_cpu_dot_and_catches_a_wrong_of
         assert m.returncode == 1 and ", 0 differ" not in m.stdout, (mutation, m.stdout)
 
 
-def test_device_w2q8_stage_writes_the_draft_with_markov_w2_alone_in_q8_0(trained_pair, dspark_engine, isolated,
-                                                                        tmp_path):
+def test_device_w2q8_stage_writes_the_draft_with_markov_w2_alone_in_q8_0_and_speed_measures_it(
+        trained_pair, dspark_engine, isolated, tmp_path):
     """benchmarks/h200.sh w2q8 (developer 0082's draft): the engine's llama-quantize writes beside the draft a copy
-    with markov_w2 in Q8_0 and every other matrix in the type it came in (F16; the norms F32), and says how to serve
-    it; run again it keeps the file. The draft is the trained pair's, the engine this suite's (built --with-tools)."""
+    with markov_w2 in Q8_0 and every other matrix in the type it came in (F16; the norms F32), and says how the speed
+    stage measures it; run again it keeps the file. The draft is the trained pair's, the engine this suite's (built --with-tools)."""
     import os
 
     from ggufdspark.gguffile.reader import read_gguf
@@ -814,7 +814,7 @@ def test_device_w2q8_stage_writes_the_draft_with_markov_w2_alone_in_q8_0(trained
     p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "w2q8"], env=env, capture_output=True,
                        text=True, timeout=300)
     made = tmp_path / "dspark-F16-w2q8.gguf"
-    assert p.returncode == 0 and f'SPEED_VARIANTS="-md {made}"' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.returncode == 0 and f"SPEED_DRAFTS={made}" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     src, out = read_gguf(draft), read_gguf(made)
     assert set(out.tensors) == set(src.tensors), set(out.tensors) ^ set(src.tensors)
     for name, t in out.tensors.items():
@@ -823,6 +823,19 @@ def test_device_w2q8_stage_writes_the_draft_with_markov_w2_alone_in_q8_0(trained
     assert src.tensors["markov_w2.weight"].type_name == "F16"
     assert out.get("dflash.block_count") == src.get("dflash.block_count") is not None, out.metadata.keys()
     stamp = made.stat().st_mtime_ns
-    again = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "w2q8"], env=env, capture_output=True,
-                           text=True, timeout=300)
-    assert again.returncode == 0 and made.stat().st_mtime_ns == stamp, again.stdout[-2000:]
+    # the speed stage measures it beside the draft it came from (SPEED_DRAFTS: speed.py decode --other-drafts),
+    # all arms interleaved; the w2q8 stage run again keeps its file
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "h200.sh"), "w2q8", "speed"],
+                       env={**env, "INTERLEAVE": "1", "LENGTHS": "3", "TRIALS": "2", "SPEED_DRAFTS": str(made)},
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and made.stat().st_mtime_ns == stamp, p.stdout[-3000:] + p.stderr[-2000:]
+    rows = json.loads((tmp_path / "out" / "speed.json").read_text())["results"]
+    assert [(r.get("draft_n_max"), r.get("draft")) for r in rows] == [(None, None), (3, None), (3, str(made))], rows
+    assert all(len(r["decode_tps_all"]) == 2 and r["decode_tps"] > 0 for r in rows), rows
+    assert rows[2]["accept_length"] and f"dspark-n3 [draft {made.name}]" in p.stdout, p.stdout[-3000:]
+    missing = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "decode", "-m",
+                              str(trained_pair.target), "-md", str(draft), "--lengths", "3", "--other-drafts",
+                              str(tmp_path / "nope.gguf"), "--json", str(tmp_path / "s.json"), "--log-dir",
+                              str(tmp_path / "logs")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and f"{tmp_path / 'nope.gguf'}: no such file" in missing.stderr, missing.stderr
+    assert "Traceback" not in missing.stderr and not (tmp_path / "s.json").exists()
