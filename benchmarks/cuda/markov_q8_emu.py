@@ -22,82 +22,109 @@ import sys
 
 import numpy as np
 
-ap = argparse.ArgumentParser(description="the Q8_0 Markov kernel's lane model against the CPU's dot")
-ap.add_argument("--mutate", choices=["word", "quarter"], help="break the indexing (a control that must fail)")
-MUTATE = ap.parse_args().mutate
-rng = np.random.default_rng(7)
-QK = 32
-def f16(x): return np.float32(np.float16(x))
-def q8_row(x):  # ggml Q8_0 bytes of a float row (x86 quantize_row_q8_0)
+QK = 32                # values a Q8_0 block
+BLOCK_BYTES = 2 + QK   # its d in F16, then its quants
+WORDS = BLOCK_BYTES // 2
+LANES = 32
+
+
+def f16(x) -> np.float32:
+    return np.float32(np.float16(x))
+
+
+def q8_row(x: np.ndarray) -> bytes:
+    """ggml's Q8_0 bytes of a float row, as ggml-cpu's quantize_row_q8_0 makes them on x86: a block's
+    d = amax / 127 (F16), its quants x * 127 / amax rounded to even."""
     out = bytearray()
     for b in range(len(x) // QK):
-        blk = x[b*QK:(b+1)*QK].astype(np.float32); amax = np.float32(np.abs(blk).max())
-        d = np.float32(amax / np.float32(127)); idv = np.float32(127) / amax if amax != 0 else np.float32(0)
-        q = np.rint(blk * idv).astype(np.int8)  # rint: ties to even
-        out += np.float16(d).tobytes() + q.tobytes()
+        blk = x[b * QK:(b + 1) * QK].astype(np.float32)
+        amax = np.float32(np.abs(blk).max())
+        d = np.float32(amax / np.float32(127))
+        inv = np.float32(127) / amax if amax != 0 else np.float32(0)
+        out += np.float16(d).tobytes() + np.rint(blk * inv).astype(np.int8).tobytes()
     return bytes(out)
-def ref_dot(wrow, h):  # the CPU: h quantized to Q8_0, per block int dot x d_w x d_h
-    hb = q8_row(h); s = np.float32(0)
+
+
+def block(row: bytes, b: int) -> tuple[np.float32, np.ndarray]:
+    """Block b of a Q8_0 row: (d, the quants as int32)."""
+    at = b * BLOCK_BYTES
+    d = np.float32(np.frombuffer(row[at:at + 2], np.float16)[0])
+    return d, np.frombuffer(row[at + 2:at + BLOCK_BYTES], np.int8).astype(np.int32)
+
+
+def cpu_dot(wrow: bytes, h: np.ndarray) -> np.float32:
+    """The CPU's product: h quantized to Q8_0, then per block the integer dot times d_w times d_h."""
+    hrow, s = q8_row(h), np.float32(0)
     for b in range(len(h) // QK):
-        dw = np.frombuffer(wrow[b*34:b*34+2], np.float16)[0]; qw = np.frombuffer(wrow[b*34+2:b*34+34], np.int8).astype(np.int32)
-        dh = np.frombuffer(hb[b*34:b*34+2], np.float16)[0];   qh = np.frombuffer(hb[b*34+2:b*34+34], np.int8).astype(np.int32)
-        s += np.float32(int((qw*qh).sum())) * (np.float32(dw) * np.float32(dh))
+        (dw, qw), (dh, qh) = block(wrow, b), block(hrow, b)
+        s += np.float32(int((qw * qh).sum())) * (dw * dh)
     return s
-def dp4a(a, b, c):
-    A = struct.unpack("4b", struct.pack("<i", a)); B = struct.unpack("4b", struct.pack("<i", b))
-    return c + sum(x*y for x, y in zip(A, B))
-def pack(x, idv):
-    r = 0
-    for j in range(4):
-        r |= (int(np.rint(np.float32(x[j]) * idv)) & 0xFF) << (8*j)
-    return struct.unpack("<i", struct.pack("<I", r))[0]
-def kernel_dot(wrow, h, rank):
-    n_chunks = (rank + 255) // 256
-    words = np.frombuffer(wrow, np.uint16)  # the row as 16-bit words (34-byte blocks: 17 words)
+
+
+def as_int(u: int) -> int:
+    return struct.unpack("<i", struct.pack("<I", u & 0xFFFFFFFF))[0]
+
+
+def dp4a(a: int, b: int, c: int) -> int:
+    return c + sum(x * y for x, y in zip(struct.unpack("4b", struct.pack("<i", a)), struct.unpack("4b", struct.pack("<i", b))))
+
+
+def pack(x: np.ndarray, inv: np.float32) -> int:
+    """Four values quantized and packed in an int, as markov_q8_pack."""
+    return as_int(sum((int(np.rint(np.float32(v) * inv)) & 0xFF) << (8 * j) for j, v in enumerate(x)))
+
+
+def kernel_dot(wrow: bytes, h: np.ndarray, rank: int, mutate: str | None = None) -> np.float32:
+    """One row's sum as dspark_markov_step_q8_0 computes it, lane by lane (``mutate``: break the indexing)."""
+    words = np.frombuffer(wrow, np.uint16)
     total = np.float32(0)
-    for c in range(n_chunks):
-        xs, amax = {}, {}
-        for l in range(32):
-            k = (c*32 + l) * 8
-            x = h[k:k+8].astype(np.float32) if k < rank else np.zeros(8, np.float32)
-            xs[l] = x; amax[l] = np.float32(np.abs(x).max())
-        lanes = {}
-        for l in range(32):
-            g = [l ^ 0, l ^ 1, l ^ 2, l ^ 3]
-            a = max(amax[i] for i in g)
-            idv = np.float32(127) / a if a != 0 else np.float32(0)
-            hd = f16(a / np.float32(127))
-            lanes[l] = (pack(xs[l][:4], idv), pack(xs[l][4:], idv), hd)
-        sumi = {}
-        for l in range(32):
-            k = (c*32 + l) * 8; inn = k < rank
-            ib = (c*32 + l) // 4; iq = ((l + (MUTATE == "quarter")) % 4) * 8
-            base = ib * 17
-            first = 1 - (MUTATE == "word")
-            q = [int(words[base + first + iq//2 + j]) if inn else 0 for j in range(4)]
-            lo = struct.unpack("<i", struct.pack("<I", q[0] | (q[1] << 16)))[0]
-            hi = struct.unpack("<i", struct.pack("<I", q[2] | (q[3] << 16)))[0]
-            sumi[l] = dp4a(hi, lanes[l][1], dp4a(lo, lanes[l][0], 0))
-        for l in range(0, 32, 4):
-            k = (c*32 + l) * 8
-            if k >= rank: continue
-            s = sumi[l] + sumi[l+1] + sumi[l+2] + sumi[l+3]
-            dw = np.float32(np.frombuffer(words[(c*32 + l)//4*17:(c*32 + l)//4*17+1].tobytes(), np.float16)[0])
-            total += np.float32(s) * (dw * lanes[l][2])
+    for c in range((rank + 255) // 256):
+        xs = [h[k:k + 8].astype(np.float32) if (k := (c * LANES + lane) * 8) < rank else np.zeros(8, np.float32)
+              for lane in range(LANES)]
+        sumi = []
+        for lane in range(LANES):
+            group = range(lane - lane % 4, lane - lane % 4 + 4)  # the four lanes of a 32-value block (shuffles 1, 2)
+            amax = max(np.float32(np.abs(xs[g]).max()) for g in group)
+            inv = np.float32(127) / amax if amax != 0 else np.float32(0)
+            if (c * LANES + lane) * 8 >= rank:
+                sumi.append(0)
+                continue
+            ib = (c * LANES + lane) // 4                      # the row's block
+            iq = ((lane + (mutate == "quarter")) % 4) * 8    # this lane's first quant in it
+            first = ib * WORDS + 1 - (mutate == "word")      # word 0 of a block is its d
+            q = [int(words[first + iq // 2 + j]) for j in range(4)]
+            lo, hi = as_int(q[0] | q[1] << 16), as_int(q[2] | q[3] << 16)
+            sumi.append(dp4a(hi, pack(xs[lane][4:], inv), dp4a(lo, pack(xs[lane][:4], inv), 0)))
+            if lane % 4 == 3:  # the block's first lane adds the four lanes' sum, scaled by both d
+                dh = f16(amax / np.float32(127))
+                dw = np.float32(np.frombuffer(words[ib * WORDS:ib * WORDS + 1].tobytes(), np.float16)[0])
+                total += np.float32(sum(sumi[-4:])) * (dw * dh)
     return total
-bad = 0; n = 0
-for rank in (32, 64, 256, 288, 1024):
-    for trial in range(6):
-        h = (rng.standard_normal(rank) * rng.choice([0.01, 1, 50])).astype(np.float32)
-        if trial == 0: h[:] = 0; h[rng.integers(rank)] = 1.0
-        for _ in range(4):
-            w = rng.standard_normal(rank).astype(np.float32) * 0.3
-            wrow = q8_row(w)
-            a, b = kernel_dot(wrow, h, rank), ref_dot(wrow, h)
-            n += 1
-            if not np.isclose(a, b, rtol=1e-5, atol=1e-6):
-                bad += 1
-                if bad <= 3:
-                    print("rank", rank, "model", a, "CPU", b)
-print(f"{n} row sums, {bad} differ from the CPU's")
-sys.exit(1 if bad else 0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="the Q8_0 Markov kernel's lane model against the CPU's dot")
+    ap.add_argument("--mutate", choices=["word", "quarter"], help="break the indexing (a control that must fail)")
+    mutate = ap.parse_args().mutate
+    rng = np.random.default_rng(7)
+    bad = n = 0
+    for rank in (32, 64, 256, 288, 1024):
+        for trial in range(6):
+            h = (rng.standard_normal(rank) * rng.choice([0.01, 1, 50])).astype(np.float32)
+            if trial == 0:  # a one-hot row, as the test cases' w1
+                h[:] = 0
+                h[rng.integers(rank)] = 1.0
+            for _ in range(4):
+                wrow = q8_row(rng.standard_normal(rank).astype(np.float32) * 0.3)
+                a, b = kernel_dot(wrow, h, rank, mutate), cpu_dot(wrow, h)
+                n += 1
+                if not np.isclose(a, b, rtol=1e-5, atol=1e-6):
+                    bad += 1
+                    if bad <= 3:
+                        print("rank", rank, "model", a, "CPU", b)
+    print(f"{n} row sums, {bad} differ from the CPU's")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
