@@ -54,7 +54,7 @@
 #   ncu       Nsight Compute over test-backend-ops perf, one MUL_MAT case a run (NCU_CASES: TYPE:ROWS:K:COLUMNS, space-separated, e.g.
 #             q4_K:6144:2048:8), NCU_KERNELS (mul_mat), in each of ENVS: duration, occupancy, throughput, stalls; ncu-TAG.txt, the CSVs in ncu-TAG/
 #   markov    test-backend-ops DSPARK_MARKOV (patch 0065) against the CPU, then its perf cases, in each of MARKOV_ENVS
-#             (';'-separated: '-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=1' for developer 0081)
+#             (';'-separated: '-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=0' times 0081 against 0065's upward scan)
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
 #   mma       patches 0071, 0079 and developer 0080 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged or not): cuda/mmvq_mma_emu.cpp
 #             (their host emulation) against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT in each of
@@ -450,7 +450,7 @@ ncu)
 markov)
     # the cases are built so that the CPU and CUDA must draft the same ids; perf at the 3B's vocabulary and rank
     # (MARKOV_ENVS: ';'-separated engine environments, each its own test and perf pass, e.g.
-    # "-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=1"; files tagged by the environment after the first)
+    # "-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=0"; files tagged by the environment after the first)
     # first developer 0082's Q8_0 kernel modelled lane by lane on the host against the CPU's dot
     $py benchmarks/cuda/markov_q8_emu.py > "$OUT/markov-q8-emu.txt" 2>&1; echo "Q8_0 Markov kernel model rc=$?"
     B=$(dirname "$(dirname "$(BIN)")"); tbo_build "$B" || continue
