@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import harness, paired  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
 from ggufdspark import engine, hardware, launch  # noqa: E402
 from ggufdspark.errors import InputNotFoundError  # noqa: E402
@@ -281,6 +281,12 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             r["turn_ratios"] = per
             spread = f"  {per[0]:.2f}-{per[-1]:.2f}x"
         print(f"{label:<58}{r['decode_tps']:>14.1f}{r['decode_tps'] / ref:>9.2f}x{al:>12}{step:>9}{spread}")
+        r["label"] = label
+    # interleaved: each engine environment, flag variant or other draft against its length's drafted arm, turn by turn
+    base_of = {r["draft_n_max"]: r for r in results if r.get("draft_n_max") and not (r.get("env") or r.get("variant") or r.get("draft"))}
+    for r in (r for r in results if args.interleave and r.get("draft_n_max") in base_of and r is not base_of[r["draft_n_max"]]):
+        r["paired"] = paired.paired(r["decode_tps_all"], base_of[r["draft_n_max"]]["decode_tps_all"])
+        print(f"{r['label']}: {paired.describe(r['paired'], base_of[r['draft_n_max']]['label'])}")
     if load:
         if args.load_trials > 1:
             print(f"\nunder load: median of {args.load_trials} waves a level")

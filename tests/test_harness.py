@@ -839,3 +839,32 @@ def test_device_w2q8_stage_writes_the_draft_with_markov_w2_alone_in_q8_0_and_spe
                               str(tmp_path / "logs")], capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and f"{tmp_path / 'nope.gguf'}: no such file" in missing.stderr, missing.stderr
     assert "Traceback" not in missing.stderr and not (tmp_path / "s.json").exists()
+
+
+def test_paired_turns_read_as_a_geometric_mean_and_an_exact_sign_test():
+    """benchmarks/paired.py: the per-turn ratios' geometric mean, the turns won, and the two-sided sign
+    test, against the binomial distribution summed here term by term."""
+    import math
+    import statistics
+
+    from benchmarks import paired
+
+    def two_sided(wins: int, n: int) -> float:
+        pmf = [math.comb(n, i) * 0.5 ** n for i in range(n + 1)]
+        return min(1.0, sum(q for q in pmf if q <= pmf[wins] + 1e-15))
+
+    for wins, n in [(20, 24), (18, 24), (11, 24), (12, 24), (19, 30), (0, 5), (5, 5)]:
+        assert math.isclose(paired.sign_test(wins, n), two_sided(wins, n), rel_tol=1e-9), (wins, n)
+    assert paired.sign_test(20, 24) < 0.002 < 0.5 < paired.sign_test(12, 24) == 1.0
+    arm, base = [102.0, 99.0, 104.0, 100.0], [100.0, 100.0, 100.0, 100.0]
+    p = paired.paired(arm, base)
+    assert p["faster"] == 2 and p["ties"] == 1 and p["turns"] == 4, p
+    assert math.isclose(p["geomean"], statistics.geometric_mean([1.02, 0.99, 1.04, 1.0]), rel_tol=1e-12), p
+    assert math.isclose(p["sign_p"], paired.sign_test(2, 3)), p
+    assert "faster in 2 of 4 turns, 1 even" in paired.describe(p, "dspark-n7"), paired.describe(p, "dspark-n7")
+    try:
+        paired.paired([1.0, 2.0], [1.0])
+    except ValueError as e:
+        assert "2 turns against 1" in str(e)
+    else:
+        raise AssertionError("turns of different counts were paired")

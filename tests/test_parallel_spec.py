@@ -396,6 +396,19 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
         assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(r["turn_ratios"], want)) and \
             len(r["turn_ratios"]) == 3, (r["arm"], r["turn_ratios"], want)
     assert "per-turn ratio" in p.stdout, p.stdout
+    # every other drafted arm against its length's drafted arm, turn by turn (benchmarks/paired.py), printed
+    import statistics
+
+    for r in rows:
+        base = next((b for b in rows if b.get("draft_n_max") == r.get("draft_n_max")
+                     and not (b.get("env") or b.get("variant") or b.get("draft"))), None)
+        if not r.get("draft_n_max") or r is base:
+            assert "paired" not in r, r
+            continue
+        ratios = [a / b for a, b in zip(r["decode_tps_all"], base["decode_tps_all"])]
+        assert r["paired"]["turns"] == 3 and r["paired"]["faster"] == sum(x > 1 for x in ratios), r["paired"]
+        assert math.isclose(r["paired"]["geomean"], statistics.geometric_mean(ratios), rel_tol=1e-9), r["paired"]
+        assert f"{r['label']}: x{r['paired']['geomean']:.3f} per turn against {base['label']}" in p.stdout, p.stdout
     table = p.stdout[p.stdout.index("arm "):]
     for r in rows:
         if r.get("variant") and r.get("draft_n_max"):
