@@ -331,7 +331,8 @@ def test_greedy_draft_without_a_confidence_cut_leaves_the_head_out(small_pair, s
 
 def test_drafter_schedulers_and_one_op_markov_chain_draft_as_their_switches_off(small_pair, start_server, monkeypatch):
     """Patches 0064 and 0065 are on by default: the drafter's graphs with and without outputs keep a
-    scheduler each (0064) and a one-block greedy chain is one op (0065); the `-v` log says both. With
+    scheduler each (0064) and a one-block greedy chain is one op (0065, where the device that holds
+    markov_w2 runs it: 0083); the `-v` log says both. With
     their switches off (LLAMA_GRAPH_SCHEDS=1, LLAMA_DSPARK_MARKOV_FUSED=0) the log says neither, and
     one slot answers four greedy requests with the same tokens, drafted and accepted counts, request
     by request. (0061's kept input events, formerly 0063, have no switch and no events on the CPU.)"""
@@ -354,6 +355,9 @@ def test_drafter_schedulers_and_one_op_markov_chain_draft_as_their_switches_off(
     for line in said:
         assert line in log_on, f"by default: no '{line}' in the server's log: {log_on[-2000:]}"
         assert line not in log_off, f"switched off ({switches}), yet the log says '{line}'"
+    # 0083: the op is built where the device holding markov_w2 runs it, and the line says so (the CPU does)
+    chain = next(ln for ln in log_on.splitlines() if "the greedy Markov chain is one op" in ln)
+    assert "w2's device runs the op yes" in chain, chain
     assert sum(a for _, _, a in on) > 0, f"nothing drafted was accepted: the case tests nothing: {on}"
     for i, (a, b) in enumerate(zip(on, off)):
         assert a == b, f"request {i}: by default (tokens, drafted, accepted) {a} != switched off {b}"
