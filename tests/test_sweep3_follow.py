@@ -331,7 +331,8 @@ def _signal_mid_write(argv: list[str], out_dir: Path, sig: int, env: dict[str, s
     Returns (exit code, stderr)."""
     r, w = _stalled_stderr()
     try:
-        p = subprocess.Popen([sys.executable, "-m", "ggufdspark", *argv], cwd=REPO, env=env,
+        # PYTHONFAULTHANDLER: a SIGABRT makes the child print every thread's stack (a hang's diagnosis)
+        p = subprocess.Popen([sys.executable, "-m", "ggufdspark", *argv], cwd=REPO, env={**env, "PYTHONFAULTHANDLER": "1"},
                              stdout=subprocess.DEVNULL, stderr=w, stdin=subprocess.DEVNULL)
         os.close(w)
         try:
@@ -339,7 +340,12 @@ def _signal_mid_write(argv: list[str], out_dir: Path, sig: int, env: dict[str, s
                 pytest.fail(f"{argv[0]}: no partial output appeared in {out_dir} (exit {p.poll()}): {_drain(r, p)}")
             p.send_signal(sig)
             err = _drain(r, p)
-            p.wait(60)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGABRT)
+                pytest.fail(f"{argv[0]} still ran 180 s after {signal.Signals(sig).name}; its stderr: {err[-1500:]!r}; "
+                            f"its threads at SIGABRT: {_drain(r, p, timeout=30)[-6000:]}")
         finally:
             _end(p)
     finally:
