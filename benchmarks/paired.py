@@ -8,6 +8,7 @@ the medians of two arms separate beyond their spread."""
 from __future__ import annotations
 
 import math
+import statistics
 
 
 def sign_test(wins: int, n: int) -> float:
@@ -27,7 +28,7 @@ def paired(arm: list[float], base: list[float]) -> dict:
     ties = sum(r == 1 for r in ratios)
     wins = sum(r > 1 for r in ratios)
     n = len(ratios) - ties
-    return {"geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)), "faster": wins, "turns": len(ratios),
+    return {"geomean": statistics.geometric_mean(ratios), "faster": wins, "turns": len(ratios),
             "ties": ties, "sign_p": sign_test(wins, n)}
 
 

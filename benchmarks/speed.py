@@ -284,9 +284,11 @@ def decode(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         r["label"] = label
     # interleaved: each engine environment, flag variant or other draft against its length's drafted arm, turn by turn
     base_of = {r["draft_n_max"]: r for r in results if r.get("draft_n_max") and not (r.get("env") or r.get("variant") or r.get("draft"))}
-    for r in (r for r in results if args.interleave and r.get("draft_n_max") in base_of and r is not base_of[r["draft_n_max"]]):
-        r["paired"] = paired.paired(r["decode_tps_all"], base_of[r["draft_n_max"]]["decode_tps_all"])
-        print(f"{r['label']}: {paired.describe(r['paired'], base_of[r['draft_n_max']]['label'])}")
+    for r in results if args.interleave else []:
+        base = base_of.get(r.get("draft_n_max"))
+        if base is not None and r is not base:
+            r["paired"] = paired.paired(r["decode_tps_all"], base["decode_tps_all"])
+            print(f"{r['label']}: {paired.describe(r['paired'], base['label'])}")
     if load:
         if args.load_trials > 1:
             print(f"\nunder load: median of {args.load_trials} waves a level")
