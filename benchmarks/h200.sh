@@ -64,7 +64,8 @@
 #             MMA_PARTS: only these of emu test perf (default all); MMA_PERF_TYPES (q4_K,q5_K,q6_K,q8_0) and MMA_PERF_N
 #             (a regex of columns, e.g. '1|2|8') narrow perf
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
-#             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is); timeline-PART.json
+#             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is; TIMELINE_KERNELS (25): the kernels shown a
+#             stream, each with its launches by duration); timeline-PART.json
 #   trained   the shipped trained pair: trained.py acceptance at LEVELS (1,8,32,64) and around a pause,
 #             with PAUSE_ARMS' switches; PACK=1 packs the engine into OUT/engine for a later unpack
 #   train     the trained pair's `train` step (WORK/tw/corpus carried), its files back in OUT
@@ -345,7 +346,8 @@ timeline)
             GGUFDSPARK_CUPTI_OUT="$W/tl/$part-%p.csv" TXT=$W run "timeline-$part-speed" 6 $py "${cmd[@]}" "${P[@]}"
         files=("$W"/tl/"$part"-*.csv)
         if [ ! -f "${files[0]}" ]; then echo "stage timeline: $part wrote no trace (no process initialised CUDA)"; continue; fi
-        $py benchmarks/cuda/probes.py timeline "${files[@]}" --json "$OUT/timeline-$part.json" > "$OUT/timeline-$part.txt" 2>&1
+        $py benchmarks/cuda/probes.py timeline "${files[@]}" --kernels "${TIMELINE_KERNELS:-25}" --json "$OUT/timeline-$part.json" \
+            > "$OUT/timeline-$part.txt" 2>&1
         echo "timeline $part rc=$?"; head -c 9000 "$OUT/timeline-$part.txt"
     done ;;
 topk)

@@ -394,7 +394,9 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
         "C,4000000,4100000,7,1,4096\n"
         "R,4150000,4200000,5,cudaMemcpyAsync_v3020\n"
         "C,4400000,4500000,13,1,64\n"
-        "K,54100000,55100000,7,k2\n")
+        "K,54100000,55100000,7,k2\n"
+        "K,55100000,55105000,7,k2\n"
+        "K,55105000,55110000,7,k2\n")
     probe = tmp_path / "prefill-124.csv"
     probe.write_text("#,/x/llama-server --version\n")
     script = [sys.executable, str(REPO / "benchmarks" / "cuda" / "probes.py"), "timeline"]
@@ -422,13 +424,17 @@ def test_gpu_timeline_finds_the_idle_device_and_the_host_call_over_it(tmp_path):
     assert gap["us"] == 500.0 and gap["at_ms"] == 2.0
     assert gap["before"] == "mul_mat_f (stream 7)" and gap["after"] == "cutlass (stream 13)"
     assert gap["host"] == "cudaStreamSynchronize_v3020 (490 us of it); wait: stream sync on stream 7 (490 us of it)"
-    assert second["records"] == 1 and second["gaps"] == 0 and math.isclose(second["busy_share"], 1.0)
+    assert second["records"] == 3 and second["gaps"] == 0 and math.isclose(second["busy_share"], 1.0)
+    # each kernel's launches by how long they ran: k2's 1 ms launch apart from its two of 5 us
+    assert first["kernel_bins"]["7"]["rms_norm_f32"] == {">=512 us": {"ms": 1.0, "n": 1}}
+    assert second["kernel_bins"] == {"7": {"k2": {"4-8 us": {"ms": 0.01, "n": 2}, ">=512 us": {"ms": 1.0, "n": 1}}}}
     assert "0      3.50      2.70      0.80  77.1%" in p.stdout, p.stdout
     assert "stream 7 -> stream 13                     0.50 ms  x1      (500 us each; 98% in runtime calls)" in p.stdout, p.stdout
     assert "copy HtoD 7 -> copy HtoD 13               0.30 ms  x1      (300 us each; 17% in runtime calls)" in p.stdout, p.stdout
     # each stream's kernels by time, pooled over the bursts shown (k2 in the second burst)
-    assert "stream 7's kernels over these bursts by time (3.00 ms, 3 launches):" in p.stdout, p.stdout
-    assert "   k2                                            1.00 ms  x1       (1000.0 us each, 33%)" in p.stdout, p.stdout
+    assert "stream 7's kernels over these bursts by time (3.01 ms, 5 launches):" in p.stdout, p.stdout
+    assert "   k2                                            1.01 ms  x3       (336.7 us each, 34%)\n" \
+           "      4-8 us x2 0.01 ms, >=512 us x1 1.00 ms\n" in p.stdout, p.stdout
     assert "   cutlass                                       0.50 ms  x1       (500.0 us each, 100%)" in p.stdout, p.stdout
 
     # the same device work without runtime calls: no share claimed

@@ -186,6 +186,26 @@ def covered(union: list[list[int]], starts: list[int], gs: int, ge: int) -> int:
     return n
 
 
+# a launch's duration class: powers of two in microseconds
+BIN_EDGES_US = (4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def duration_bin(ns: int) -> str:
+    """The class of a launch that ran ``ns`` nanoseconds: "<4 us", "4-8 us", ..., ">=512 us"."""
+    lo = 0
+    for edge in BIN_EDGES_US:
+        if ns < edge * 1000:
+            return f"<{edge} us" if lo == 0 else f"{lo}-{edge} us"
+        lo = edge
+    return f">={lo} us"
+
+
+def bin_order(kv: tuple) -> int:
+    """Sort key of a (duration class, value) pair: the classes from short to long."""
+    b = kv[0]
+    return 0 if b.startswith("<") else 99 if b.startswith(">") else int(b.split("-")[0])
+
+
 def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict:
     t0 = recs[0][0]
     t1 = max(r[1] for r in recs)
@@ -204,9 +224,12 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
 
     streams: dict[int, list] = defaultdict(lambda: [0, 0])
     names: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    # each kernel's launches by how long they ran (one name covers products of every shape: the output
+    # head's launch is the long one among a layer's short ones)
+    bins: dict[int, dict[str, dict[str, list]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: [0, 0])))
     for s, e, st, what in recs:
         if not what.startswith(("copy", "memset")):
-            for c in (streams[st], names[st][what]):
+            for c in (streams[st], names[st][what], bins[st][what][duration_bin(e - s)]):
                 c[0] += e - s
                 c[1] += 1
 
@@ -251,6 +274,9 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
         "streams": {str(k): {"kernel_ms": v[0] / 1e6, "kernels": v[1]} for k, v in sorted(streams.items())},
         "kernel_names": {str(k): {n: {"ms": v[0] / 1e6, "n": v[1]} for n, v in sorted(d.items(), key=lambda kv: -kv[1][0])}
                          for k, d in sorted(names.items())},
+        "kernel_bins": {str(k): {n: {b: {"ms": v[0] / 1e6, "n": v[1]} for b, v in sorted(bd.items(), key=bin_order)}
+                                 for n, bd in sorted(d.items())}
+                        for k, d in sorted(bins.items())},
         "gap_classes": {k: {"ms": v[0] / 1e6, "n": v[1], **({"in_calls_ms": v[2] / 1e6} if api else {})}
                         for k, v in sorted(classes.items(), key=lambda kv: -kv[1][0])},
         "host_calls": [
@@ -323,16 +349,25 @@ def timeline(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                 inside = "" if calls is None else f"; {calls / ms * 100:.0f}% in runtime calls"
                 print(f"   {k:<36} {ms:9.2f} ms  x{n:<6} ({ms * 1e3 / n:.0f} us each{inside})")
         kernels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+        kbins: dict[str, dict[str, dict[str, list]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: [0.0, 0])))
         for b in shown:
             for st, d in b["kernel_names"].items():
                 for n, v in d.items():
                     kernels[st][n][0] += v["ms"]
                     kernels[st][n][1] += v["n"]
+            for st, d in b.get("kernel_bins", {}).items():
+                for n, bd in d.items():
+                    for c, v in bd.items():
+                        kbins[st][n][c][0] += v["ms"]
+                        kbins[st][n][c][1] += v["n"]
         for st, d in kernels.items():
             total = sum(v[0] for v in d.values())
             print(f"stream {st}'s kernels over these bursts by time ({total:.2f} ms, {sum(v[1] for v in d.values())} launches):")
             for n, (ms, k) in sorted(d.items(), key=lambda kv: -kv[1][0])[:a.kernels]:
                 print(f"   {n:<40} {ms:9.2f} ms  x{k:<7} ({ms * 1e3 / k:.1f} us each, {ms / total * 100:.0f}%)")
+                classes = sorted(kbins[st][n].items(), key=bin_order)
+                if len(classes) > 1:  # launches of several lengths: how many of each, and their time
+                    print("      " + ", ".join(f"{c} x{v[1]} {v[0]:.2f} ms" for c, v in classes))
         for i, b in enumerate(shown):
             print(f"-- burst {i}: host calls " + "; ".join(f"{c['call']} {c['ms']:.2f} ms x{c['n']}" for c in b["host_calls"][:5]))
             for g in b["longest_gaps"]:
