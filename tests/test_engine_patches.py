@@ -41,12 +41,18 @@ def _compiled(engine, src: Path, out: Path, *, llama: bool = False) -> Path:
 def test_conv_snapshots_by_set_rows_equal_one_copy_a_slot(dspark_engine, tmp_path):
     """Patches 0018 and 0033: the conv state after snapshots written by SET_ROWS equals the pinned
     one CPY a slot, for d_conv 2 and 3, 1-64 tokens (0033 takes that path for one and two tokens too),
-    1 and 3 sequences, 4 and 7 slots; and the comparison catches the slots in reversed order (where
-    there is more than one)."""
+    1 and 3 sequences, 4 and 7 slots; so does developer 0084's one SET_ROWS of d_conv-value rows a
+    layer; and the comparison catches the slots in reversed order (where there is more than one)."""
     exe = _compiled(dspark_engine, HERE / "conv_snapshots.cpp", tmp_path / "conv_snapshots")
     p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "48 cases, 0 mismatches" in p.stdout, p.stdout + p.stderr
     p = subprocess.run([str(exe), "--reversed"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "40 cases, 40 mismatches" in p.stdout, p.stdout + p.stderr
+    # developer 0084's form (LLAMA_CONV_SNAPSHOT_ONE=1): one SET_ROWS of d_conv-value rows, read from a
+    # view of bx whose rows overlap
+    p = subprocess.run([str(exe), "--one"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "48 cases, 0 mismatches" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run([str(exe), "--one", "--reversed"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "40 cases, 40 mismatches" in p.stdout, p.stdout + p.stderr
 
 

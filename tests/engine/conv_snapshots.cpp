@@ -2,8 +2,10 @@
 // snapshots written by d_conv SET_ROWS a layer must leave the conv state exactly as the pinned one CPY
 // a slot does. This builds both ways with the engine's own ggml (the same views as
 // src/models/lfm2.cpp) on random inputs and compares the states. With --reversed the SET_ROWS side
-// gets the slot order reversed, which must differ: the comparison can fail. Prints "N cases, M
-// mismatches"; exit 1 on a mismatch (0 with --reversed only when every case differs).
+// gets the slot order reversed, which must differ: the comparison can fail. --one writes the snapshots
+// by one SET_ROWS whose rows are a window's d_conv values (developer patch 0084, LLAMA_CONV_SNAPSHOT_ONE=1:
+// the source rows overlap, a row stride of one value). Prints "N cases, M mismatches"; exit 1 on a
+// mismatch (0 with --reversed only when every case differs).
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include <cstdio>
@@ -11,7 +13,7 @@
 #include <random>
 #include <vector>
 
-static std::vector<float> run(bool rows, bool reversed, int d_conv, int n_tok, int n_embd, int n_seqs, int K, int mem_size, int kv_head,
+static std::vector<float> run(bool rows, bool one, bool reversed, int d_conv, int n_tok, int n_embd, int n_seqs, int K, int mem_size, int kv_head,
                               const std::vector<float> & bxv) {
     ggml_init_params ip = { 256u << 20, nullptr, false };
     ggml_context * ctx = ggml_init(ip);
@@ -29,7 +31,18 @@ static std::vector<float> run(bool rows, bool reversed, int d_conv, int n_tok, i
             slot_of_window = ggml_scale_bias(ctx, slot_of_window, -1.0f, (float) (n_written - 1));
         }
         ggml_tensor * idx = ggml_cast(ctx, slot_of_window, GGML_TYPE_I32);
-        for (int t = 0; t < d_conv; ++t) {
+        if (one) {
+            // made with one row, then given its n_written, as the patch does (ggml's view check sizes a view
+            // as if its rows did not overlap)
+            ggml_tensor * vals  = ggml_view_4d(ctx, bx, d_conv, 1, bx->ne[1], bx->ne[2], es, bx->nb[1], bx->nb[2],
+                                               (bx->ne[0] - d_conv - (n_written - 1)) * es);
+            vals->ne[1] = n_written;
+            ggml_tensor * slots = ggml_view_4d(ctx, conv_state, d_conv, n_written, n_embd, n_seqs,
+                                               (size_t) mem_size * row_size, (size_t) d_conv * es, row_size,
+                                               (size_t) kv_head * row_size);
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx, slots, vals, idx));
+        }
+        for (int t = 0; t < d_conv && !one; ++t) {
             ggml_tensor * vals  = ggml_view_4d(ctx, bx, 1, n_written, bx->ne[1], bx->ne[2], es, bx->nb[1], bx->nb[2],
                                                (bx->ne[0] - d_conv - (n_written - 1) + t) * es);
             ggml_tensor * slots = ggml_view_4d(ctx, conv_state, 1, n_written, n_embd, n_seqs,
@@ -52,7 +65,11 @@ static std::vector<float> run(bool rows, bool reversed, int d_conv, int n_tok, i
 }
 
 int main(int argc, char ** argv) {
-    const bool reversed = argc > 1 && strcmp(argv[1], "--reversed") == 0;
+    bool reversed = false, one = false;
+    for (int i = 1; i < argc; ++i) {
+        reversed |= strcmp(argv[i], "--reversed") == 0;
+        one      |= strcmp(argv[i], "--one") == 0;
+    }
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-1, 1);
     int bad = 0, cases = 0;
@@ -63,8 +80,8 @@ int main(int argc, char ** argv) {
         if (reversed && std::min(n_tok, K) == 1) continue;
         std::vector<float> bxv((size_t) (d_conv + n_tok) * n_embd * n_seqs);
         for (auto & v : bxv) v = u(rng);
-        auto a = run(false, false, d_conv, n_tok, n_embd, n_seqs, K, mem_size, kv_head, bxv);
-        auto b = run(true, reversed, d_conv, n_tok, n_embd, n_seqs, K, mem_size, kv_head, bxv);
+        auto a = run(false, false, false, d_conv, n_tok, n_embd, n_seqs, K, mem_size, kv_head, bxv);
+        auto b = run(true, one, reversed, d_conv, n_tok, n_embd, n_seqs, K, mem_size, kv_head, bxv);
         ++cases;
         if (a != b) {
             ++bad;
