@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # benchmarks/ is a checkout's package, not an installed one
     sys.path.insert(0, str(REPO))
@@ -850,9 +852,6 @@ def test_device_w2q8_stage_writes_the_draft_with_markov_w2_alone_in_q8_0_and_spe
 def test_paired_turns_read_as_a_geometric_mean_and_an_exact_sign_test():
     """benchmarks/paired.py: the per-turn ratios' geometric mean, the turns won, and the two-sided sign
     test, against the binomial distribution summed here term by term."""
-    import math
-    import statistics
-
     from benchmarks import paired
 
     def two_sided(wins: int, n: int) -> float:
@@ -868,9 +867,5 @@ def test_paired_turns_read_as_a_geometric_mean_and_an_exact_sign_test():
     assert math.isclose(p["geomean"], statistics.geometric_mean([1.02, 0.99, 1.04, 1.0]), rel_tol=1e-12), p
     assert math.isclose(p["sign_p"], paired.sign_test(2, 3)), p
     assert "faster in 2 of 4 turns, 1 even" in paired.describe(p, "dspark-n7"), paired.describe(p, "dspark-n7")
-    try:
+    with pytest.raises(ValueError, match="2 turns against 1"):
         paired.paired([1.0, 2.0], [1.0])
-    except ValueError as e:
-        assert "2 turns against 1" in str(e)
-    else:
-        raise AssertionError("turns of different counts were paired")

@@ -8,6 +8,7 @@ import json
 import math
 import random
 import re
+import statistics
 import threading
 from collections import Counter
 
@@ -397,8 +398,6 @@ def test_speed_benchmark_interleaves_its_arms_request_by_request(small_pair, tmp
             len(r["turn_ratios"]) == 3, (r["arm"], r["turn_ratios"], want)
     assert "per-turn ratio" in p.stdout, p.stdout
     # every other drafted arm against its length's drafted arm, turn by turn (benchmarks/paired.py), printed
-    import statistics
-
     for r in rows:
         base = next((b for b in rows if b.get("draft_n_max") == r.get("draft_n_max")
                      and not (b.get("env") or b.get("variant") or b.get("draft"))), None)

@@ -206,6 +206,11 @@ def bin_order(kv: tuple) -> int:
     return 0 if b.startswith("<") else 99 if b.startswith(">") else int(b.split("-")[0])
 
 
+def bin_totals(by_name: dict[str, dict[str, list]]) -> dict[str, list]:
+    """{kernel: {duration class: [time, launches]}} -> {kernel: [time, launches]}."""
+    return {n: [sum(v[0] for v in bd.values()), sum(v[1] for v in bd.values())] for n, bd in by_name.items()}
+
+
 def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict:
     t0 = recs[0][0]
     t1 = max(r[1] for r in recs)
@@ -223,15 +228,15 @@ def analyse(recs: list[tuple], host: list[tuple], gap_ns: int, top: int) -> dict
     busy += cur_e - cur_s
 
     streams: dict[int, list] = defaultdict(lambda: [0, 0])
-    names: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     # each kernel's launches by how long they ran (one name covers products of every shape: the output
-    # head's launch is the long one among a layer's short ones)
+    # head's launch is the long one among a layer's short ones); a name's totals are its classes' sums
     bins: dict[int, dict[str, dict[str, list]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: [0, 0])))
     for s, e, st, what in recs:
         if not what.startswith(("copy", "memset")):
-            for c in (streams[st], names[st][what], bins[st][what][duration_bin(e - s)]):
+            for c in (streams[st], bins[st][what][duration_bin(e - s)]):
                 c[0] += e - s
                 c[1] += 1
+    names = {st: bin_totals(d) for st, d in bins.items()}
 
     in_span = [h for h in host if h[1] >= t0 and h[0] <= t1]
     calls: dict[str, list] = defaultdict(lambda: [0, 0])
@@ -348,19 +353,15 @@ def timeline(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             for k, (ms, n, calls) in sorted(classes.items(), key=lambda kv: -kv[1][0])[:10]:
                 inside = "" if calls is None else f"; {calls / ms * 100:.0f}% in runtime calls"
                 print(f"   {k:<36} {ms:9.2f} ms  x{n:<6} ({ms * 1e3 / n:.0f} us each{inside})")
-        kernels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
         kbins: dict[str, dict[str, dict[str, list]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: [0.0, 0])))
         for b in shown:
-            for st, d in b["kernel_names"].items():
-                for n, v in d.items():
-                    kernels[st][n][0] += v["ms"]
-                    kernels[st][n][1] += v["n"]
-            for st, d in b.get("kernel_bins", {}).items():
+            for st, d in b["kernel_bins"].items():
                 for n, bd in d.items():
                     for c, v in bd.items():
                         kbins[st][n][c][0] += v["ms"]
                         kbins[st][n][c][1] += v["n"]
-        for st, d in kernels.items():
+        for st in kbins:
+            d = bin_totals(kbins[st])
             total = sum(v[0] for v in d.values())
             print(f"stream {st}'s kernels over these bursts by time ({total:.2f} ms, {sum(v[1] for v in d.values())} launches):")
             for n, (ms, k) in sorted(d.items(), key=lambda kv: -kv[1][0])[:a.kernels]:
