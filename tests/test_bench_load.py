@@ -62,6 +62,12 @@ def _check_tails(lv: dict) -> None:
                for t, r in zip(tpot, recs))
     assert min(tpot) <= lv["tpot_p50_s"] <= lv["tpot_p95_s"] <= lv["tpot_p99_s"] <= max(tpot)
     assert "gaps_s" not in recs[0]  # the raw waits stay out of the JSON
+    # TTFT split: the engine's prompt processing (its prompt_ms) lies within the client's TTFT; the
+    # wait before it is the rest
+    assert all(0 < r["prompt_ms"] / 1000 <= r["ttft_s"] + 1e-3 for r in recs), recs
+    assert all(r["ttft_wait_s"] == pytest.approx(r["ttft_s"] - r["prompt_ms"] / 1000) for r in recs)
+    for key, values in (("prompt", [r["prompt_ms"] / 1000 for r in recs]), ("wait", [r["ttft_wait_s"] for r in recs])):
+        assert min(values) <= lv[f"ttft_{key}_p50_s"] <= lv[f"ttft_{key}_p95_s"] <= max(values), (key, lv)
 
 
 def test_load_closed_loop_plain_and_drafted(small_pair, ggufdspark_cli, isolated, tmp_path):
@@ -308,7 +314,7 @@ def test_load_inter_token_latency_plain_and_drafted(small_pair, ggufdspark_cli, 
     # takes depends on the machine's load, so only the bound is exact
     assert accepted and all(0 < r["chunks"] <= r["output_tokens"] for r in accepted), accepted
     keys = ("ttft_p99_s", "latency_p99_s", "longest_gap_p99_s", "itl_p50_s", "itl_p95_s", "itl_p99_s", "tpot_p50_s",
-            "tpot_p95_s", "tpot_p99_s")
+            "tpot_p95_s", "tpot_p99_s", "ttft_prompt_p50_s", "ttft_prompt_p95_s", "ttft_wait_p50_s", "ttft_wait_p95_s")
     for r, a, b in zip(rep["ratios"], plain, drafted):
         # a level whose answers each reached the client in one burst has no wait to pool: no ITL, no ratio
         assert all(r[k] == pytest.approx(b[k] / a[k]) if a[k] and b[k] is not None else r[k] is None
@@ -317,6 +323,12 @@ def test_load_inter_token_latency_plain_and_drafted(small_pair, ggufdspark_cli, 
     assert block[1].split() == ["clients", "arm", "TTFT", "p99", "lat", "p99", "gap", "p99", "ITL", "p50", "ITL",
                                 "p95", "ITL", "p99", "TPOT", "p50", "TPOT", "p99"], block[:3]
     assert [ln.split()[:2] for ln in block[2:4]] == [["1", "plain"], ["1", "drafted"]] and block[4].split()[0] == "ratio"
+    # the time to first token split, one row an arm and level, the figures as the JSON has them
+    block = p.stdout.split("Time to first token split")[1].split("\n\n")[0].splitlines()
+    assert block[1].split() == ["clients", "arm", "TTFT", "p50", "TTFT", "p95", "prompt50", "prompt95", "wait", "p50",
+                                "wait", "p95"], block[:3]
+    row = block[3].split()
+    assert row[:2] == ["1", "drafted"] and row[-1] == f"{drafted[0]['ttft_wait_p95_s'] * 1000:.1f}ms", block
     assert "Requests: answered, with an image" not in p.stdout  # no image, no failure: no such table
 
 

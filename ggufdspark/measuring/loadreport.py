@@ -61,6 +61,12 @@ class RequestRecord:
         return after / (self.output_tokens - 1) if self.output_tokens > 1 and after > 0 else None
 
     @property
+    def ttft_wait_s(self) -> float | None:
+        """TTFT less the engine's prompt processing (``prompt_ms``: from the slot starting the prompt to
+        its first token): the wait before the prompt started (the queue, the step in flight, HTTP)."""
+        return self.ttft_s - self.prompt_ms / 1000.0 if self.prompt_ms is not None else None
+
+    @property
     def decode_tps(self) -> float | None:
         """Tokens after the first over the time after the first: what a user sees streaming."""
         after = self.latency_s - self.ttft_s
@@ -69,7 +75,7 @@ class RequestRecord:
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["gaps_s"]
-        return {**d, "decode_tps": self.decode_tps, "tpot_s": self.tpot_s}
+        return {**d, "decode_tps": self.decode_tps, "tpot_s": self.tpot_s, "ttft_wait_s": self.ttft_wait_s}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -132,6 +138,12 @@ class LevelResult:
     # send to its first token): what to look at first when drafted stalls are longer than plain's
     stall_first_share: float | None = None
     stall_join_share: float | None = None
+    # time to first token split: the engine's prompt processing (prompt_ms) and the wait before it
+    # (TTFT - prompt_ms), percentiles over the requests whose timings name prompt_ms
+    ttft_prompt_p50_s: float | None = None
+    ttft_prompt_p95_s: float | None = None
+    ttft_wait_p50_s: float | None = None
+    ttft_wait_p95_s: float | None = None
     image_requests: int = 0  # requests that carried an image (--image-share), failed ones included
     failed: int = 0  # requests the server answered with an error; ``requests`` counts the answered ones
 
@@ -175,6 +187,8 @@ def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -
     itl = [g for r in records for g in r.gaps_s or []]
     tpot = [r.tpot_s for r in records]
     stall_first, stall_join = stall_shares(records)
+    prompt_s = [r.prompt_ms / 1000.0 for r in records if r.prompt_ms is not None]
+    wait = [r.ttft_wait_s for r in records]
     return LevelResult(
         level, len(records), wall_s, out, sum(r.prompt_tokens for r in records), out / wall_s if wall_s else 0.0,
         percentile([r.decode_tps for r in records], 50), percentile([r.predicted_per_second for r in records], 50),
@@ -188,6 +202,8 @@ def summarize_level(level: float, records: list[RequestRecord], wall_s: float) -
         itl_p50_s=percentile(itl, 50), itl_p95_s=percentile(itl, 95), itl_p99_s=percentile(itl, 99),
         itl_gaps=len(itl), tpot_p50_s=percentile(tpot, 50), tpot_p95_s=percentile(tpot, 95),
         tpot_p99_s=percentile(tpot, 99), stall_first_share=stall_first, stall_join_share=stall_join,
+        ttft_prompt_p50_s=percentile(prompt_s, 50), ttft_prompt_p95_s=percentile(prompt_s, 95),
+        ttft_wait_p50_s=percentile(wait, 50), ttft_wait_p95_s=percentile(wait, 95),
         image_requests=sum(1 for r in every if r.image),
         failed=len(every) - len(records))
 
@@ -214,7 +230,8 @@ def level_ratios(plain: LevelResult, drafted: LevelResult) -> dict[str, Any]:
     keys = ("aggregate_tps", "decode_tps_median", "engine_decode_tps_median", "ttft_p50_s", "ttft_p95_s",
             "ttft_mean_s", "latency_p50_s", "latency_p95_s", "latency_mean_s", "ttft_p50_later_s",
             "longest_gap_p50_s", "longest_gap_p95_s", "longest_gap_p99_s", "ttft_p99_s", "latency_p99_s",
-            "itl_p50_s", "itl_p95_s", "itl_p99_s", "tpot_p50_s", "tpot_p95_s", "tpot_p99_s")
+            "itl_p50_s", "itl_p95_s", "itl_p99_s", "tpot_p50_s", "tpot_p95_s", "tpot_p99_s",
+            "ttft_prompt_p50_s", "ttft_prompt_p95_s", "ttft_wait_p50_s", "ttft_wait_p95_s")
     out: dict[str, Any] = {"level": plain.level}
     for k in keys:
         a, b = getattr(plain, k), getattr(drafted, k)
@@ -311,23 +328,21 @@ class LoadReport:
     TAILS = (("TTFT p99", "ttft_p99_s"), ("lat p99", "latency_p99_s"), ("gap p99", "longest_gap_p99_s"),
              ("ITL p50", "itl_p50_s"), ("ITL p95", "itl_p95_s"), ("ITL p99", "itl_p99_s"), ("TPOT p50", "tpot_p50_s"),
              ("TPOT p99", "tpot_p99_s"))
+    TTFT_SPLIT = (("TTFT p50", "ttft_p50_s"), ("TTFT p95", "ttft_p95_s"), ("prompt50", "ttft_prompt_p50_s"),
+                  ("prompt95", "ttft_prompt_p95_s"), ("wait p50", "ttft_wait_p50_s"), ("wait p95", "ttft_wait_p95_s"))
 
-    def tails_block(self, ratios: dict[str, list[dict]]) -> list[str]:
-        """p99 of TTFT, latency and a request's longest wait; inter-token latency (every wait between
-        two streamed chunks, pooled over the requests) and time per output token, per arm and level."""
+    def columns_block(self, title: str, columns: tuple[tuple[str, str], ...], ratios: dict[str, list[dict]]) -> list[str]:
+        """Several figures (``columns``: heading, key in seconds) per arm and level, and drafted / plain."""
         unit = "clients" if self.traffic["shape"]["mode"] == "closed" else "req/s"
-        head = f"{unit:>7} {'arm':>8} " + " ".join(f"{t:>9}" for t, _ in self.TAILS)
-        out = ["Tails and inter-token latency (ITL: every wait between two streamed chunks, a drafted step's "
-               "tokens one chunk, pooled over the requests; TPOT: (latency - TTFT) / (tokens - 1) per request):",
-               head]
+        out = [title, f"{unit:>7} {'arm':>8} " + " ".join(f"{t:>9}" for t, _ in columns)]
         several = len(self.drafted_arms) > 1
         for i, p in enumerate(self.arms["plain"]):
             for a in ["plain", *self.drafted_arms]:
                 lv = self.arms[a][i]
-                out.append(f"{lv.level:>7g} {a:>8} " + " ".join(_ms(getattr(lv, k), 1) for _, k in self.TAILS))
+                out.append(f"{lv.level:>7g} {a:>8} " + " ".join(_ms(getattr(lv, k), 1) for _, k in columns))
                 if a != "plain":
                     out.append(f"{'':>7} {a + '/pl' if several else 'ratio':>8} "
-                               + " ".join(_x(ratios[a][i].get(k), 9) for _, k in self.TAILS))
+                               + " ".join(_x(ratios[a][i].get(k), 9) for _, k in columns))
         return out
 
     def requests_block(self) -> list[str]:
@@ -387,7 +402,15 @@ class LoadReport:
             if any(lv.stall_first_share is not None for lv in self.arms["plain"]):
                 lines += ["", *self.stall_block()]
         if any(lv.itl_p50_s is not None or lv.ttft_p99_s is not None for lv in self.arms["plain"]):
-            lines += ["", *self.tails_block(ratios)]
+            lines += ["", *self.columns_block(
+                "Tails and inter-token latency (ITL: every wait between two streamed chunks, a drafted step's tokens "
+                "one chunk, pooled over the requests; TPOT: (latency - TTFT) / (tokens - 1) per request):",
+                self.TAILS, ratios)]
+        if any(lv.ttft_prompt_p50_s is not None for lv in self.arms["plain"]):
+            lines += ["", *self.columns_block(
+                "Time to first token split: the engine's prompt processing (prompt50 / prompt95: its prompt_ms, "
+                "from the slot starting the prompt to its first token) and the wait before it (TTFT - prompt_ms):",
+                self.TTFT_SPLIT, ratios)]
         if any(lv.image_requests or lv.failed for a in self.arms.values() for lv in a):
             lines += ["", *self.requests_block()]
         if s.get("noise_floor"):
