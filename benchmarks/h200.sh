@@ -146,7 +146,7 @@ run() { local name=$1 lines=$2; shift 2; rm -rf "${W:?}/$name"
 # the pair, the engine and where it runs, as every benchmark script names them, in P
 pair() { P=(-m "$T" -md "$D" --server "$(BIN)" ${GPU:+"$GPU"}); }
 # the engine's profile lines (arms with LLAMA_SPEC_PROFILE=1) of every log in $1, each after its log's name, into $2
-profile() { grep -a -H -E "${3:-decode window|decode profile|spec profile}" "$1"/*.log 2>/dev/null | sed "s|^$1/||" > "$2"
+profile() { grep -a -H -E "${3:-decode window|decode profile|spec profile|server yield}" "$1"/*.log 2>/dev/null | sed "s|^$1/||" > "$2"
     [ -s "$2" ] || rm -f "$2"; }
 # ';'-separated arm specs ($1) as --arm options, in ARMS_ARGS
 arm_args() { ARMS_ARGS=(); local specs s; IFS=';' read -ra specs <<< "$1"
@@ -248,7 +248,7 @@ speed)
         --concurrency "" ${SPEED_ENVS:+--env-variants "$SPEED_ENVS"} ${SPEED_VARIANTS:+--variants "$SPEED_VARIANTS"} \
         ${SPEED_DRAFTS:+--other-drafts "$SPEED_DRAFTS"} \
         ${INTERLEAVE:+--interleave} ${CROSS:+--cross-variants}
-    profile "$W/speed" "$OUT/speed-profile.txt" "spec profile|decode profile"
+    profile "$W/speed" "$OUT/speed-profile.txt" "spec profile|decode profile|server yield"
     # developer 0056 (an arm with GGML_CUDA_GRAPH_DEBUG=N): its lines, and its last per-key counts printed
     for f in "$W/speed"/*.log; do
         g="$OUT/graphdebug-$(basename "$f" .log).txt"; grep -h "cuda graph debug" "$f" > "$g" 2>/dev/null || { rm -f "$g"; continue; }
