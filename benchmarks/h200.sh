@@ -57,6 +57,7 @@
 #             (';'-separated: '-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=0' times 0081 against 0065's upward scan)
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
 #   mma       patches 0071, 0079 and developer 0080 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged or not): cuda/mmvq_mma_emu.cpp
+#             (and developer 0087's wide Q4_K / Q5_K kernel for 9-64 columns: MMA_TEST_ENVS / MMA_ENVS with GGML_CUDA_MMVQ_MMA_WIDE=64)
 #             (their host emulation) against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT in each of
 #             MMA_TEST_ENVS ('-;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=1,GGML_CUDA_MMVQ_MMA_STAGED=0': the shape rule, every
 #             shape staged where it can be, every shape on 0071's kernels), and perf in each of MMA_ENVS

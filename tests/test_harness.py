@@ -209,7 +209,8 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     within test-backend-ops' NMSE bound of ggml's dequantized one; for Q4_K and Q5_K each shape also with
     removed developer 0077's wide loads of the weights, and with the columns in block_q8_1_x8 too, whose outputs must be
     exactly the kernel's without them (a permutation of the mma's k), and staged through shared memory (0079:
-    Q4_K and Q5_K exactly the kernel's, Q8_0's within 1e-5 of its unstaged outputs; developer 0080: Q6_K within 1e-5). The engine's source has 0071 (a
+    Q4_K and Q5_K exactly the kernel's, Q8_0's within 1e-5 of its unstaged outputs; developer 0080: Q6_K within 1e-5);
+    developer 0087's wide Q4_K / Q5_K kernel at 9-64 columns and 1, 2 and 4 row tiles a block. The engine's source has 0071 (a
     product patch since product-46); a CPU build is named in one line and nothing on the GPU side is tried."""
     import os
 
@@ -222,7 +223,7 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     assert "mma emulation rc=0" in p.stdout, p.stdout + p.stderr
     lines = (out / "mma-emu.txt").read_text().splitlines()
     shapes = [ln for ln in lines if ln.startswith(("q4_K M=", "q5_K M=", "q6_K M=", "q8_0 M="))]
-    assert len(shapes) == 576 and all(ln.endswith(" OK") for ln in shapes) and lines[-1] == "all OK", lines
+    assert len(shapes) == 696 and all(ln.endswith(" OK") for ln in shapes) and lines[-1] == "all OK", lines
     # Q8_0 as 0071 loads it and staged through shared memory (0079: 4 blocks a warp step, within 1e-5 of the
     # unstaged outputs, whose sums meet in another order); Q6_K at K 256, 768 and 2048, staged (developer 0080: by
     # 16-byte pieces from the boundary before each block, read back as shifted words, the 6-bit dots less 32 times
@@ -233,10 +234,15 @@ def test_device_mma_stage_checks_the_q4_K_kernels_arithmetic_against_the_engines
     q6_staged = [ln for ln in shapes if ln.startswith("q6_K") and " staged: " in ln]
     assert len(q6_staged) == 24 and all(" K=2048 " in ln for ln in q6_staged), lines
     for t in ("q4_K", "q5_K"):  # each shape as 0071 loads it, with 0077's wide loads, with its x8 columns, and staged
-        assert sum(ln.startswith(t) and " wide loads" not in ln and " staged" not in ln for ln in shapes) == 48, lines
+        assert sum(ln.startswith(t) and " wide" not in ln and " staged" not in ln for ln in shapes) == 48, lines
         assert sum(ln.startswith(t) and " wide loads: " in ln for ln in shapes) == 48, lines
         assert sum(ln.startswith(t) and " wide loads, x8 columns: " in ln for ln in shapes) == 48, lines
         assert sum(ln.startswith(t) and " staged: " in ln for ln in shapes) == 48, lines
+        # developer 0087's wide kernel (9-64 columns), block by block: 20 shapes at each of 1, 2 and 4 row tiles a block
+        for tiles, per_step in ((1, 4), (2, 4), (4, 2)):
+            wide = f" wide, {tiles} row tiles and {per_step} super-blocks a step: "
+            assert sum(ln.startswith(t) and wide in ln for ln in shapes) == 20, lines
+    assert sorted({int(ln.split(" N=")[1].split()[0]) for ln in shapes if " wide, " in ln}) == [9, 16, 17, 33, 64], lines
     assert not any("differs" in ln for ln in shapes)
     nmse = [float(ln.split("nmse ")[1].split()[0]) for ln in shapes]
     assert 0 < max(nmse) < 5e-4, nmse  # q8_1 activations: not exact, and within the bound

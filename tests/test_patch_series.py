@@ -19,7 +19,7 @@ REMOVED = ("0010", "0011", "0012", "0016", "0044", "0075", "0076", "0077")  # me
 N_PRODUCT = 47  # patches in the product series
 # patches folded into the earlier patch they reworked (product-44): the old number is an alias
 FOLDED = {"0030": "0021", "0041": "0040", "0051": "0002", "0052": "0050", "0063": "0061", "0068": "0067"}
-DEV = ("0014", "0015", "0029", "0031", "0035", "0039", "0042", "0043", "0047", "0049", "0054", "0055", "0056", "0057", "0059", "0060", "0070", "0073", "0074", "0078", "0080", "0082", "0084", "0085", "0086")
+DEV = ("0014", "0015", "0029", "0031", "0035", "0039", "0042", "0043", "0047", "0049", "0054", "0055", "0056", "0057", "0059", "0060", "0070", "0073", "0074", "0078", "0080", "0082", "0084", "0085", "0086", "0087")
 # switches that turned a correctness fix off or picked a variant that measured slower
 FOOT_GUNS = ("LLAMA_RS_SNAPSHOTS_MOVE", "GGML_CUDA_MMF_FEW_MIN_ROWS", "GGML_CUDA_MMV_FEW",
              "GGML_CUDA_SMALL_N_CUBLAS", "LLAMA_GRAPH_REUSE_KEPT", "spec-draft-max-slots", "GGML_CUDA_TOPK_SHFL")

@@ -1,6 +1,7 @@
 // Host emulation of patch 0071's mul_mat_vec_q4_K_mma, _q5_K_mma, _q6_K_mma and _q8_0_mma, with 0079's and 0080's staging
 // through shared memory (mul_mat_vec_q4_K_mma_staged, _q8_0_mma_staged, _q6_K_mma_staged; removed developer 0077's
-// wide loads too, which must give the same outputs; which product takes which kernel is 0079's shape rule):
+// wide loads too, which must give the same outputs; which product takes which kernel is 0079's shape rule; and developer
+// 0087's mul_mat_vec_q4_K_mma_wide, 9-64 columns, in wide_checks):
 // the kernels' per-lane loads and scaling written out lane by lane, an mma.m16n8k32 (s8) emulated from the fragment
 // layout the PTX ISA gives (A rows g, g + 8 at ints t, t + 4; B column g at ints t, t + 4; C rows g,
 // g + 8 x columns 2t, 2t + 1, lane = 4 g + t), the activations quantized to q8_1 as ggml-cuda's
@@ -105,6 +106,159 @@ static void scales_i(const int * sc, float dmx, float dmy, float * d, float * m)
     scales(q, dmx, dmy, d, m);
 }
 
+// q8_1 as quantize_q8_1 (CUDA) makes it: d = amax/127, q = round(x/d), ds = (d, sum x); column c's K / 32 blocks
+static std::vector<block_q8_1> quantize_q8_1(const std::vector<float> & X, int N, int K) {
+    const int stride_col_y = K / QK8_1;
+    std::vector<block_q8_1> y((size_t) N*stride_col_y);
+    for (int c = 0; c < N; ++c) for (int b = 0; b < stride_col_y; ++b) {
+        const float * xs = &X[(size_t) c*K + b*QK8_1];
+        float amax = 0, sum = 0;
+        for (int i = 0; i < QK8_1; ++i) { amax = std::max(amax, std::fabs(xs[i])); sum += xs[i]; }
+        const float d = amax / 127.0f;
+        block_q8_1 & o = y[(size_t) c*stride_col_y + b];
+        for (int i = 0; i < QK8_1; ++i) o.qs[i] = amax == 0 ? 0 : (int8_t) std::round(xs[i] / d);
+        o.d = ggml_fp32_to_fp16(d); o.s = ggml_fp32_to_fp16(sum);
+    }
+    return y;
+}
+
+// the NMSE of dst (N columns of M) against the float product of the dequantized weights Wd and X; unwritten outputs
+// (NaN) counted in nan
+static double nmse_of(const std::vector<float> & dst, const std::vector<float> & Wd, const std::vector<float> & X, int M,
+                      int N, int K, int & nan) {
+    double err2 = 0, ref2 = 0;
+    nan = 0;
+    for (int c = 0; c < N; ++c) for (int r = 0; r < M; ++r) {
+        double ref = 0;
+        for (int k = 0; k < K; ++k) ref += (double) Wd[(size_t) r*K + k] * X[(size_t) c*K + k];
+        const float got = dst[(size_t) c*M + r];
+        if (std::isnan(got)) { ++nan; continue; }
+        err2 += (got - ref)*(got - ref); ref2 += ref*ref;
+    }
+    return err2 / ref2;
+}
+
+// developer 0087's mul_mat_vec_q4_K_mma_wide (Q4_K, Q5_K; 9-64 columns), block by block: a block's warps take rtiles row
+// tiles of 16 rows and kwarps super-blocks a step (warp w: tile w % rtiles, super-block w / rtiles); a step's columns
+// (8 ngroups, past N the last column again) are staged once a block by piece index over the block's threads, each
+// warp's rows by its lanes, into a stage first filled with 0xEE (so a byte the copies miss shows); the fragments and
+// scaling as the kernel reads them from there, an mma a group of 8 columns; a row tile's kwarps sums added in order
+// of kw. Returns the shapes that fail (NMSE at or above 5e-4, or an output left unwritten)
+static int wide_checks(std::mt19937 & rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    int fails = 0;
+    for (const ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K})
+    for (int M : {40, 72}) for (int K : {768, 2048}) for (int N : {9, 16, 17, 33, 64}) for (int rtiles : {1, 2, 4}) {
+        const bool q5 = type == GGML_TYPE_Q5_K;
+        const int  kwarps = rtiles == 4 ? 2 : 4, nwarps = rtiles*kwarps, ngroups = N <= 16 ? 2 : N <= 32 ? 4 : 8;
+        const int  ncols = 8*ngroups, nb = K / QK_K, stride_col_y = K / QK8_1;
+        const size_t bsz = ggml_type_size(type);
+        const int  ypieces = 8*36/16, xpieces = (int) bsz/16, ny = kwarps*ncols*ypieces, nx = 16*xpieces;
+        const int  YBYTES = kwarps*ncols*STAGE_YP, XBYTES = 16*(int) bsz;
+        std::vector<float> W((size_t) M*K), X((size_t) N*K);
+        for (auto & v : W) v = nd(rng);
+        for (auto & v : X) v = nd(rng);
+        std::vector<uint8_t> xq(ggml_row_size(type, K) * M);
+        ggml_quantize_chunk(type, W.data(), xq.data(), 0, M, K, nullptr);
+        std::vector<float> Wd((size_t) M*K);
+        ggml_get_type_traits(type)->to_float(xq.data(), Wd.data(), (int64_t) M*K);
+        const std::vector<block_q8_1> y = quantize_q8_1(X, N, K);
+        const uint8_t * ybase = (const uint8_t *) y.data();
+        const size_t ycol = (size_t) stride_col_y*36, xrow = (size_t) nb*bsz;
+        std::vector<float> dst((size_t) N*M, NAN);
+        const int nblocks = (M + 16*rtiles - 1) / (16*rtiles);
+        for (int blk = 0; blk < nblocks; ++blk) {
+            std::vector<float> acc((size_t) nwarps*32*4*ngroups, 0.0f);  // [warp][lane][4 ngroups]
+            for (int kb0 = 0; kb0 < nb; kb0 += kwarps) {
+                std::vector<uint8_t> stage(YBYTES + nwarps*XBYTES, 0xEE);
+                for (int idx = 0; idx < ny; ++idx) {  // the block's threads' column pieces
+                    const int k = idx / (ncols*ypieces), c = (idx / ypieces) % ncols, p = idx % ypieces;
+                    if (kb0 + k >= nb) continue;
+                    std::memcpy(&stage[k*ncols*STAGE_YP + c*STAGE_YP + 16*p],
+                                ybase + std::min(c, N - 1)*ycol + (size_t) 8*(kb0 + k)*36 + 16*p, 16);
+                }
+                for (int w = 0; w < nwarps; ++w) {  // each warp's rows
+                    const int r = w % rtiles, kw = w / rtiles, tile = rtiles*blk + r;
+                    if (16*tile >= M || kb0 + kw >= nb) continue;
+                    const int nread = std::min(16, M - 16*tile);
+                    for (int idx = 0; idx < nx; ++idx) {
+                        const int rr = idx / xpieces, p = idx % xpieces;
+                        std::memcpy(&stage[YBYTES + w*XBYTES + rr*(int) bsz + 16*p],
+                                    xq.data() + (size_t) (16*tile + std::min(rr, nread - 1))*xrow + (size_t) (kb0 + kw)*bsz + 16*p, 16);
+                    }
+                }
+                for (int w = 0; w < nwarps; ++w) {
+                    const int r = w % rtiles, kw = w / rtiles, tile = rtiles*blk + r, kb = kb0 + kw;
+                    if (16*tile >= M || kb >= nb) continue;
+                    const uint8_t * xs = &stage[YBYTES + w*XBYTES], * ys = &stage[kw*ncols*STAGE_YP];
+                    for (int s = 0; s < 8; ++s) {
+                        const int j = s / 2, nib = s % 2;
+                        for (int gi = 0; gi < ngroups; ++gi) {
+                            int a[32][4], b[32][2], dot[32][4];
+                            for (int lane = 0; lane < 32; ++lane) {
+                                const int g = lane/4, t = lane%4;
+                                const uint8_t * B0 = xs + g*bsz, * B1 = xs + (g + 8)*bsz;
+                                const int qoff = q5 ? 48 : 16;  // qs: after d, dmin, the scales (and Q5_K's qh)
+                                const int * q0 = (const int *) (B0 + qoff) + 8*j, * q1 = (const int *) (B1 + qoff) + 8*j;
+                                a[lane][0] = (q0[t] >> (4*nib)) & 0x0F0F0F0F;
+                                a[lane][1] = (q1[t] >> (4*nib)) & 0x0F0F0F0F;
+                                a[lane][2] = (q0[t + 4] >> (4*nib)) & 0x0F0F0F0F;
+                                a[lane][3] = (q1[t + 4] >> (4*nib)) & 0x0F0F0F0F;
+                                if (q5) {
+                                    const int * h0 = (const int *) (B0 + 16), * h1 = (const int *) (B1 + 16);
+                                    a[lane][0] |= ((h0[t] >> s) & 0x01010101) << 4;
+                                    a[lane][1] |= ((h1[t] >> s) & 0x01010101) << 4;
+                                    a[lane][2] |= ((h0[t + 4] >> s) & 0x01010101) << 4;
+                                    a[lane][3] |= ((h1[t + 4] >> s) & 0x01010101) << 4;
+                                }
+                                const int * yq = (const int *) ((const block_q8_1 *) (ys + (8*gi + g)*STAGE_YP) + s)->qs;
+                                b[lane][0] = yq[t]; b[lane][1] = yq[t + 4];
+                            }
+                            mma_emulated(a, b, dot);
+                            for (int lane = 0; lane < 32; ++lane) {
+                                const int g = lane/4, t = lane%4, row0 = 16*tile + g;
+                                const bool ok0 = row0 < M, ok1 = row0 + 8 < M;
+                                int head0[4], head1[4];
+                                std::memcpy(head0, xs + g*bsz, 16); std::memcpy(head1, xs + (g + 8)*bsz, 16);
+                                uint16_t h[4]; std::memcpy(h, head0, 4); std::memcpy(h + 2, head1, 4);
+                                float d0[8], m0[8], d1[8], m1[8];
+                                scales_i(head0 + 1, ok0 ? ggml_fp16_to_fp32(h[0]) : 0, ok0 ? ggml_fp16_to_fp32(h[1]) : 0, d0, m0);
+                                scales_i(head1 + 1, ok1 ? ggml_fp16_to_fp32(h[2]) : 0, ok1 ? ggml_fp16_to_fp32(h[3]) : 0, d1, m1);
+                                const block_q8_1 * y0 = (const block_q8_1 *) (ys + (8*gi + 2*t)*STAGE_YP) + s;
+                                const block_q8_1 * y1 = (const block_q8_1 *) (ys + (8*gi + 2*t + 1)*STAGE_YP) + s;
+                                const float ds0x = ggml_fp16_to_fp32(y0->d), ds0y = ggml_fp16_to_fp32(y0->s);
+                                const float ds1x = ggml_fp16_to_fp32(y1->d), ds1y = ggml_fp16_to_fp32(y1->s);
+                                float * ac = &acc[((size_t) w*32 + lane)*4*ngroups + 4*gi];
+                                ac[0] += d0[s]*ds0x*dot[lane][0] - m0[s]*ds0y;
+                                ac[1] += d0[s]*ds1x*dot[lane][1] - m0[s]*ds1y;
+                                ac[2] += d1[s]*ds0x*dot[lane][2] - m1[s]*ds0y;
+                                ac[3] += d1[s]*ds1x*dot[lane][3] - m1[s]*ds1y;
+                            }
+                        }
+                    }
+                }
+            }
+            for (int r = 0; r < rtiles; ++r) for (int lane = 0; lane < 32; ++lane) {  // warp (r, 0) adds the others, writes
+                const int tile = rtiles*blk + r, row0 = 16*tile + lane/4, c0 = 2*(lane % 4);
+                if (16*tile >= M) continue;
+                for (int l = 0; l < 4*ngroups; ++l) {
+                    float v = acc[((size_t) r*32 + lane)*4*ngroups + l];
+                    for (int k = 1; k < kwarps; ++k) v += acc[((size_t) (k*rtiles + r)*32 + lane)*4*ngroups + l];
+                    const int row = row0 + 8*((l % 4) / 2), col = 8*(l / 4) + c0 + l % 2;
+                    if (row < M && col < N) dst[(size_t) col*M + row] = v;
+                }
+            }
+        }
+        int nan = 0;
+        const double nmse = nmse_of(dst, Wd, X, M, N, K, nan);
+        const bool ok = nan == 0 && nmse < 5e-4;
+        fails += !ok;
+        printf("%s M=%d K=%d N=%d wide, %d row tiles and %d super-blocks a step: nmse %.2e%s %s\n", ggml_type_name(type),
+               M, K, N, rtiles, kwarps, nmse, nan ? " (unwritten outputs)" : "", ok ? "OK" : "FAIL");
+    }
+    return fails;
+}
+
 int main() {
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -122,18 +276,8 @@ int main() {
         std::vector<float> Wd((size_t) M*K);
         ggml_get_type_traits(type)->to_float(xq.data(), Wd.data(), (int64_t) M*K);
         const block_q8_0 * x8 = (const block_q8_0 *) xq.data();
-        // q8_1 as quantize_q8_1 (CUDA) makes it: d = amax/127, q = round(x/d), ds = (d, sum x)
         const int stride_col_y = K / QK8_1;
-        std::vector<block_q8_1> y((size_t) N*stride_col_y);
-        for (int c = 0; c < N; ++c) for (int b = 0; b < stride_col_y; ++b) {
-            const float * xs = &X[(size_t) c*K + b*QK8_1];
-            float amax = 0, sum = 0;
-            for (int i = 0; i < QK8_1; ++i) { amax = std::max(amax, std::fabs(xs[i])); sum += xs[i]; }
-            const float d = amax / 127.0f;
-            block_q8_1 & o = y[(size_t) c*stride_col_y + b];
-            for (int i = 0; i < QK8_1; ++i) o.qs[i] = amax == 0 ? 0 : (int8_t) std::round(xs[i] / d);
-            o.d = ggml_fp32_to_fp16(d); o.s = ggml_fp32_to_fp16(sum);
-        }
+        const std::vector<block_q8_1> y = quantize_q8_1(X, N, K);
         // block_q8_1_x8 as quantize_q8_1_x8 writes it: a sub-block's 8 columns' (d, sum) halves, then their 32 quants
         // each; the same values as the q8_1 blocks above, columns past N zero
         std::vector<uint8_t> yx8((size_t) stride_col_y * 288, 0);
@@ -390,15 +534,8 @@ int main() {
             }
         }
         // against the float product of ggml's dequantized weights and the activations
-        double err2 = 0, ref2 = 0; int nan = 0;
-        for (int c = 0; c < N; ++c) for (int r = 0; r < M; ++r) {
-            double ref = 0;
-            for (int k = 0; k < K; ++k) ref += (double) Wd[(size_t) r*K + k] * X[(size_t) c*K + k];
-            const float got = dst[(size_t) c*M + r];
-            if (std::isnan(got)) { ++nan; continue; }
-            err2 += (got - ref)*(got - ref); ref2 += ref*ref;
-        }
-        const double nmse = err2 / ref2;
+        int nan = 0;
+        const double nmse = nmse_of(dst, Wd, X, M, N, K, nan);
         // the permuted k leaves every int32 dot, so every output, as it was; so does Q4_K / Q5_K's staging (each warp the
         // same super-blocks); Q8_0's staging gives a warp 4 consecutive blocks, so its sums meet in another order, and
         // 0080's Q6_K scales its (exact) int dots before one conversion: both within 1e-5 of the unstaged outputs
@@ -416,6 +553,7 @@ int main() {
         if (loads == 0) dst_plain = dst;
         }
     }
+    fails += wide_checks(rng);
     printf("%s\n", fails ? "FAILED" : "all OK");
     return fails != 0;
 }
