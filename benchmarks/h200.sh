@@ -57,13 +57,13 @@
 #             (';'-separated: '-;GGML_CUDA_DSPARK_MARKOV_ALTERNATE=0' times 0081 against 0065's upward scan)
 #   topk      cuda/topk_cuda.cu built against the engine's tree: checks, then times; topk.json
 #   mma       patches 0071, 0079 and developer 0080 (MMVQ's Q4_K / Q5_K / Q6_K / Q8_0 tensor-core kernels, staged or not): cuda/mmvq_mma_emu.cpp
-#             (and developer 0087's wide Q4_K / Q5_K kernel for 9-64 columns: MMA_TEST_ENVS / MMA_ENVS with GGML_CUDA_MMVQ_MMA_WIDE=64)
 #             (their host emulation) against the engine's ggml, then on a CUDA build test-backend-ops MUL_MAT in each of
 #             MMA_TEST_ENVS ('-;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=1,GGML_CUDA_MMVQ_MMA_STAGED=0': the shape rule, every
 #             shape staged where it can be, every shape on 0071's kernels), and perf in each of MMA_ENVS
 #             ('GGML_CUDA_MMVQ_MMA=0;GGML_CUDA_MMVQ_MMA=1;GGML_CUDA_MMVQ_MMA=4': MMVQ, every kernel, 4 warps);
 #             MMA_PARTS: only these of emu test perf (default all); MMA_PERF_TYPES (q4_K,q5_K,q6_K,q8_0) and MMA_PERF_N
 #             (a regex of columns, e.g. '1|2|8') narrow perf
+#             developer 0087's wide Q4_K / Q5_K kernel (9-64 columns) is measured the same way, with GGML_CUDA_MMVQ_MMA_WIDE=64 in them
 #   timeline  cuda/cupti_trace.cpp traces the TIMELINE parts ("prefill decode"; decode8: 8 requests at once), read by cuda/probes.py
 #             timeline (TIMELINE_API=1: runtime calls too; CUPTI: where CUPTI is; TIMELINE_KERNELS (25): the kernels shown a
 #             stream, each with its launches by duration); timeline-PART.json
