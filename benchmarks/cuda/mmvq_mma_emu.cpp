@@ -122,6 +122,20 @@ static std::vector<block_q8_1> quantize_q8_1(const std::vector<float> & X, int N
     return y;
 }
 
+// a random M x K weight matrix quantized to type (xq) and dequantized by ggml (Wd), and N random columns of K (X)
+struct problem {
+    std::vector<float>   X, Wd;
+    std::vector<uint8_t> xq;
+    problem(ggml_type type, int M, int K, int N, std::mt19937 & rng) : X((size_t) N*K), Wd((size_t) M*K), xq(ggml_row_size(type, K) * M) {
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> W((size_t) M*K);
+        for (auto & v : W) v = nd(rng);
+        for (auto & v : X) v = nd(rng);
+        ggml_quantize_chunk(type, W.data(), xq.data(), 0, M, K, nullptr);
+        ggml_get_type_traits(type)->to_float(xq.data(), Wd.data(), (int64_t) M*K);
+    }
+};
+
 // the NMSE of dst (N columns of M) against the float product of the dequantized weights Wd and X; unwritten outputs
 // (NaN) counted in nan
 static double nmse_of(const std::vector<float> & dst, const std::vector<float> & Wd, const std::vector<float> & X, int M,
@@ -145,7 +159,6 @@ static double nmse_of(const std::vector<float> & dst, const std::vector<float> &
 // scaling as the kernel reads them from there, an mma a group of 8 columns; a row tile's kwarps sums added in order
 // of kw. Returns the shapes that fail (NMSE at or above 5e-4, or an output left unwritten)
 static int wide_checks(std::mt19937 & rng) {
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     int fails = 0;
     for (const ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K})
     for (int M : {40, 72}) for (int K : {768, 2048}) for (int N : {9, 16, 17, 33, 64}) for (int rtiles : {1, 2, 4}) {
@@ -155,13 +168,9 @@ static int wide_checks(std::mt19937 & rng) {
         const size_t bsz = ggml_type_size(type);
         const int  ypieces = 8*36/16, xpieces = (int) bsz/16, ny = kwarps*ncols*ypieces, nx = 16*xpieces;
         const int  YBYTES = kwarps*ncols*STAGE_YP, XBYTES = 16*(int) bsz;
-        std::vector<float> W((size_t) M*K), X((size_t) N*K);
-        for (auto & v : W) v = nd(rng);
-        for (auto & v : X) v = nd(rng);
-        std::vector<uint8_t> xq(ggml_row_size(type, K) * M);
-        ggml_quantize_chunk(type, W.data(), xq.data(), 0, M, K, nullptr);
-        std::vector<float> Wd((size_t) M*K);
-        ggml_get_type_traits(type)->to_float(xq.data(), Wd.data(), (int64_t) M*K);
+        const problem pr(type, M, K, N, rng);
+        const std::vector<float> & X = pr.X, & Wd = pr.Wd;
+        const std::vector<uint8_t> & xq = pr.xq;
         const std::vector<block_q8_1> y = quantize_q8_1(X, N, K);
         const uint8_t * ybase = (const uint8_t *) y.data();
         const size_t ycol = (size_t) stride_col_y*36, xrow = (size_t) nb*bsz;
@@ -261,20 +270,15 @@ static int wide_checks(std::mt19937 & rng) {
 
 int main() {
     std::mt19937 rng(42);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     int fails = 0;
     for (const ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
     for (int M : {16, 40, 64}) for (int K : {256, 768, 2048}) for (int N : {2, 3, 5, 8}) for (int nwarps : {1, 4}) {
         const bool q5 = type == GGML_TYPE_Q5_K, q4 = type == GGML_TYPE_Q4_K || q5, q6 = type == GGML_TYPE_Q6_K;  // q4: Q4_K's path (Q5_K too)
         if (K == 2048 && !q6) continue;  // K 2048: for 0080's staged Q6_K (rows of a multiple of 16 bytes), every boff
         const int qk = q4 || q6 ? QK_K : 32, nb = K / qk;
-        std::vector<float> W((size_t) M*K), X((size_t) N*K);
-        for (auto & v : W) v = nd(rng);
-        for (auto & v : X) v = nd(rng);
-        std::vector<uint8_t> xq(ggml_row_size(type, K) * M);
-        ggml_quantize_chunk(type, W.data(), xq.data(), 0, M, K, nullptr);
-        std::vector<float> Wd((size_t) M*K);
-        ggml_get_type_traits(type)->to_float(xq.data(), Wd.data(), (int64_t) M*K);
+        const problem pr(type, M, K, N, rng);
+        const std::vector<float> & X = pr.X, & Wd = pr.Wd;
+        const std::vector<uint8_t> & xq = pr.xq;
         const block_q8_0 * x8 = (const block_q8_0 *) xq.data();
         const int stride_col_y = K / QK8_1;
         const std::vector<block_q8_1> y = quantize_q8_1(X, N, K);
