@@ -133,8 +133,21 @@ ENV_WORD = re.compile(r"[A-Z][A-Z0-9_]*=")
 
 def split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
     """An arm spec's words: the ``KEY=VALUE`` ones (upper-case KEY: an engine environment variable)
-    as a dict, and the others in their order."""
-    env = dict(w.split("=", 1) for w in words if ENV_WORD.match(w))
+    as a dict, and the others in their order. A word may join several switches by commas, as the
+    device script's environment groups do (``A=1,B=2``); a comma piece that is not ``KEY=`` belongs
+    to the value before it (``GGML_CUDA_MMVQ_MMA_STAGED=q4_K,q6_K``). Such a group once set ``A`` to
+    ``"1,B=2"``, so ``B`` was silently not set."""
+    env: dict[str, str] = {}
+    for w in words:
+        if not ENV_WORD.match(w):
+            continue
+        key = ""
+        for piece in w.split(","):
+            if ENV_WORD.match(piece):
+                key, value = piece.split("=", 1)
+                env[key] = value
+            else:
+                env[key] += "," + piece
     return env, [w for w in words if not ENV_WORD.match(w)]
 
 

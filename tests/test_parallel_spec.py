@@ -312,9 +312,12 @@ def test_benchmark_arguments_are_refused_in_one_line(small_pair, tmp_path):
 
     if str(bench.parent) not in sys.path:  # benchmarks/ is a checkout's package (run alone, nothing added it)
         sys.path.insert(0, str(bench.parent))
-    from benchmarks.harness import parse_env
+    from benchmarks.harness import parse_env, split_env
 
     assert parse_env("A=1 B=8,C=x") == {"A": "1", "B": "8", "C": "x"}
+    # an arm's words (LOAD_ARMS): a comma group sets each switch; a value keeps its own commas
+    assert split_env(["7", "A=1,B=q4_K,q6_K,C=2", "16:0", "D=x"]) == (
+        {"A": "1", "B": "q4_K,q6_K", "C": "2", "D": "x"}, ["7", "16:0"])
     with pytest.raises(ValueError, match="'B' is not NAME=VALUE"):
         parse_env("A=1 B")
 
