@@ -386,11 +386,14 @@ def steps(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
               "(the engine needs patch 0072 and LLAMA_SPEC_PROFILE_SLOW set)", file=sys.stderr)
         return 1
     sums = tsteps.summarize_steps(found)
-    print(f"{len(found)} steps; ms, means per step except the wall time")
-    head = f"{'kind':<10}{'steps':>6}{'wall p50':>9}{'p95':>8}{'max':>8}{'prompt':>8}{'inj rows':>9}{'tgt dec':>8}"
+    print(f"{len(found)} steps; ms, means per step except the wall time and its share; gap: the host's time "
+          "before a step")
+    head = (f"{'kind':<10}{'steps':>6}{'share':>7}{'wall p50':>9}{'p95':>8}{'max':>8}{'gap':>7}{'slots':>6}"
+            f"{'drafted':>8}{'prompt':>8}{'inj rows':>9}{'tgt dec':>8}")
     print(head + "".join(f"{p:>11}" for p in tsteps.PHASES))
     for kind, s in sums.items():
-        print(f"{kind:<10}{s.count:>6}{s.wall_p50_ms:>9.2f}{s.wall_p95_ms:>8.2f}{s.wall_max_ms:>8.2f}"
+        print(f"{kind:<10}{s.count:>6}{s.wall_share:>7.0%}{s.wall_p50_ms:>9.2f}{s.wall_p95_ms:>8.2f}{s.wall_max_ms:>8.2f}"
+              f"{s.since_last_mean_ms:>7.2f}{s.generating_slots_mean:>6.1f}{s.drafted_mean:>8.1f}"
               f"{s.prompt_rows_mean:>8.0f}{s.injection_rows_mean:>9.0f}{s.target_decodes_mean:>8.2f}"
               + "".join(f"{s.phase_means_ms[p]:>11.3f}" for p in tsteps.PHASES))
     for s in sorted(found, key=lambda s: -s.wall_ms)[:a.top]:

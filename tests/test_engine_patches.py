@@ -7,6 +7,7 @@ that happens not to care.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -274,7 +275,10 @@ def test_slow_step_lines_say_what_a_step_a_prompt_joins_spends(small_pair, start
     gen = [s for s in steps if s.kind == "generate"]
     assert any(s.drafted > 0 and s.draft_rows > 0 for s in gen), gen[:3]
     assert all(s.drafted == s.generating_rows - s.generating_slots for s in gen)
-    assert set(summarize_steps(steps)) >= {"join", "generate"}
+    sums = summarize_steps(steps)
+    assert set(sums) >= {"join", "generate"}
+    assert math.isclose(sum(v.wall_share for v in sums.values()), 1.0), sums
+    assert sums["join"].generating_slots_mean == 1 and sums["generate"].drafted_mean > 0, sums
     srv.stop()
 
     out = tmp_path / "steps.json"

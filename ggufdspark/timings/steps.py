@@ -67,6 +67,10 @@ class StepSummary:
     wall_p50_ms: float
     wall_p95_ms: float
     wall_max_ms: float
+    wall_share: float  # this kind's part of every step's wall time together
+    since_last_mean_ms: float  # the server loop's host time before each such step
+    generating_slots_mean: float
+    drafted_mean: float
     prompt_rows_mean: float
     injection_rows_mean: float
     target_decodes_mean: float
@@ -80,8 +84,9 @@ def _pct(xs: list[float], q: float) -> float:
 
 def summarize_steps(steps: list[Step]) -> dict[str, StepSummary]:
     """Per kind (``join``, ``prompt``, ``generate``; only those present): the count, the wall time's
-    p50 / p95 / max and each phase's mean."""
+    p50 / p95 / max and its share of all the steps' wall time, and each phase's mean."""
     out = {}
+    total = sum(s.wall_ms for s in steps) or 1.0
     for kind in ("join", "prompt", "generate"):
         group = [s for s in steps if s.kind == kind]
         if not group:
@@ -89,6 +94,9 @@ def summarize_steps(steps: list[Step]) -> dict[str, StepSummary]:
         walls = [s.wall_ms for s in group]
         out[kind] = StepSummary(
             count=len(group), wall_p50_ms=_pct(walls, 0.5), wall_p95_ms=_pct(walls, 0.95), wall_max_ms=max(walls),
+            wall_share=sum(walls) / total, since_last_mean_ms=statistics.fmean(s.since_last_ms for s in group),
+            generating_slots_mean=statistics.fmean(s.generating_slots for s in group),
+            drafted_mean=statistics.fmean(s.drafted for s in group),
             prompt_rows_mean=statistics.fmean(s.prompt_rows for s in group),
             injection_rows_mean=statistics.fmean(s.injection_rows for s in group),
             target_decodes_mean=statistics.fmean(s.target_decodes for s in group),
