@@ -500,3 +500,49 @@ def test_a_drafted_servers_verified_tokens_carry_their_probabilities_after_sampl
             assert sum(ps) <= 1.0 + 1e-4, f"{where}: the candidates' probabilities add to {sum(ps)}"
             mine = [c["prob"] for c in e["top_probs"] if c["id"] == e["id"]]
             assert mine and abs(mine[0] - e["prob"]) < 1e-6, f"{where}: the token is not among its candidates as listed: {e}"
+
+
+def test_one_generating_slot_steps_without_the_hand_over_to_the_queue_worker(small_pair, start_server):
+    """Patch 0088: with one slot generating and nothing else busy, the server runs a step's draft,
+    decode and drafter update without handing its task queue to the worker thread (upstream's
+    yield_to_queue, whose `-v` line "yielding to queue" marks each hand-over); its prompt's decode
+    and two generating slots keep the hand-over, and LLAMA_SERVER_YIELD=1 hands over around every
+    work as upstream does. The answers are the same either way, and the server answers /metrics
+    while a slot generates."""
+    import threading
+
+    prompt = [50 + i % 40 for i in range(24)]
+    body = {"prompt": prompt, "n_predict": 64, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False,
+            "return_tokens": True}
+
+    def run(env: dict | None, both: bool) -> tuple[int, list[list[int]], int]:
+        srv = start_server(model=small_pair.target, draft=small_pair.draft, draft_n_max=5, parallel=2,
+                           extra_args=["-v", "--metrics"], env=env or {})
+        client = srv.client(timeout=300)
+        out: list = [None, None]
+
+        def one(i: int) -> None:
+            out[i] = client.post_json("/completion", body)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(2 if both else 1)]
+        for t in threads:
+            t.start()
+        metrics = client.get_text("/metrics")  # answered while the slot works (or after: either way once)
+        for t in threads:
+            t.join()
+        srv.wait_for_log(r"stop processing", count=len(threads))  # the log trails the responses
+        log = srv.log_text()
+        srv.stop()
+        # a step gives at most 1 + the draft length (5) tokens to a slot
+        steps = -(-max(r["timings"]["predicted_n"] for r in out if r) // 6)
+        assert "llamacpp:" in metrics, metrics[:300]
+        return log.count("yielding to queue"), [r["tokens"] for r in out if r], steps
+
+    alone, tokens_alone, steps = run(None, both=False)
+    forced, tokens_forced, _ = run({"LLAMA_SERVER_YIELD": "1"}, both=False)
+    two, tokens_two, _ = run(None, both=True)
+    # the prompt's decode (and the drafter's take-in of it) hand over; the generating steps do not
+    assert alone <= 3, f"one slot generating handed over {alone} times (its prompt's steps only expected)"
+    assert forced >= steps, f"LLAMA_SERVER_YIELD=1: {forced} hand-overs for at least {steps} steps"
+    assert two >= steps, f"two slots generating: {two} hand-overs for at least {steps} steps"
+    assert tokens_alone == tokens_forced and tokens_two == tokens_alone * 2, (tokens_alone, tokens_forced, tokens_two)
