@@ -536,13 +536,14 @@ def test_one_generating_slot_steps_without_the_hand_over_to_the_queue_worker(sma
         # a step gives at most 1 + the draft length (5) tokens to a slot
         steps = -(-max(r["timings"]["predicted_n"] for r in out if r) // 6)
         assert "llamacpp:" in metrics, metrics[:300]
-        return log.count("yielding to queue"), [r["tokens"] for r in out if r], steps
+        return len(re.findall(r": yielding to queue$", log, re.M)), [r["tokens"] for r in out if r], steps
 
     alone, tokens_alone, steps = run(None, both=False)
     forced, tokens_forced, _ = run({"LLAMA_SERVER_YIELD": "1"}, both=False)
     two, tokens_two, _ = run(None, both=True)
-    # the prompt's decode (and the drafter's take-in of it) hand over; the generating steps do not
-    assert alone <= 3, f"one slot generating handed over {alone} times (its prompt's steps only expected)"
+    # the prompt's two steps (its last rows go alone, after a checkpoint) hand over around the target's
+    # decode and the drafter's take-in; the generating steps do not
+    assert alone <= 4, f"one slot generating handed over {alone} times (its prompt's steps only expected)"
     assert forced >= steps, f"LLAMA_SERVER_YIELD=1: {forced} hand-overs for at least {steps} steps"
     assert two >= steps, f"two slots generating: {two} hand-overs for at least {steps} steps"
     assert tokens_alone == tokens_forced and tokens_two == tokens_alone * 2, (tokens_alone, tokens_forced, tokens_two)
