@@ -405,6 +405,41 @@ def test_server_keeps_the_probabilities_of_tokens_held_back_inside_a_character(s
         assert not bad, f"{what}: {bad}"
 
 
+def test_a_stream_lists_the_tokens_held_back_inside_a_character(small_pair, start_server):
+    """Patch 0089: a streamed answer used to list only the token that completes a UTF-8 character,
+    never those held back before it (a run of lead bytes: none at all). Now each goes out at once in
+    a chunk with empty text and its own token, with its probabilities under n_probs; the chunk whose
+    token completes a character carries the text. A run of the lead byte 0xD5 (forced by a logit
+    bias) streams all its tokens, plain and drafted; so does an answer of U+0540 (0xD5 0x80: the lead
+    byte by the bias, its completion by a grammar), whose streamed text is the non-streamed answer's."""
+    from ggufdspark.gguffile.reader import read_gguf
+
+    vocab = read_gguf(small_pair.target).get_str_list("tokenizer.ggml.tokens")
+    lead = vocab.index("\u00d5")  # the GPT-2 byte-level vocabulary: byte 0xD5 is U+00D5
+    prompt = [40 + k for k in range(20)]
+    for draft in (None, small_pair.draft):
+        what = "drafted" if draft else "plain"
+        srv = _plain_or_drafted(start_server, small_pair, draft)
+        client = srv.client(timeout=300)
+        # every token a lead byte that never completes: the pinned stream listed none of them
+        body = {"n_probs": 2, "logit_bias": [[lead, 1000.0]], "ignore_eos": True}
+        got = client.stream_complete(prompt, n_predict=12, **body)
+        assert got.tokens == [lead] * 12, f"{what}: streamed tokens {got.tokens}"
+        assert got.raw["tokens_predicted"] == 12, got.raw
+        # a grammar of U+0540 (0xD5 0x80) and the bias: a lead byte, then a token the grammar lets
+        # complete it, and so on; each character's text goes out with its completing token
+        body = {"logit_bias": [[lead, 1000.0]], "grammar": 'root ::= "\u0540"+', "ignore_eos": True}
+        whole = client.complete(prompt, n_predict=10, **body)
+        streamed = client.stream_complete(prompt, n_predict=10, **body)
+        srv.stop()
+        assert whole.tokens.count(lead) >= 2 and set(whole.text) == {"\u0540"}, (what, whole.tokens, whole.text)
+        assert streamed.tokens == whole.tokens, f"{what}: streamed {streamed.tokens} against {whole.tokens}"
+        # the text as before: the same, but for the bytes of a character the answer ends inside
+        # (a stream never sends them; the whole answer shows them as U+FFFD)
+        rest = whole.text[len(streamed.text):]
+        assert whole.text.startswith(streamed.text) and set(rest) <= {"\ufffd"}, (what, streamed.text, whole.text)
+
+
 def _entries_side_by_side(plain: list[dict], drafted: list[dict]):
     """The same prompts' completions on a plain and a drafted server: each pair of probability
     entries, token by token, as (where, plain's, drafted's), once the answers are checked equal and

@@ -16,7 +16,7 @@ from ggufdspark import engine
 
 REPO = Path(__file__).resolve().parent.parent
 REMOVED = ("0010", "0011", "0012", "0016", "0044", "0075", "0076", "0077")  # measured no gain or superseded (docs/engine-patches-history.md)
-N_PRODUCT = 48  # patches in the product series
+N_PRODUCT = 49  # patches in the product series
 # patches folded into the earlier patch they reworked (product-44): the old number is an alias
 FOLDED = {"0030": "0021", "0041": "0040", "0051": "0002", "0052": "0050", "0063": "0061", "0068": "0067"}
 DEV = ("0014", "0015", "0029", "0031", "0035", "0039", "0042", "0043", "0047", "0049", "0054", "0055", "0056", "0057", "0059", "0060", "0070", "0073", "0074", "0078", "0080", "0082", "0084", "0085", "0086", "0087")
