@@ -1206,10 +1206,9 @@ def test_answers_ending_at_a_stop_string_end_where_the_plain_servers_do(strong_c
             # not one of the plain server's: a departure at its near-tie, still ending as its stop says
             assert_same_or_near_tie(want[False][i], list(s["tokens"]), f"{what}: {answer(s)}")
             assert not stops[i] or stops[i] not in s["content"], f"{what}: the stop string is inside {answer(s)}"
-            # at its limit by the server's count: upstream's stream sends one token a chunk, the one
-            # that completes the text's UTF-8, never the tokens held back before it inside a character,
-            # so a streamed answer can list fewer (an H100: a departed answer of 90 listed 88, two byte
-            # tokens between ' t' and 'Photo' missing; the plain server's streams do the same)
+            # at its limit by the server's count: before product patch 0089 a stream never listed the
+            # tokens held back inside a UTF-8 character, so a streamed answer could list fewer (an
+            # H100: a departed answer of 90 listed 88; the plain server's streams did the same)
             ended = (s["stop_type"] == "word" and s["stopping_word"] == stops[i]) or (
                 s["stop_type"] == "limit" and s["tokens_predicted"] == work[i][1]) or s["stop_type"] == "eos"
             assert ended, f"{what}: ends as neither its stop string nor its limit says: {answer(s)}"
